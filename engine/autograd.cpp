@@ -1,0 +1,129 @@
+#include "engine/autograd.hpp"
+
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+static thread_local bool grad_mode = true;
+
+bool grad_mode_enabled() { return grad_mode; }
+NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
+NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
+
+Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
+    if (!grad_mode) return output;
+    bool any_requires_grad = false;
+    for (const Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
+    if (!any_requires_grad) return output;
+    auto node = std::make_shared<Node>();
+    node->op_name = std::move(op_name);
+    node->inputs = std::move(inputs);
+    node->backward = std::move(backward);
+    output.impl()->requires_grad = true;
+    output.impl()->grad_fn = std::move(node);
+    return output;
+}
+
+// Tensors reachable from root through inputs that require a gradient, each listed after all the
+// tensors it depends on (a post-order depth-first walk with an explicit stack).
+static std::vector<Tensor> topological_order(const Tensor& root) {
+    // The list owns its tensors: releasing a node must not free a tensor still to be visited.
+    std::vector<Tensor> order;
+    std::unordered_set<TensorImpl*> seen;
+    std::vector<std::pair<Tensor, bool>> stack{{root, false}};  // (tensor, inputs pushed?)
+    while (!stack.empty()) {
+        auto [handle, inputs_done] = stack.back();
+        stack.pop_back();
+        TensorImpl* tensor = handle.impl();
+        if (inputs_done) {
+            order.push_back(handle);
+            continue;
+        }
+        if (!seen.insert(tensor).second) continue;
+        stack.push_back({handle, true});
+        if (!tensor->grad_fn) continue;
+        if (tensor->grad_fn->released) {
+            throw std::runtime_error(
+                "backward: the graph through '" + tensor->grad_fn->op_name +
+                "' was already freed by an earlier backward(); pass retain_graph = true to the "
+                "first call to run backward twice");
+        }
+        for (const Tensor& input : tensor->grad_fn->inputs) {
+            if (input.defined() && input.requires_grad() && !seen.count(input.impl())) {
+                stack.push_back({input, false});
+            }
+        }
+    }
+    return order;
+}
+
+static void check_gradient(const Tensor& grad, const TensorImpl& target, const std::string& where) {
+    if (grad.shape() != target.shape || grad.dtype() != target.dtype) {
+        throw std::logic_error(where + " produced a gradient of shape " + shape_str(grad.shape()) +
+                               " (" + dtype_name(grad.dtype()) + ") for a tensor of shape " +
+                               shape_str(target.shape) + " (" + dtype_name(target.dtype) + ")");
+    }
+}
+
+void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
+    if (!root.requires_grad()) {
+        throw std::invalid_argument("backward: the tensor of shape " + shape_str(root.shape()) +
+                                    " does not require a gradient (no input of it did)");
+    }
+    Tensor seed = gradient;
+    if (!seed.defined()) {
+        if (root.numel() != 1) {
+            throw std::invalid_argument(
+                "backward: the tensor has shape " + shape_str(root.shape()) +
+                "; only a single-element tensor gets the implicit gradient 1, so pass a "
+                "gradient of that shape");
+        }
+        seed = ones(root.shape(), root.dtype());
+    } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
+        throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) +
+                                    " (" + dtype_name(seed.dtype()) + "), expected " +
+                                    shape_str(root.shape()) + " (" + dtype_name(root.dtype()) + ")");
+    }
+
+    NoGradGuard no_grad;  // the backward computation itself is not recorded
+    const std::vector<Tensor> order = topological_order(root);
+    std::unordered_map<TensorImpl*, Tensor> pending;  // dL/dt summed over t's uses so far
+    pending[root.impl()] = seed.detach();
+
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        TensorImpl* tensor = it->impl();
+        auto found = pending.find(tensor);
+        if (found == pending.end()) continue;  // every use returned "no gradient"
+        const Tensor grad = found->second;
+        pending.erase(found);
+
+        if (!tensor->grad_fn || tensor->retains_grad) {
+            // leaves keep the sum over backward calls until zero_grad()
+            tensor->grad = tensor->grad.defined() ? add(tensor->grad, grad) : grad;
+        }
+        if (!tensor->grad_fn) continue;
+
+        Node& node = *tensor->grad_fn;
+        const std::vector<Tensor> input_grads = node.backward(grad);
+        if (input_grads.size() != node.inputs.size()) {
+            throw std::logic_error("backward of '" + node.op_name + "' returned " +
+                                   std::to_string(input_grads.size()) + " gradients for " +
+                                   std::to_string(node.inputs.size()) + " inputs");
+        }
+        for (std::size_t i = 0; i < node.inputs.size(); ++i) {
+            const Tensor& input = node.inputs[i];
+            if (!input.defined() || !input.requires_grad() || !input_grads[i].defined()) continue;
+            check_gradient(input_grads[i], *input.impl(), "backward of '" + node.op_name + "'");
+            Tensor& slot = pending[input.impl()];
+            slot = slot.defined() ? add(slot, input_grads[i]) : input_grads[i];  // +=
+        }
+        if (!retain_graph) node.release();
+    }
+}
+
+}  // namespace relgrad

@@ -1,0 +1,67 @@
+// relgrad: the backend interface, one flat list of kernels that every device implements.
+//
+// Ops (engine/ops/) are written once on top of these kernels; a kernel knows nothing about
+// autograd. Inputs may be any strided view (transposed, sliced, expanded with stride 0); outputs
+// are freshly allocated by the op unless a kernel says otherwise. The CPU backend (cpu/) is
+// always built; a CUDA backend implements the same list on raw device buffers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.hpp"
+
+namespace relgrad {
+
+enum class UnaryOp {
+    neg, exp, log, sqrt, tanh, sigmoid, relu, gelu,
+    relu_grad,  // 1 if x > 0 else 0           (the local derivative of relu)
+    gelu_grad,  // Phi(x) + x phi(x)            (the local derivative of gelu)
+    pow_scalar, // x^a
+    clamp,      // min(max(x, a), b)
+    inside,     // 1 if a < x < b else 0       (the local derivative of clamp)
+};
+
+enum class BinaryOp { add, sub, mul, div, pow, equal, greater };
+
+enum class ReduceOp { sum, max };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+
+    // out[...] = value
+    virtual void fill(Tensor& out, double value) = 0;
+    // dst[...] = src[...]; same shape, any strides, converts between dtypes
+    virtual void copy(const Tensor& src, Tensor& dst) = 0;
+    // out = f(x) elementwise; a and b are the scalar parameters some ops take
+    virtual void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) = 0;
+    // out = a (op) b elementwise, a and b broadcast to out's shape
+    virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    // out = cond ? a : b, all broadcast to out's shape; cond may have any dtype (non-zero = true)
+    virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    // out (x's shape with `dims` set to 1) = reduction of x over `dims`
+    virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
+                        Tensor& out) = 0;
+    // out[b] = op(a[b]) @ op(b[b]) for every batch index b; a [..., M, K], b [..., K, N] with
+    // identical batch dims (expanded by the caller); out contiguous [..., M, N]
+    virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    // out[i][j][k] = x[i][index[i][j][k]][k] (for dim = 1); index int64 of out's shape
+    virtual void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    // out[i][index[i][j][k]][k] += src[i][j][k] (for dim = 1); out contiguous
+    virtual void scatter_add(Tensor& out, int64_t dim, const Tensor& index,
+                             const Tensor& src) = 0;
+    // out = x with dim `dim` replaced by the rows index[0..n); index int64 [n]
+    virtual void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    // out[..., index[i], ...] += src[..., i, ...]; out contiguous
+    virtual void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+    // softmax (or log_softmax) over the last dim of a contiguous x; a row whose entries are all
+    // -inf gives zeros (softmax) or -inf (log_softmax), never NaN
+    virtual void softmax_last_dim(const Tensor& x, bool log, Tensor& out) = 0;
+};
+
+Backend& backend_for(Device device);
+Backend& cpu_backend();
+
+}  // namespace relgrad

@@ -1,0 +1,86 @@
+// relgrad: the differentiable ops. Each is defined, forward and backward side by side, in one
+// file of engine/ops/ (named in the section headers below). Binary ops broadcast as NumPy does;
+// inputs of a binary op must share a dtype. Negative dims count from the end.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.hpp"
+
+namespace relgrad {
+
+// --- elementwise.cpp
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);   // a^b, a > 0 where b is differentiated
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x);  // exact form: x * Phi(x)
+Tensor clamp(const Tensor& x, double low, double high);
+// cond ? a : b (cond: any dtype, non-zero = true; all three broadcast)
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where mask is non-zero (mask broadcasts to x)
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator*(double a, const Tensor& b);
+
+// Broadcasting helpers (no autograd of their own)
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// Sum g over the dims that broadcasting added or stretched, giving a tensor of `shape`.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// --- reduce.cpp
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);  // {} = all
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+// Maximum over dims; the gradient is shared equally between tied maxima.
+Tensor max(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+
+// --- linalg.cpp
+// [M, K] @ [K, N], or batched [..., M, K] @ [..., K, N] with broadcast batch dims; 1-d operands
+// are treated as a row (left) or a column (right) vector and that dim is dropped from the result.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// --- shape.cpp (views live on Tensor; these build new tensors)
+Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+
+// --- index.cpp (index tensors are int64)
+// out[i][j] = x[i][index[i][j]] for dim = 1 (as torch.gather)
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// a copy of x with src added at the indexed places: out[i][index[i][j]] += src[i][j] (dim = 1)
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// the rows index[0..n) of x along dim (index 1-d)
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// weight [V, D] looked up by ids of any shape S: [S..., D]
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+
+// --- nn.cpp
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalise over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (weight, bias [D])
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Zero each element with probability p and scale the rest by 1/(1-p); identity when !training.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// Mean over targets != ignore_index of -log_softmax(logits)[n, target[n]]; logits [N, C],
+// target int64 [N]. 0 when every target is ignored.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
+
+}  // namespace relgrad

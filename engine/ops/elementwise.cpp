@@ -1,0 +1,235 @@
+// Elementwise ops. Each block: the forward (one backend kernel) and the backward, the local
+// derivative times the incoming gradient g = dL/dy. Binary ops broadcast; their backward sums the
+// gradient back to each input's own shape (sum_to).
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+// ---------------------------------------------------------------- broadcasting
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+    const std::size_t rank = std::max(a.size(), b.size());
+    Shape out(rank);
+    for (std::size_t i = 0; i < rank; ++i) {
+        // align from the right: a missing leading dim counts as size 1
+        const int64_t da = i + a.size() >= rank ? a[i + a.size() - rank] : 1;
+        const int64_t db = i + b.size() >= rank ? b[i + b.size() - rank] : 1;
+        if (da != db && da != 1 && db != 1) {
+            throw std::invalid_argument(std::string(op) + ": shapes " + shape_str(a) + " and " +
+                                        shape_str(b) + " cannot be broadcast together");
+        }
+        out[i] = da == 1 ? db : da;
+    }
+    return out;
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+    if (g.shape() == shape) return g;
+    const int64_t lead = g.dim() - static_cast<int64_t>(shape.size());
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < g.dim(); ++i) {
+        if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(i);
+    }
+    return sum(g, dims, /*keepdim=*/true).reshape(shape);
+}
+
+static void check_floating_pair(const Tensor& a, const Tensor& b, const char* op) {
+    if (!a.defined() || !b.defined()) throw std::invalid_argument(std::string(op) + ": undefined tensor");
+    if (a.dtype() != b.dtype()) {
+        throw std::invalid_argument(std::string(op) + ": dtype mismatch, " + dtype_name(a.dtype()) + " " +
+                                    shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " +
+                                    shape_str(b.shape()));
+    }
+    if (!is_floating(a.dtype())) {
+        throw std::invalid_argument(std::string(op) + ": needs float32 or float64 tensors, got " +
+                                    dtype_name(a.dtype()));
+    }
+}
+
+static Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+    check_floating_pair(a, b, name);
+    Tensor out = empty(broadcast_shapes(a.shape(), b.shape(), name), a.dtype());
+    backend_for(a.device()).binary(op, a, b, out);
+    return out;
+}
+
+static Tensor unary_kernel(UnaryOp op, const Tensor& x, double p0 = 0, double p1 = 0) {
+    Tensor out = empty(x.shape(), x.dtype());
+    backend_for(x.device()).unary(op, x, out, p0, p1);
+    return out;
+}
+
+static Tensor like_scalar(double value, const Tensor& t) { return scalar(value, t.dtype()); }
+
+// ---------------------------------------------------------------- binary ops
+
+// y = a + b          da = g, db = g
+Tensor add(const Tensor& a, const Tensor& b) {
+    Tensor y = binary_kernel(BinaryOp::add, a, b, "add");
+    return record(y, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+        return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
+    });
+}
+
+// y = a - b          da = g, db = -g
+Tensor sub(const Tensor& a, const Tensor& b) {
+    Tensor y = binary_kernel(BinaryOp::sub, a, b, "sub");
+    return record(y, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
+        return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)};
+    });
+}
+
+// y = a * b          da = g b, db = g a
+Tensor mul(const Tensor& a, const Tensor& b) {
+    Tensor y = binary_kernel(BinaryOp::mul, a, b, "mul");
+    return record(y, "mul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+        return std::vector<Tensor>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
+    });
+}
+
+// y = a / b          da = g / b, db = -g a / b^2 = -g y / b
+Tensor div(const Tensor& a, const Tensor& b) {
+    Tensor y = binary_kernel(BinaryOp::div, a, b, "div");
+    return record(y, "div", {a, b}, [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& g) {
+        const Tensor g_over_b = div(g, b);
+        return std::vector<Tensor>{sum_to(g_over_b, sa), sum_to(neg(mul(g_over_b, y)), b.shape())};
+    });
+}
+
+// y = a^b            da = g b a^(b-1), db = g y log(a)
+Tensor pow(const Tensor& a, const Tensor& b) {
+    Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
+    const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
+    return record(y, "pow", {a, b}, [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
+        const Tensor da = mul(g, mul(b, pow(a, sub(b, like_scalar(1, b)))));
+        const Tensor db = exponent_needs_grad ? sum_to(mul(g, mul(y, log(a))), b.shape()) : Tensor();
+        return std::vector<Tensor>{sum_to(da, a.shape()), db};
+    });
+}
+
+// ---------------------------------------------------------------- unary ops
+
+// y = x^p            dx = g p x^(p-1)
+Tensor pow(const Tensor& x, double p) {
+    Tensor y = unary_kernel(UnaryOp::pow_scalar, x, p);
+    return record(y, "pow_scalar", {x}, [x = x.detach(), p](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, mul(like_scalar(p, x), pow(x, p - 1)))};
+    });
+}
+
+// y = -x             dx = -g
+Tensor neg(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::neg, x);
+    return record(y, "neg", {x}, [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
+}
+
+// y = e^x            dx = g y
+Tensor exp(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::exp, x);
+    return record(y, "exp", {x}, [y = y.detach()](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, y)};
+    });
+}
+
+// y = ln x           dx = g / x
+Tensor log(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::log, x);
+    return record(y, "log", {x}, [x = x.detach()](const Tensor& g) {
+        return std::vector<Tensor>{div(g, x)};
+    });
+}
+
+// y = sqrt(x)        dx = g / (2 y)
+Tensor sqrt(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::sqrt, x);
+    return record(y, "sqrt", {x}, [y = y.detach()](const Tensor& g) {
+        return std::vector<Tensor>{div(g, mul(like_scalar(2, y), y))};
+    });
+}
+
+// y = tanh(x)        dx = g (1 - y^2)
+Tensor tanh(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::tanh, x);
+    return record(y, "tanh", {x}, [y = y.detach()](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, sub(like_scalar(1, y), mul(y, y)))};
+    });
+}
+
+// y = 1 / (1 + e^-x)  dx = g y (1 - y)
+Tensor sigmoid(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::sigmoid, x);
+    return record(y, "sigmoid", {x}, [y = y.detach()](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, mul(y, sub(like_scalar(1, y), y)))};
+    });
+}
+
+// y = max(x, 0)      dx = g [x > 0]
+Tensor relu(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::relu, x);
+    return record(y, "relu", {x}, [x = x.detach()](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::relu_grad, x))};
+    });
+}
+
+// y = x Phi(x)       dx = g (Phi(x) + x phi(x)), Phi/phi the standard normal cdf/pdf
+Tensor gelu(const Tensor& x) {
+    Tensor y = unary_kernel(UnaryOp::gelu, x);
+    return record(y, "gelu", {x}, [x = x.detach()](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::gelu_grad, x))};
+    });
+}
+
+// y = min(max(x, low), high)   dx = g [low < x < high]
+Tensor clamp(const Tensor& x, double low, double high) {
+    if (low > high) {
+        throw std::invalid_argument("clamp: low " + std::to_string(low) + " is above high " +
+                                    std::to_string(high));
+    }
+    Tensor y = unary_kernel(UnaryOp::clamp, x, low, high);
+    return record(y, "clamp", {x}, [x = x.detach(), low, high](const Tensor& g) {
+        return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::inside, x, low, high))};
+    });
+}
+
+// ---------------------------------------------------------------- selection
+
+// y = cond ? a : b   da = cond ? g : 0, db = cond ? 0 : g
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+    check_floating_pair(a, b, "where");
+    const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+    Tensor y = empty(shape, a.dtype());
+    backend_for(a.device()).where(cond, a, b, y);
+    return record(y, "where", {a, b}, [cond = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) {
+        const Tensor zero = like_scalar(0, g);
+        return std::vector<Tensor>{sum_to(where(cond, g, zero), sa), sum_to(where(cond, zero, g), sb)};
+    });
+}
+
+// y = mask ? value : x  (a where() whose result keeps x's shape)
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+    if (broadcast_shapes(x.shape(), mask.shape(), "masked_fill") != x.shape()) {
+        throw std::invalid_argument("masked_fill: mask of shape " + shape_str(mask.shape()) +
+                                    " does not broadcast to the input's shape " + shape_str(x.shape()));
+    }
+    return where(mask, like_scalar(value, x), x);
+}
+
+// ---------------------------------------------------------------- operators
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, double b) { return add(a, like_scalar(b, a)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, like_scalar(b, a)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, like_scalar(b, a)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, like_scalar(b, a)); }
+Tensor operator*(double a, const Tensor& b) { return mul(like_scalar(a, b), b); }
+
+}  // namespace relgrad

@@ -1,0 +1,103 @@
+// Indexing ops: reads at integer positions and their adjoints, the adds at the same positions.
+// gather <-> scatter_add and index_select <-> index_add are each other's backward.
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+static void check_index(const Tensor& index, const char* op) {
+    if (index.dtype() != DType::int64) {
+        throw std::invalid_argument(std::string(op) + ": the index must be int64, got " + dtype_name(index.dtype()));
+    }
+}
+
+static void check_floating(const Tensor& x, const char* op) {
+    if (!is_floating(x.dtype())) {
+        throw std::invalid_argument(std::string(op) + ": needs a float tensor, got " + dtype_name(x.dtype()));
+    }
+}
+
+// index has x's rank and fits inside x on every dim but `dim`
+static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& index, const char* op) {
+    bool fits = index.dim() == x.dim();
+    for (int64_t d = 0; fits && d < x.dim(); ++d) fits = d == dim || index.shape()[d] <= x.shape()[d];
+    if (!fits) {
+        throw std::invalid_argument(std::string(op) + ": index of shape " + shape_str(index.shape()) +
+                                    " does not fit the input of shape " + shape_str(x.shape()) +
+                                    " outside dim " + std::to_string(dim));
+    }
+}
+
+// y[i][j] = x[i][index[i][j]]             (dim = 1)
+// dx[i][index[i][j]] += g[i][j]           (a scatter_add of g into zeros)
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+    check_index(index, "gather");
+    check_floating(x, "gather");
+    dim = wrap_dim(dim, x.dim(), "gather");
+    check_gather_shapes(x, dim, index, "gather");
+    Tensor y = empty(index.shape(), x.dtype());
+    backend_for(x.device()).gather(x, dim, index, y);
+    return record(y, "gather", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
+        Tensor dx = zeros(shape, g.dtype());
+        backend_for(g.device()).scatter_add(dx, dim, index, g);
+        return std::vector<Tensor>{dx};
+    });
+}
+
+// y = x; y[i][index[i][j]] += src[i][j]   (dim = 1)
+// dx = g, dsrc[i][j] = g[i][index[i][j]]  (a gather of g)
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+    check_index(index, "scatter_add");
+    check_floating(x, "scatter_add");
+    dim = wrap_dim(dim, x.dim(), "scatter_add");
+    check_gather_shapes(x, dim, index, "scatter_add");
+    if (src.shape() != index.shape() || src.dtype() != x.dtype()) {
+        throw std::invalid_argument("scatter_add: src " + shape_str(src.shape()) + " (" + dtype_name(src.dtype()) +
+                                    ") must have the index's shape " + shape_str(index.shape()) +
+                                    " and the input's dtype " + dtype_name(x.dtype()));
+    }
+    Tensor y = empty(x.shape(), x.dtype());
+    backend_for(x.device()).copy(x, y);
+    backend_for(x.device()).scatter_add(y, dim, index, src);
+    return record(y, "scatter_add", {x, src}, [dim, index](const Tensor& g) {
+        Tensor dsrc = empty(index.shape(), g.dtype());
+        backend_for(g.device()).gather(g, dim, index, dsrc);
+        return std::vector<Tensor>{g, dsrc};
+    });
+}
+
+// y = x[..., index[n], ...] along dim    dx[..., index[n], ...] += g[..., n, ...]
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+    check_index(index, "index_select");
+    check_floating(x, "index_select");
+    if (index.dim() != 1) {
+        throw std::invalid_argument("index_select: the index must be 1-d, got shape " + shape_str(index.shape()));
+    }
+    dim = wrap_dim(dim, x.dim(), "index_select");
+    Shape shape = x.shape();
+    shape[dim] = index.numel();
+    Tensor y = empty(shape, x.dtype());
+    backend_for(x.device()).index_select(x, dim, index, y);
+    return record(y, "index_select", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
+        Tensor dx = zeros(shape, g.dtype());
+        backend_for(g.device()).index_add(dx, dim, index, g);
+        return std::vector<Tensor>{dx};
+    });
+}
+
+// y[s..., :] = weight[ids[s...], :]  (an index_select of rows; its backward adds g's rows back)
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+    if (weight.dim() != 2) {
+        throw std::invalid_argument("embedding: the weight must be [V, D], got shape " + shape_str(weight.shape()));
+    }
+    check_index(ids, "embedding");
+    Shape out_shape = ids.shape();
+    out_shape.push_back(weight.size(1));
+    return index_select(weight, 0, ids.reshape({-1})).reshape(out_shape);
+}
+
+}  // namespace relgrad

@@ -1,0 +1,115 @@
+// Neural-network ops: softmax family, layer norm, dropout, cross-entropy.
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+// The backend normalises over the last dim of a contiguous tensor: move `dim` there and back.
+static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char* name) {
+    if (x.dim() == 0) throw std::invalid_argument(std::string(name) + ": needs a tensor of rank >= 1");
+    if (!is_floating(x.dtype())) {
+        throw std::invalid_argument(std::string(name) + ": needs a float tensor, got " + dtype_name(x.dtype()));
+    }
+    NoGradGuard views_only;
+    const Tensor moved = x.transpose(dim, -1).contiguous();
+    Tensor out = empty(moved.shape(), x.dtype());
+    backend_for(x.device()).softmax_last_dim(moved, log, out);
+    return out.transpose(dim, -1);
+}
+
+// y_i = exp(x_i - m) / sum_j exp(x_j - m), m = max_j x_j (stable; an all -inf row gives 0)
+// dx = y (g - sum_j g_j y_j)
+Tensor softmax(const Tensor& x, int64_t dim) {
+    dim = wrap_dim(dim, x.dim(), "softmax");
+    Tensor y = softmax_kernel(x, dim, false, "softmax");
+    return record(y, "softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
+        return std::vector<Tensor>{mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
+    });
+}
+
+// y_i = x_i - m - log sum_j exp(x_j - m)   (an all -inf row gives -inf)
+// dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+    dim = wrap_dim(dim, x.dim(), "log_softmax");
+    Tensor y = softmax_kernel(x, dim, true, "log_softmax");
+    return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
+        return std::vector<Tensor>{sub(g, mul(exp(y), sum(g, {dim}, true)))};
+    });
+}
+
+// Over the last dim (D): xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + eps), y = xhat w + b.
+// Backward, with gh = g w (the gradient at xhat) and means over the last dim:
+//   dx = rstd (gh - mean(gh) - xhat mean(gh xhat)),  dw = sum g xhat,  db = sum g
+// (the two mean terms are the paths through the mean and through the variance).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+    if (x.dim() == 0) throw std::invalid_argument("layer_norm: needs a tensor of rank >= 1");
+    const Shape param_shape{x.size(-1)};
+    if (weight.shape() != param_shape || bias.shape() != param_shape) {
+        throw std::invalid_argument("layer_norm: weight " + shape_str(weight.shape()) + " and bias " +
+                                    shape_str(bias.shape()) + " must both be " + shape_str(param_shape) +
+                                    " for an input of shape " + shape_str(x.shape()));
+    }
+    if (!(eps > 0)) throw std::invalid_argument("layer_norm: eps must be positive, got " + std::to_string(eps));
+    Tensor xhat, rstd, y;
+    {
+        NoGradGuard forward_only;
+        const Tensor centered = sub(x, mean(x, {-1}, true));
+        rstd = div(scalar(1, x.dtype()), sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype()))));
+        xhat = mul(centered, rstd);
+        y = add(mul(xhat, weight), bias);
+    }
+    return record(y, "layer_norm", {x, weight, bias},
+                  [xhat, rstd, weight = weight.detach()](const Tensor& g) {
+                      const Tensor gh = mul(g, weight);
+                      const Tensor dx = mul(rstd, sub(sub(gh, mean(gh, {-1}, true)),
+                                                      mul(xhat, mean(mul(gh, xhat), {-1}, true))));
+                      return std::vector<Tensor>{dx, sum_to(mul(g, xhat), weight.shape()), sum_to(g, weight.shape())};
+                  });
+}
+
+// y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p) from gen   (autograd through mul: dx = g mask/(1-p))
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+    if (!(p >= 0 && p <= 1)) throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
+    if (!training || p == 0) return x;
+    const double keep_scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
+    std::vector<double> mask(x.numel());
+    for (double& m : mask) m = gen.next_uniform() >= p ? keep_scale : 0.0;
+    return mul(x, from_vector(mask, x.shape(), x.dtype()));
+}
+
+// loss = -(1/n) sum_{t_i != ignore} log_softmax(logits)[i, t_i],  n = number of targets kept
+// (autograd through log_softmax, gather and where; an ignored row gets no gradient)
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+    if (logits.dim() != 2 || target.dim() != 1 || target.size(0) != logits.size(0)) {
+        throw std::invalid_argument("cross_entropy: expects logits [N, C] and target [N], got " +
+                                    shape_str(logits.shape()) + " and " + shape_str(target.shape()));
+    }
+    if (target.dtype() != DType::int64) {
+        throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") + dtype_name(target.dtype()));
+    }
+    const int64_t N = logits.size(0), C = logits.size(1);
+    const std::vector<double> targets = target.to_vector();
+    std::vector<double> safe_targets(N), kept(N);
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; ++i) {
+        const auto t = static_cast<int64_t>(targets[i]);
+        if (t == ignore_index) continue;
+        if (t < 0 || t >= C) {
+            throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(i) +
+                                        " is outside [0, " + std::to_string(C) + ") and is not ignore_index " +
+                                        std::to_string(ignore_index));
+        }
+        safe_targets[i] = static_cast<double>(t);
+        kept[i] = 1;
+        ++count;
+    }
+    const Tensor picked = gather(log_softmax(logits, 1), 1, from_vector(safe_targets, {N, 1}, DType::int64));
+    const Tensor kept_picked = where(from_vector(kept, {N, 1}, DType::boolean), picked, scalar(0, logits.dtype()));
+    return mul(sum(kept_picked), scalar(-1.0 / static_cast<double>(std::max<int64_t>(count, 1)), logits.dtype()));
+}
+
+}  // namespace relgrad

@@ -1,0 +1,63 @@
+// Ops that assemble new tensors from several (the views themselves live on Tensor).
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+// y = [x_0; x_1; ...] along dim      dx_i = the slice of g that x_i filled
+Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
+    if (tensors.empty()) throw std::invalid_argument("concat: no tensors given");
+    const Tensor& first = tensors[0];
+    dim = wrap_dim(dim, first.dim(), "concat");
+    Shape out_shape = first.shape();
+    out_shape[dim] = 0;
+    for (const Tensor& t : tensors) {
+        Shape expected = first.shape();
+        expected[dim] = t.dim() == first.dim() ? t.shape()[dim] : -1;
+        if (t.shape() != expected || t.dtype() != first.dtype()) {
+            throw std::invalid_argument("concat: tensor " + shape_str(t.shape()) + " (" + dtype_name(t.dtype()) +
+                                        ") does not match " + shape_str(first.shape()) + " (" +
+                                        dtype_name(first.dtype()) + ") outside dim " + std::to_string(dim));
+        }
+        out_shape[dim] += t.shape()[dim];
+    }
+    Tensor y = empty(out_shape, first.dtype());
+    std::vector<int64_t> starts;
+    {
+        NoGradGuard views_only;
+        int64_t start = 0;
+        for (const Tensor& t : tensors) {
+            Tensor window = y.narrow(dim, start, t.shape()[dim]);
+            backend_for(t.device()).copy(t, window);
+            starts.push_back(start);
+            start += t.shape()[dim];
+        }
+    }
+    std::vector<int64_t> lengths;
+    for (const Tensor& t : tensors) lengths.push_back(t.shape()[dim]);
+    return record(y, "concat", tensors, [dim, starts, lengths](const Tensor& g) {
+        std::vector<Tensor> grads;
+        for (std::size_t i = 0; i < starts.size(); ++i) grads.push_back(g.narrow(dim, starts[i], lengths[i]));
+        return grads;
+    });
+}
+
+// y = concat of the x_i each given a new size-1 dim at `dim` (autograd through unsqueeze/concat)
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+    if (tensors.empty()) throw std::invalid_argument("stack: no tensors given");
+    std::vector<Tensor> unsqueezed;
+    for (const Tensor& t : tensors) {
+        if (t.shape() != tensors[0].shape()) {
+            throw std::invalid_argument("stack: shapes " + shape_str(tensors[0].shape()) + " and " +
+                                        shape_str(t.shape()) + " differ");
+        }
+        unsqueezed.push_back(t.unsqueeze(wrap_dim(dim, t.dim() + 1, "stack")));
+    }
+    return concat(unsqueezed, dim);
+}
+
+}  // namespace relgrad
