@@ -48,10 +48,9 @@ static std::vector<Tensor> topological_order(const Tensor& root) {
         stack.push_back({handle, true});
         if (!tensor->grad_fn) continue;
         if (tensor->grad_fn->released) {
-            throw std::runtime_error(
-                "backward: the graph through '" + tensor->grad_fn->op_name +
-                "' was already freed by an earlier backward(); pass retain_graph = true to the "
-                "first call to run backward twice");
+            throw std::runtime_error("backward: the graph through '" + tensor->grad_fn->op_name +
+                                     "' was already freed by an earlier backward(); pass retain_graph = true to the "
+                                     "first call to run backward twice");
         }
         for (const Tensor& input : tensor->grad_fn->inputs) {
             if (input.defined() && input.requires_grad() && !seen.count(input.impl())) {
@@ -64,9 +63,9 @@ static std::vector<Tensor> topological_order(const Tensor& root) {
 
 static void check_gradient(const Tensor& grad, const TensorImpl& target, const std::string& where) {
     if (grad.shape() != target.shape || grad.dtype() != target.dtype) {
-        throw std::logic_error(where + " produced a gradient of shape " + shape_str(grad.shape()) +
-                               " (" + dtype_name(grad.dtype()) + ") for a tensor of shape " +
-                               shape_str(target.shape) + " (" + dtype_name(target.dtype) + ")");
+        throw std::logic_error(where + " produced a gradient of shape " + shape_str(grad.shape()) + " (" +
+                               dtype_name(grad.dtype()) + ") for a tensor of shape " + shape_str(target.shape) + " (" +
+                               dtype_name(target.dtype) + ")");
     }
 }
 
@@ -78,16 +77,15 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     Tensor seed = gradient;
     if (!seed.defined()) {
         if (root.numel() != 1) {
-            throw std::invalid_argument(
-                "backward: the tensor has shape " + shape_str(root.shape()) +
-                "; only a single-element tensor gets the implicit gradient 1, so pass a "
-                "gradient of that shape");
+            throw std::invalid_argument("backward: the tensor has shape " + shape_str(root.shape()) +
+                                        "; only a single-element tensor gets the implicit gradient 1, so pass a "
+                                        "gradient of that shape");
         }
         seed = ones(root.shape(), root.dtype());
     } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
-        throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) +
-                                    " (" + dtype_name(seed.dtype()) + "), expected " +
-                                    shape_str(root.shape()) + " (" + dtype_name(root.dtype()) + ")");
+        throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) + " (" +
+                                    dtype_name(seed.dtype()) + "), expected " + shape_str(root.shape()) + " (" +
+                                    dtype_name(root.dtype()) + ")");
     }
 
     NoGradGuard no_grad;  // the backward computation itself is not recorded
@@ -111,9 +109,8 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
         Node& node = *tensor->grad_fn;
         const std::vector<Tensor> input_grads = node.backward(grad);
         if (input_grads.size() != node.inputs.size()) {
-            throw std::logic_error("backward of '" + node.op_name + "' returned " +
-                                   std::to_string(input_grads.size()) + " gradients for " +
-                                   std::to_string(node.inputs.size()) + " inputs");
+            throw std::logic_error("backward of '" + node.op_name + "' returned " + std::to_string(input_grads.size()) +
+                                   " gradients for " + std::to_string(node.inputs.size()) + " inputs");
         }
         for (std::size_t i = 0; i < node.inputs.size(); ++i) {
             const Tensor& input = node.inputs[i];

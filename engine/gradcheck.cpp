@@ -37,8 +37,10 @@ std::vector<Tensor> analytic_gradients(const Function& f, const std::vector<Tens
     y.backward(cotangent);
     std::vector<Tensor> grads;
     for (std::size_t i = 0; i < leaves.size(); ++i) {
-        if (!checked[i]) grads.emplace_back();
-        else grads.push_back(leaves[i].grad().defined() ? leaves[i].grad().contiguous() : zeros_like(leaves[i]));
+        if (!checked[i])
+            grads.emplace_back();
+        else
+            grads.push_back(leaves[i].grad().defined() ? leaves[i].grad().contiguous() : zeros_like(leaves[i]));
     }
     return grads;
 }
@@ -59,8 +61,8 @@ public:
         result_.passed = false;
         if (mismatches_++ < options_.max_reported) {
             report_.precision(10);
-            report_ << "  " << where << ": analytic " << analytic << "  numeric " << numeric
-                    << "  |diff| " << abs_error << "\n";
+            report_ << "  " << where << ": analytic " << analytic << "  numeric " << numeric << "  |diff| " << abs_error
+                    << "\n";
         }
     }
 

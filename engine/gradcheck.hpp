@@ -39,7 +39,6 @@ using Function = std::function<Tensor(const std::vector<Tensor>&)>;
 // Checks d f / d inputs[i] for every input with requires_grad (they must be float64); other
 // inputs (index tensors, masks) are passed through unchanged. The inputs themselves are not
 // modified: f receives contiguous leaf copies.
-GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs,
-                          const GradcheckOptions& options = {});
+GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
 
 }  // namespace relgrad

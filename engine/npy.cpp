@@ -41,10 +41,14 @@ DType dtype_from_descr(const std::string& descr, const std::string& path) {
 
 const char* descr_of(DType dtype) {
     switch (dtype) {
-        case DType::float32: return "<f4";
-        case DType::float64: return "<f8";
-        case DType::int64: return "<i8";
-        case DType::boolean: return "|b1";
+        case DType::float32:
+            return "<f4";
+        case DType::float64:
+            return "<f8";
+        case DType::int64:
+            return "<i8";
+        case DType::boolean:
+            return "|b1";
     }
     return "";
 }
@@ -66,8 +70,10 @@ Shape parse_shape(std::string text, const std::string& path) {
         } catch (const std::exception&) {
             used = 0;
         }
-        if (used == 0 || size < 0 || item.find_first_not_of(' ', item.find_first_not_of(' ') + used) != std::string::npos) {
-            throw npy_error(path, "corrupt .npy header: bad dimension '" + item + "' in shape " + text.substr(open, close - open + 1));
+        if (used == 0 || size < 0 ||
+            item.find_first_not_of(' ', item.find_first_not_of(' ') + used) != std::string::npos) {
+            throw npy_error(path, "corrupt .npy header: bad dimension '" + item + "' in shape " +
+                                      text.substr(open, close - open + 1));
         }
         shape.push_back(size);
     }
@@ -88,9 +94,10 @@ Tensor load_npy(const std::string& path) {
     unsigned char length_bytes[4] = {0, 0, 0, 0};
     const int length_size = version[0] == 1 ? 2 : 4;
     if (!in.read(reinterpret_cast<char*>(length_bytes), length_size)) throw npy_error(path, "truncated .npy header");
-    const uint32_t header_length = length_bytes[0] | length_bytes[1] << 8 | length_bytes[2] << 16 |
-                                   static_cast<uint32_t>(length_bytes[3]) << 24;
-    if (header_length > (1u << 20)) throw npy_error(path, "corrupt .npy header (length " + std::to_string(header_length) + ")");
+    const uint32_t header_length =
+        length_bytes[0] | length_bytes[1] << 8 | length_bytes[2] << 16 | static_cast<uint32_t>(length_bytes[3]) << 24;
+    if (header_length > (1u << 20))
+        throw npy_error(path, "corrupt .npy header (length " + std::to_string(header_length) + ")");
     std::string header(header_length, '\0');
     if (!in.read(header.data(), header_length)) throw npy_error(path, "truncated .npy header");
 
@@ -112,8 +119,8 @@ Tensor load_npy(const std::string& path) {
                                   std::to_string(nbytes) + " bytes, the file has " + std::to_string(in.gcount()));
     }
     if (in.peek() != std::char_traits<char>::eof()) {
-        throw npy_error(path, "corrupt file: extra bytes after the " + std::to_string(nbytes) + " data bytes of shape " +
-                                  shape_str(shape));
+        throw npy_error(path, "corrupt file: extra bytes after the " + std::to_string(nbytes) +
+                                  " data bytes of shape " + shape_str(shape));
     }
     if (dtype == DType::boolean) {
         const auto* bytes = static_cast<const unsigned char*>(tensor.storage()->data());
@@ -129,7 +136,8 @@ void save_npy(const Tensor& tensor, const std::string& path) {
     std::string shape;  // a Python tuple: (), (3,), (2, 3)
     for (int64_t s : packed.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
     shape = "(" + shape + (packed.dim() == 1 ? ",)" : ")");
-    std::string header = std::string("{'descr': '") + descr_of(packed.dtype()) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    std::string header =
+        std::string("{'descr': '") + descr_of(packed.dtype()) + "', 'fortran_order': False, 'shape': " + shape + ", }";
     // pad so that magic + version + length + header is a multiple of 64 bytes, ending in '\n'
     const std::size_t preamble = 6 + 2 + 2;
     header.append(63 - (preamble + header.size()) % 64, ' ');

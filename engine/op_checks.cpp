@@ -48,18 +48,31 @@ public:
 
     // The usual four cases of an elementwise binary op.
     void binary(const std::string& name, Tensor (*op)(const Tensor&, const Tensor&), Values values = {}) {
-        add(name + "/same", {{3, 4}, {3, 4}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
-        add(name + "/broadcast", {{2, 3, 4}, {3, 1}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
-        add(name + "/noncontiguous", {{4, 3}, {3, 4}}, [op](const auto& x) { return op(x[0].transpose(0, 1), x[1]); }, values);
-        add(name + "/single", {{}, {1}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
+        add(
+            name + "/same", {{3, 4}, {3, 4}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
+        add(
+            name + "/broadcast", {{2, 3, 4}, {3, 1}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
+        add(
+            name + "/noncontiguous", {{4, 3}, {3, 4}}, [op](const auto& x) { return op(x[0].transpose(0, 1), x[1]); },
+            values);
+        add(
+            name + "/single", {{}, {1}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
     }
 
     // Three cases of an elementwise unary op.
     void unary(const std::string& name, std::function<Tensor(const Tensor&)> op, Values values = {}) {
-        add(name, {{3, 5}}, [op](const auto& x) { return op(x[0]); }, values);
-        add(name + "/noncontiguous", {{5, 3}}, [op](const auto& x) { return op(x[0].transpose(0, 1)); }, values);
-        add(name + "/broadcast", {{3, 1}}, [op](const auto& x) { return op(x[0].expand({3, 4})); }, values);
-        add(name + "/single", {{1}}, [op](const auto& x) { return op(x[0]); }, values);
+        add(
+            name, {{3, 5}}, [op](const auto& x) { return op(x[0]); }, values);
+        add(
+            name + "/noncontiguous", {{5, 3}}, [op](const auto& x) { return op(x[0].transpose(0, 1)); }, values);
+        add(
+            name + "/broadcast", {{3, 1}},
+            [op](const auto& x) {
+                return op(x[0].expand({3, 4}));
+            },
+            values);
+        add(
+            name + "/single", {{1}}, [op](const auto& x) { return op(x[0]); }, values);
     }
 
     std::vector<OpCheck> take() { return std::move(checks_); }
@@ -79,21 +92,25 @@ std::vector<OpCheck> build() {
     r.binary("mul", &mul);
     r.binary("div", &div, positive);
     r.binary("pow", static_cast<Tensor (*)(const Tensor&, const Tensor&)>(&pow), positive);
-    r.unary("pow_scalar", [](const Tensor& x) { return pow(x, 2.5); }, positive);
+    r.unary(
+        "pow_scalar", [](const Tensor& x) { return pow(x, 2.5); }, positive);
     r.unary("neg", [](const Tensor& x) { return neg(x); });
     r.unary("exp", [](const Tensor& x) { return exp(x); });
-    r.unary("log", [](const Tensor& x) { return log(x); }, positive);
-    r.unary("sqrt", [](const Tensor& x) { return sqrt(x); }, positive);
+    r.unary(
+        "log", [](const Tensor& x) { return log(x); }, positive);
+    r.unary(
+        "sqrt", [](const Tensor& x) { return sqrt(x); }, positive);
     r.unary("tanh", [](const Tensor& x) { return tanh(x); });
     r.unary("sigmoid", [](const Tensor& x) { return sigmoid(x); });
-    r.unary("relu", [](const Tensor& x) { return relu(x); }, Values{{0.0}});
+    r.unary(
+        "relu", [](const Tensor& x) { return relu(x); }, Values{{0.0}});
     r.unary("gelu", [](const Tensor& x) { return gelu(x); });
-    r.unary("clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.7); }, Values{{-0.5, 0.7}});
+    r.unary(
+        "clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.7); }, Values{{-0.5, 0.7}});
     const Tensor cond = from_vector({1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1}, {3, 4}, DType::boolean);
     r.add("where", {{3, 4}, {3, 4}}, [cond](const auto& x) { return where(cond, x[0], x[1]); });
-    r.add("where/broadcast", {{4}, {3, 4}}, [cond](const auto& x) {
-        return where(cond.narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1));
-    });
+    r.add("where/broadcast", {{4}, {3, 4}},
+          [cond](const auto& x) { return where(cond.narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1)); });
     r.add("masked_fill", {{2, 3, 4}}, [cond](const auto& x) { return masked_fill(x[0], cond, 2.5); });
 
     // --- reductions
@@ -108,7 +125,8 @@ std::vector<OpCheck> build() {
 
     // --- matmul
     r.add("matmul", {{3, 4}, {4, 5}}, [](const auto& x) { return matmul(x[0], x[1]); });
-    r.add("matmul/transposed", {{4, 3}, {5, 4}}, [](const auto& x) { return matmul(x[0].transpose(0, 1), x[1].transpose(0, 1)); });
+    r.add("matmul/transposed", {{4, 3}, {5, 4}},
+          [](const auto& x) { return matmul(x[0].transpose(0, 1), x[1].transpose(0, 1)); });
     r.add("matmul/batched", {{2, 3, 4}, {2, 4, 5}}, [](const auto& x) { return matmul(x[0], x[1]); });
     r.add("matmul/broadcast", {{2, 1, 3, 4}, {3, 4, 2}}, [](const auto& x) { return matmul(x[0], x[1]); });
     r.add("matmul/expanded", {{1, 4}, {4, 3}}, [](const auto& x) { return matmul(x[0].expand({3, 4}), x[1]); });
@@ -126,7 +144,9 @@ std::vector<OpCheck> build() {
     r.add("narrow", {{3, 6}}, [](const auto& x) { return x[0].narrow(-1, 2, 3); });
     r.add("expand", {{3, 1}}, [](const auto& x) { return x[0].expand({2, 3, 4}); });
     r.add("squeeze", {{3, 1, 2}}, [](const auto& x) { return x[0].squeeze(1).unsqueeze(0); });
-    r.add("concat", {{2, 3}, {2, 1}, {4, 2}}, [](const auto& x) { return concat({x[0], x[1], x[2].transpose(0, 1)}, 1); });
+    r.add("concat", {{2, 3}, {2, 1}, {4, 2}}, [](const auto& x) {
+        return concat({x[0], x[1], x[2].transpose(0, 1)}, 1);
+    });
     r.add("concat/single", {{1}, {1}}, [](const auto& x) { return concat({x[0], x[1]}, 0); });
     r.add("stack", {{2, 3}, {3, 2}}, [](const auto& x) { return stack({x[0], x[1].transpose(0, 1)}, 1); });
 
@@ -138,7 +158,8 @@ std::vector<OpCheck> build() {
     r.add("scatter_add", {{3, 5}, {3, 4}}, [rows](const auto& x) { return scatter_add(x[0], 1, rows, x[1]); });
     const Tensor picks = index_tensor({2, 0, 2, 4}, {4});
     r.add("index_select", {{5, 3}}, [picks](const auto& x) { return index_select(x[0], 0, picks); });
-    r.add("index_select/noncontiguous", {{5, 3}}, [picks](const auto& x) { return index_select(x[0].transpose(0, 1), 1, picks); });
+    r.add("index_select/noncontiguous", {{5, 3}},
+          [picks](const auto& x) { return index_select(x[0].transpose(0, 1), 1, picks); });
     const Tensor ids = index_tensor({1, 5, 1, 0, 3, 3}, {2, 3});
     r.add("embedding", {{6, 4}}, [ids](const auto& x) { return embedding(x[0], ids); });
     r.add("embedding/single", {{1, 1}}, [](const auto& x) { return embedding(x[0], index_tensor({0}, {1})); });
@@ -152,14 +173,14 @@ std::vector<OpCheck> build() {
         r.add(name + "/noncontiguous", {{5, 3}}, [op](const auto& x) { return op(x[0].transpose(0, 1), 1); });
         r.add(name + "/single", {{1}}, [op](const auto& x) { return op(x[0], 0); });
         // -inf entries of log_softmax are kept out of the checked output (inf - inf is NaN)
-        r.add(name + "/masked", {{3, 5}}, [op, mask, inf](const auto& x) {
-            return masked_fill(op(masked_fill(x[0], mask, -inf), -1), mask, 0.0);
-        });
+        r.add(name + "/masked", {{3, 5}},
+              [op, mask, inf](const auto& x) { return masked_fill(op(masked_fill(x[0], mask, -inf), -1), mask, 0.0); });
     }
 
     // --- layers of the nn family
     r.add("layer_norm", {{2, 3, 5}, {5}, {5}}, [](const auto& x) { return layer_norm(x[0], x[1], x[2]); });
-    r.add("layer_norm/noncontiguous", {{5, 3}, {5}, {5}}, [](const auto& x) { return layer_norm(x[0].transpose(0, 1), x[1], x[2]); });
+    r.add("layer_norm/noncontiguous", {{5, 3}, {5}, {5}},
+          [](const auto& x) { return layer_norm(x[0].transpose(0, 1), x[1], x[2]); });
     r.add("layer_norm/single", {{1, 1}, {1}, {1}}, [](const auto& x) { return layer_norm(x[0], x[1], x[2]); });
     r.add("dropout", {{4, 5}}, [](const auto& x) {
         Generator gen(7);  // the same mask on every evaluation
@@ -167,7 +188,8 @@ std::vector<OpCheck> build() {
     });
     const Tensor targets = index_tensor({1, 0, -100, 3, 3}, {5});
     r.add("cross_entropy", {{5, 4}}, [targets](const auto& x) { return cross_entropy(x[0], targets); });
-    r.add("cross_entropy/noncontiguous", {{4, 5}}, [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), targets); });
+    r.add("cross_entropy/noncontiguous", {{4, 5}},
+          [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), targets); });
     r.add("cross_entropy/single", {{1, 1}}, [](const auto& x) { return cross_entropy(x[0], index_tensor({0}, {1})); });
     return r.take();
 }

@@ -15,7 +15,7 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
-Tensor pow(const Tensor& a, const Tensor& b);   // a^b, a > 0 where b is differentiated
+Tensor pow(const Tensor& a, const Tensor& b);  // a^b, a > 0 where b is differentiated
 Tensor pow(const Tensor& a, double exponent);
 Tensor neg(const Tensor& x);
 Tensor exp(const Tensor& x);

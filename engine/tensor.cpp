@@ -17,20 +17,28 @@ namespace relgrad {
 
 std::size_t dtype_size(DType dtype) {
     switch (dtype) {
-        case DType::float32: return 4;
-        case DType::float64: return 8;
-        case DType::int64: return 8;
-        case DType::boolean: return 1;
+        case DType::float32:
+            return 4;
+        case DType::float64:
+            return 8;
+        case DType::int64:
+            return 8;
+        case DType::boolean:
+            return 1;
     }
     throw std::logic_error("unknown dtype");
 }
 
 const char* dtype_name(DType dtype) {
     switch (dtype) {
-        case DType::float32: return "float32";
-        case DType::float64: return "float64";
-        case DType::int64: return "int64";
-        case DType::boolean: return "bool";
+        case DType::float32:
+            return "float32";
+        case DType::float64:
+            return "float64";
+        case DType::int64:
+            return "int64";
+        case DType::boolean:
+            return "bool";
     }
     throw std::logic_error("unknown dtype");
 }
@@ -63,8 +71,7 @@ int64_t wrap_dim(int64_t dim, int64_t rank, const char* op) {
     const int64_t wrapped = dim < 0 ? dim + rank : dim;
     if (wrapped < 0 || wrapped >= rank) {
         throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
-                                    " is out of range for a tensor of rank " +
-                                    std::to_string(rank));
+                                    " is out of range for a tensor of rank " + std::to_string(rank));
     }
     return wrapped;
 }
@@ -107,17 +114,31 @@ bool Tensor::is_contiguous() const {
     return true;
 }
 
-template <class T> static constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::float32; }
-template <> constexpr DType dtype_of<double>() { return DType::float64; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::int64; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <class T>
+static constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+    return DType::float32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+    return DType::float64;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+    return DType::int64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+    return DType::boolean;
+}
 
-template <class T> T* Tensor::data() const {
+template <class T>
+T* Tensor::data() const {
     const auto& impl = checked();
     if (impl.dtype != dtype_of<T>()) {
-        throw std::logic_error(std::string("data<T>: the tensor holds ") + dtype_name(impl.dtype) +
-                               ", not " + dtype_name(dtype_of<T>()));
+        throw std::logic_error(std::string("data<T>: the tensor holds ") + dtype_name(impl.dtype) + ", not " +
+                               dtype_name(dtype_of<T>()));
     }
     return static_cast<T*>(impl.storage->data()) + impl.offset;
 }
@@ -132,8 +153,9 @@ bool Tensor::requires_grad() const { return checked().requires_grad; }
 
 Tensor& Tensor::requires_grad_(bool value) {
     if (!is_leaf()) {
-        throw std::invalid_argument("requires_grad_: only a leaf tensor's flag can be set; use "
-                                    "detach() to make a leaf");
+        throw std::invalid_argument(
+            "requires_grad_: only a leaf tensor's flag can be set; use "
+            "detach() to make a leaf");
     }
     if (value && !is_floating(dtype())) {
         throw std::invalid_argument(std::string("requires_grad_: a ") + dtype_name(dtype()) +
@@ -149,9 +171,7 @@ Tensor Tensor::grad() const { return checked().grad; }
 void Tensor::zero_grad() { impl_->grad = Tensor(); }
 void Tensor::retain_grad() { impl_->retains_grad = true; }
 
-void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
-    run_backward(*this, gradient, retain_graph);
-}
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const { run_backward(*this, gradient, retain_graph); }
 
 Tensor Tensor::detach() const {
     const auto& impl = checked();
@@ -168,8 +188,8 @@ Tensor Tensor::detach() const {
 
 double Tensor::item() const {
     if (numel() != 1) {
-        throw std::invalid_argument("item: the tensor has " + std::to_string(numel()) +
-                                    " elements (shape " + shape_str(shape()) + "), expected 1");
+        throw std::invalid_argument("item: the tensor has " + std::to_string(numel()) + " elements (shape " +
+                                    shape_str(shape()) + "), expected 1");
     }
     return to_vector()[0];
 }
@@ -187,9 +207,7 @@ Tensor Tensor::to(DType target) const {
     backend_for(device()).copy(*this, out);
     const DType source = dtype();
     // d(to)/dx = identity, converted back to the source dtype
-    return record(out, "to", {*this}, [source](const Tensor& g) {
-        return std::vector<Tensor>{g.to(source)};
-    });
+    return record(out, "to", {*this}, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
 }
 
 Tensor Tensor::clone() const {
@@ -232,16 +250,14 @@ Tensor Tensor::view(const Shape& requested) const {
     }
     if (inferred >= 0 && known > 0 && numel() % known == 0) target[inferred] = numel() / known;
     if (shape_numel(target) != numel() || (inferred >= 0 && target[inferred] < 0)) {
-        throw std::invalid_argument("view: cannot view a tensor of shape " + shape_str(shape()) +
-                                    " (" + std::to_string(numel()) + " elements) as " +
-                                    shape_str(requested));
+        throw std::invalid_argument("view: cannot view a tensor of shape " + shape_str(shape()) + " (" +
+                                    std::to_string(numel()) + " elements) as " + shape_str(requested));
     }
     Tensor out = make_view(*this, target, contiguous_strides(target), offset());
     const Shape input_shape = shape();
     // d(view)/dx: the gradient viewed back to the input's shape
-    return record(out, "view", {*this}, [input_shape](const Tensor& g) {
-        return std::vector<Tensor>{g.reshape(input_shape)};
-    });
+    return record(out, "view", {*this},
+                  [input_shape](const Tensor& g) { return std::vector<Tensor>{g.reshape(input_shape)}; });
 }
 
 Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shape); }
@@ -249,8 +265,8 @@ Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shap
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     const int64_t rank = dim();
     if (static_cast<int64_t>(dims.size()) != rank) {
-        throw std::invalid_argument("permute: " + std::to_string(dims.size()) +
-                                    " dims given for a tensor of shape " + shape_str(shape()));
+        throw std::invalid_argument("permute: " + std::to_string(dims.size()) + " dims given for a tensor of shape " +
+                                    shape_str(shape()));
     }
     Shape new_shape(rank), new_strides(rank);
     std::vector<int64_t> inverse(rank, -1);
@@ -263,9 +279,8 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     }
     Tensor out = make_view(*this, new_shape, new_strides, offset());
     // d(permute)/dx: permute the gradient back with the inverse permutation
-    return record(out, "permute", {*this}, [inverse](const Tensor& g) {
-        return std::vector<Tensor>{g.permute(inverse)};
-    });
+    return record(out, "permute", {*this},
+                  [inverse](const Tensor& g) { return std::vector<Tensor>{g.permute(inverse)}; });
 }
 
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
@@ -282,9 +297,9 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
     if (start < 0) start += n;
     if (end < 0) end += n;
     if (start < 0 || end > n || start > end) {
-        throw std::invalid_argument("slice: range [" + std::to_string(start) + ", " +
-                                    std::to_string(end) + ") is outside dim " + std::to_string(d) +
-                                    " of a tensor of shape " + shape_str(shape()));
+        throw std::invalid_argument("slice: range [" + std::to_string(start) + ", " + std::to_string(end) +
+                                    ") is outside dim " + std::to_string(d) + " of a tensor of shape " +
+                                    shape_str(shape()));
     }
     Shape new_shape = shape(), new_strides = strides();
     new_shape[d] = (end - start + step - 1) / step;
@@ -309,14 +324,13 @@ Tensor Tensor::expand(const Shape& target) const {
     const int64_t rank = dim();
     const int64_t new_rank = static_cast<int64_t>(target.size());
     auto fail = [&] {
-        return std::invalid_argument("expand: cannot expand shape " + shape_str(shape()) +
-                                     " to " + shape_str(target));
+        return std::invalid_argument("expand: cannot expand shape " + shape_str(shape()) + " to " + shape_str(target));
     };
     if (new_rank < rank) throw fail();
     Shape new_strides(new_rank, 0);
     for (int64_t i = 0; i < new_rank; ++i) {
         const int64_t j = i - (new_rank - rank);  // the matching input dim, if any
-        if (j < 0) continue;                        // a new leading dim: stride 0
+        if (j < 0) continue;                      // a new leading dim: stride 0
         if (shape()[j] == target[i]) {
             new_strides[i] = strides()[j];
         } else if (shape()[j] != 1) {
@@ -326,9 +340,8 @@ Tensor Tensor::expand(const Shape& target) const {
     Tensor out = make_view(*this, target, new_strides, offset());
     const Shape input_shape = shape();
     // d(expand)/dx: sum the gradient over the broadcast dims
-    return record(out, "expand", {*this}, [input_shape](const Tensor& g) {
-        return std::vector<Tensor>{sum_to(g, input_shape)};
-    });
+    return record(out, "expand", {*this},
+                  [input_shape](const Tensor& g) { return std::vector<Tensor>{sum_to(g, input_shape)}; });
 }
 
 Tensor Tensor::unsqueeze(int64_t d) const {
@@ -341,9 +354,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 Tensor Tensor::squeeze(int64_t d) const {
     d = wrap_dim(d, dim(), "squeeze");
     if (shape()[d] != 1) {
-        throw std::invalid_argument("squeeze: dim " + std::to_string(d) + " of shape " +
-                                    shape_str(shape()) + " has size " +
-                                    std::to_string(shape()[d]) + ", not 1");
+        throw std::invalid_argument("squeeze: dim " + std::to_string(d) + " of shape " + shape_str(shape()) +
+                                    " has size " + std::to_string(shape()[d]) + ", not 1");
     }
     Shape s = shape();
     s.erase(s.begin() + d);
@@ -378,9 +390,8 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype) {
     if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
-        throw std::invalid_argument("from_vector: " + std::to_string(values.size()) +
-                                    " values given for shape " + shape_str(shape) + " (" +
-                                    std::to_string(shape_numel(shape)) + " elements)");
+        throw std::invalid_argument("from_vector: " + std::to_string(values.size()) + " values given for shape " +
+                                    shape_str(shape) + " (" + std::to_string(shape_numel(shape)) + " elements)");
     }
     Tensor source = empty(shape, DType::float64);
     std::copy(values.begin(), values.end(), source.data<double>());

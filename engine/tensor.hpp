@@ -32,7 +32,7 @@ const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);
 
 using Shape = std::vector<int64_t>;
-std::string shape_str(const Shape& shape);   // "[2, 3]"
+std::string shape_str(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);  // row-major (C order) strides
 
@@ -77,7 +77,8 @@ public:
     const std::shared_ptr<Storage>& storage() const;
 
     // Pointer to element [0, ..., 0]. T must match dtype() (checked).
-    template <class T> T* data() const;
+    template <class T>
+    T* data() const;
 
     // --- autograd
     bool requires_grad() const;
@@ -93,14 +94,14 @@ public:
     Tensor detach() const;  // same storage, no history
 
     // --- values
-    double item() const;                   // the single element, as double
+    double item() const;                    // the single element, as double
     std::vector<double> to_vector() const;  // all elements in C order, as double
-    Tensor to(DType dtype) const;          // a converted copy (or *this when dtype matches)
-    Tensor contiguous() const;             // *this if already contiguous, else a packed copy
-    Tensor clone() const;                  // always a packed copy, no history
+    Tensor to(DType dtype) const;           // a converted copy (or *this when dtype matches)
+    Tensor contiguous() const;              // *this if already contiguous, else a packed copy
+    Tensor clone() const;                   // always a packed copy, no history
 
     // --- views (no copy; differentiable). Negative dims count from the end.
-    Tensor view(const Shape& shape) const;  // needs a contiguous tensor; one dim may be -1
+    Tensor view(const Shape& shape) const;     // needs a contiguous tensor; one dim may be -1
     Tensor reshape(const Shape& shape) const;  // view when possible, else copy
     Tensor transpose(int64_t d0, int64_t d1) const;
     Tensor permute(const std::vector<int64_t>& dims) const;
@@ -128,7 +129,7 @@ struct TensorImpl {
     bool requires_grad = false;
     bool retains_grad = false;
     std::shared_ptr<Node> grad_fn;  // the op that produced this tensor; null for leaves
-    Tensor grad;                     // accumulated gradient (leaves, or retain_grad())
+    Tensor grad;                    // accumulated gradient (leaves, or retain_grad())
 };
 
 // --- factories (contiguous, on the CPU)
@@ -137,8 +138,7 @@ Tensor zeros(const Shape& shape, DType dtype = DType::float32);
 Tensor ones(const Shape& shape, DType dtype = DType::float32);
 Tensor full(const Shape& shape, double value, DType dtype = DType::float32);
 Tensor scalar(double value, DType dtype = DType::float32);  // a 0-d tensor
-Tensor from_vector(const std::vector<double>& values, const Shape& shape,
-                   DType dtype = DType::float32);
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::float32);
 Tensor arange(int64_t n, DType dtype = DType::float32);  // 0, 1, ..., n-1
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
@@ -147,9 +147,9 @@ Tensor ones_like(const Tensor& t);
 class Generator {
 public:
     explicit Generator(uint64_t seed = 0) : state_(seed) {}
-    uint64_t next_u64();      // splitmix64
-    double next_uniform();    // in [0, 1)
-    double next_normal();     // standard normal (Box-Muller)
+    uint64_t next_u64();    // splitmix64
+    double next_uniform();  // in [0, 1)
+    double next_normal();   // standard normal (Box-Muller)
 
 private:
     uint64_t state_;

@@ -14,12 +14,19 @@
 namespace relgrad {
 
 enum class UnaryOp {
-    neg, exp, log, sqrt, tanh, sigmoid, relu, gelu,
-    relu_grad,  // 1 if x > 0 else 0           (the local derivative of relu)
-    gelu_grad,  // Phi(x) + x phi(x)            (the local derivative of gelu)
-    pow_scalar, // x^a
-    clamp,      // min(max(x, a), b)
-    inside,     // 1 if a < x < b else 0       (the local derivative of clamp)
+    neg,
+    exp,
+    log,
+    sqrt,
+    tanh,
+    sigmoid,
+    relu,
+    gelu,
+    relu_grad,   // 1 if x > 0 else 0           (the local derivative of relu)
+    gelu_grad,   // Phi(x) + x phi(x)            (the local derivative of gelu)
+    pow_scalar,  // x^a
+    clamp,       // min(max(x, a), b)
+    inside,      // 1 if a < x < b else 0       (the local derivative of clamp)
 };
 
 enum class BinaryOp { add, sub, mul, div, pow, equal, greater };
@@ -42,16 +49,14 @@ public:
     // out = cond ? a : b, all broadcast to out's shape; cond may have any dtype (non-zero = true)
     virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
     // out (x's shape with `dims` set to 1) = reduction of x over `dims`
-    virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
-                        Tensor& out) = 0;
+    virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) = 0;
     // out[b] = op(a[b]) @ op(b[b]) for every batch index b; a [..., M, K], b [..., K, N] with
     // identical batch dims (expanded by the caller); out contiguous [..., M, N]
     virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) = 0;
     // out[i][j][k] = x[i][index[i][j][k]][k] (for dim = 1); index int64 of out's shape
     virtual void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
     // out[i][index[i][j][k]][k] += src[i][j][k] (for dim = 1); out contiguous
-    virtual void scatter_add(Tensor& out, int64_t dim, const Tensor& index,
-                             const Tensor& src) = 0;
+    virtual void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
     // out = x with dim `dim` replaced by the rows index[0..n); index int64 [n]
     virtual void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
     // out[..., index[i], ...] += src[..., i, ...]; out contiguous

@@ -20,8 +20,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
         const int64_t da = i + a.size() >= rank ? a[i + a.size() - rank] : 1;
         const int64_t db = i + b.size() >= rank ? b[i + b.size() - rank] : 1;
         if (da != db && da != 1 && db != 1) {
-            throw std::invalid_argument(std::string(op) + ": shapes " + shape_str(a) + " and " +
-                                        shape_str(b) + " cannot be broadcast together");
+            throw std::invalid_argument(std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) +
+                                        " cannot be broadcast together");
         }
         out[i] = da == 1 ? db : da;
     }
@@ -42,8 +42,7 @@ static void check_floating_pair(const Tensor& a, const Tensor& b, const char* op
     if (!a.defined() || !b.defined()) throw std::invalid_argument(std::string(op) + ": undefined tensor");
     if (a.dtype() != b.dtype()) {
         throw std::invalid_argument(std::string(op) + ": dtype mismatch, " + dtype_name(a.dtype()) + " " +
-                                    shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " +
-                                    shape_str(b.shape()));
+                                    shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " + shape_str(b.shape()));
     }
     if (!is_floating(a.dtype())) {
         throw std::invalid_argument(std::string(op) + ": needs float32 or float64 tensors, got " +
@@ -105,11 +104,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
-    return record(y, "pow", {a, b}, [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
-        const Tensor da = mul(g, mul(b, pow(a, sub(b, like_scalar(1, b)))));
-        const Tensor db = exponent_needs_grad ? sum_to(mul(g, mul(y, log(a))), b.shape()) : Tensor();
-        return std::vector<Tensor>{sum_to(da, a.shape()), db};
-    });
+    return record(y, "pow", {a, b},
+                  [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
+                      const Tensor da = mul(g, mul(b, pow(a, sub(b, like_scalar(1, b)))));
+                      const Tensor db = exponent_needs_grad ? sum_to(mul(g, mul(y, log(a))), b.shape()) : Tensor();
+                      return std::vector<Tensor>{sum_to(da, a.shape()), db};
+                  });
 }
 
 // ---------------------------------------------------------------- unary ops
@@ -131,25 +131,20 @@ Tensor neg(const Tensor& x) {
 // y = e^x            dx = g y
 Tensor exp(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::exp, x);
-    return record(y, "exp", {x}, [y = y.detach()](const Tensor& g) {
-        return std::vector<Tensor>{mul(g, y)};
-    });
+    return record(y, "exp", {x}, [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{mul(g, y)}; });
 }
 
 // y = ln x           dx = g / x
 Tensor log(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::log, x);
-    return record(y, "log", {x}, [x = x.detach()](const Tensor& g) {
-        return std::vector<Tensor>{div(g, x)};
-    });
+    return record(y, "log", {x}, [x = x.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, x)}; });
 }
 
 // y = sqrt(x)        dx = g / (2 y)
 Tensor sqrt(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::sqrt, x);
-    return record(y, "sqrt", {x}, [y = y.detach()](const Tensor& g) {
-        return std::vector<Tensor>{div(g, mul(like_scalar(2, y), y))};
-    });
+    return record(y, "sqrt", {x},
+                  [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, mul(like_scalar(2, y), y))}; });
 }
 
 // y = tanh(x)        dx = g (1 - y^2)
@@ -187,8 +182,7 @@ Tensor gelu(const Tensor& x) {
 // y = min(max(x, low), high)   dx = g [low < x < high]
 Tensor clamp(const Tensor& x, double low, double high) {
     if (low > high) {
-        throw std::invalid_argument("clamp: low " + std::to_string(low) + " is above high " +
-                                    std::to_string(high));
+        throw std::invalid_argument("clamp: low " + std::to_string(low) + " is above high " + std::to_string(high));
     }
     Tensor y = unary_kernel(UnaryOp::clamp, x, low, high);
     return record(y, "clamp", {x}, [x = x.detach(), low, high](const Tensor& g) {

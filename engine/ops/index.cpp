@@ -27,8 +27,8 @@ static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& inde
     for (int64_t d = 0; fits && d < x.dim(); ++d) fits = d == dim || index.shape()[d] <= x.shape()[d];
     if (!fits) {
         throw std::invalid_argument(std::string(op) + ": index of shape " + shape_str(index.shape()) +
-                                    " does not fit the input of shape " + shape_str(x.shape()) +
-                                    " outside dim " + std::to_string(dim));
+                                    " does not fit the input of shape " + shape_str(x.shape()) + " outside dim " +
+                                    std::to_string(dim));
     }
 }
 

@@ -14,8 +14,8 @@ namespace relgrad {
 Tensor matmul(const Tensor& a, const Tensor& b) {
     if (!a.defined() || !b.defined()) throw std::invalid_argument("matmul: undefined tensor");
     if (a.dim() == 0 || b.dim() == 0) {
-        throw std::invalid_argument("matmul: needs tensors of rank >= 1, got shapes " +
-                                    shape_str(a.shape()) + " and " + shape_str(b.shape()));
+        throw std::invalid_argument("matmul: needs tensors of rank >= 1, got shapes " + shape_str(a.shape()) + " and " +
+                                    shape_str(b.shape()));
     }
     // A vector is a one-row (left) or one-column (right) matrix whose extra dim is dropped.
     if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
@@ -27,9 +27,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     }
     const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
     if (b.size(-2) != K) {
-        throw std::invalid_argument("matmul: shapes " + shape_str(a.shape()) + " and " +
-                                    shape_str(b.shape()) + " do not align (inner dims " +
-                                    std::to_string(K) + " and " + std::to_string(b.size(-2)) + ")");
+        throw std::invalid_argument("matmul: shapes " + shape_str(a.shape()) + " and " + shape_str(b.shape()) +
+                                    " do not align (inner dims " + std::to_string(K) + " and " +
+                                    std::to_string(b.size(-2)) + ")");
     }
     const Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
                                          Shape(b.shape().begin(), b.shape().end() - 2), "matmul");

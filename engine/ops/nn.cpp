@@ -62,13 +62,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
         xhat = mul(centered, rstd);
         y = add(mul(xhat, weight), bias);
     }
-    return record(y, "layer_norm", {x, weight, bias},
-                  [xhat, rstd, weight = weight.detach()](const Tensor& g) {
-                      const Tensor gh = mul(g, weight);
-                      const Tensor dx = mul(rstd, sub(sub(gh, mean(gh, {-1}, true)),
-                                                      mul(xhat, mean(mul(gh, xhat), {-1}, true))));
-                      return std::vector<Tensor>{dx, sum_to(mul(g, xhat), weight.shape()), sum_to(g, weight.shape())};
-                  });
+    return record(y, "layer_norm", {x, weight, bias}, [xhat, rstd, weight = weight.detach()](const Tensor& g) {
+        const Tensor gh = mul(g, weight);
+        const Tensor dx = mul(rstd, sub(sub(gh, mean(gh, {-1}, true)), mul(xhat, mean(mul(gh, xhat), {-1}, true))));
+        return std::vector<Tensor>{dx, sum_to(mul(g, xhat), weight.shape()), sum_to(g, weight.shape())};
+    });
 }
 
 // y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p) from gen   (autograd through mul: dx = g mask/(1-p))
@@ -89,7 +87,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                                     shape_str(logits.shape()) + " and " + shape_str(target.shape()));
     }
     if (target.dtype() != DType::int64) {
-        throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") + dtype_name(target.dtype()));
+        throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") +
+                                    dtype_name(target.dtype()));
     }
     const int64_t N = logits.size(0), C = logits.size(1);
     const std::vector<double> targets = target.to_vector();

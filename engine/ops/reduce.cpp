@@ -71,8 +71,8 @@ Tensor max(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "max");
     for (int64_t d : dims) {
         if (x.shape()[d] == 0) {
-            throw std::invalid_argument("max: cannot reduce over the empty dim " + std::to_string(d) +
-                                        " of shape " + shape_str(x.shape()));
+            throw std::invalid_argument("max: cannot reduce over the empty dim " + std::to_string(d) + " of shape " +
+                                        shape_str(x.shape()));
         }
     }
     Tensor y = reduce_kernel(ReduceOp::max, x, dims, "max");

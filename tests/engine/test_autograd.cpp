@@ -1,1 +1,100 @@
-#include <doctest/doctest.h>
+// The graph: accumulation, topological order, freeing, NoGradGuard, errors.
+#include "check.hpp"
+
+#include "engine/autograd.hpp"
+#include "engine/gradcheck.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+TEST_CASE("a tensor used several times gets every contribution") {
+    Tensor x = f64({1, -2, 3}, {3}).requires_grad_(true);
+    // L = sum(x * x + x)   dL/dx = 2x + 1 (x is used three times)
+    sum(x * x + x).backward();
+    check_values(x.grad(), {3, -3, 7});
+}
+
+TEST_CASE("diamond: two paths from one input meet again") {
+    Tensor a = scalar(0.5, DType::float64).requires_grad_(true);
+    // b = exp(a), c = a^3, L = b * c      dL/da = exp(a) a^3 + exp(a) 3 a^2
+    const Tensor b = exp(a), c = pow(a, 3.0);
+    (b * c).backward();
+    const double e = std::exp(0.5);
+    CHECK(a.grad().item() == doctest::Approx(e * 0.125 + e * 3 * 0.25).epsilon(1e-14));
+}
+
+TEST_CASE("a graph deeper than any call stack") {
+    Tensor x = scalar(1.0, DType::float64).requires_grad_(true);
+    Tensor y = x;
+    for (int i = 0; i < 200000; ++i) y = y + x;  // y = 200001 x
+    y.backward();
+    CHECK(x.grad().item() == 200001);
+}
+
+TEST_CASE("the graph is freed after backward unless retained") {
+    Tensor x = f64({2}, {1}).requires_grad_(true);
+    const Tensor y = sum(x * x);
+    y.backward(Tensor(), /*retain_graph=*/true);
+    check_values(x.grad(), {4});
+    y.backward();  // gradients add up across calls
+    check_values(x.grad(), {8});
+    CHECK(y.grad_fn()->released);
+    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("already freed by an earlier backward(); pass retain_graph"),
+                         std::runtime_error);
+    check_values(x.grad(), {8});  // the failed call left the gradient as it was
+    x.zero_grad();
+    CHECK_FALSE(x.grad().defined());
+    sum(x * x).backward();  // a fresh graph starts from zero
+    check_values(x.grad(), {4});
+}
+
+TEST_CASE("only leaves keep gradients, unless retain_grad") {
+    Tensor x = f64({1, 2}, {2}).requires_grad_(true);
+    Tensor hidden = x * 3.0;
+    Tensor kept = hidden + 1.0;
+    kept.retain_grad();
+    sum(kept * kept).backward();
+    CHECK_FALSE(hidden.grad().defined());
+    check_values(kept.grad(), {8, 14});  // 2 (3x + 1)
+    check_values(x.grad(), {24, 42});    // 6 (3x + 1)
+    CHECK_THROWS_AS(hidden.requires_grad_(false), std::invalid_argument);
+}
+
+TEST_CASE("NoGradGuard records nothing") {
+    Tensor x = f64({1}, {1}).requires_grad_(true);
+    {
+        NoGradGuard no_grad;
+        const Tensor y = x * 2.0;
+        CHECK_FALSE(y.requires_grad());
+        CHECK((y.grad_fn() == nullptr));
+    }
+    CHECK((x * 2.0).requires_grad());
+}
+
+TEST_CASE("backward errors") {
+    Tensor x = f64({1, 2, 3}, {3}).requires_grad_(true);
+    const Tensor y = x * 2.0;
+    CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("the tensor has shape [3]; only a single-element tensor"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(y.backward(ones({2}, DType::float64)),
+                         "backward: the gradient has shape [2] (float64), expected [3] (float64)",
+                         std::invalid_argument);
+    CHECK_THROWS_AS(f64({1}, {1}).backward(), std::invalid_argument);  // nothing requires a gradient
+    y.backward(f64({1, 0, -1}, {3}));                                  // an explicit gradient works
+    check_values(x.grad(), {2, 0, -2});
+}
+
+TEST_CASE("a small network passes its gradient check") {
+    // tanh(x W + b) summed over a mix of ops: every input gets a gradient through several paths
+    Generator gen(3);
+    const std::vector<Tensor> inputs = {randn({4, 3}, gen, DType::float64).requires_grad_(true),
+                                        randn({3, 2}, gen, DType::float64).requires_grad_(true),
+                                        randn({2}, gen, DType::float64).requires_grad_(true)};
+    const GradcheckResult result = gradcheck(
+        [](const std::vector<Tensor>& x) {
+            const Tensor h = tanh(add(matmul(x[0], x[1]), x[2]));
+            return mean(mul(h, sigmoid(h)), {0}) + sum(x[1] * x[1]);
+        },
+        inputs);
+    CHECK_MESSAGE(result.passed, result.report);
+}

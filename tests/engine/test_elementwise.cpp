@@ -1,1 +1,83 @@
-#include <doctest/doctest.h>
+// Elementwise ops: values, broadcasting, errors, gradients.
+#include "check.hpp"
+
+#include <limits>
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+TEST_CASE("unary values match the C library") {
+    const std::vector<double> xs = {-2.5, -0.3, 0.7, 1.9};
+    const Tensor x = f64(xs, {2, 2});
+    std::vector<double> e, l, s, t, sg, r, g, c, p;
+    for (double v : xs) {
+        e.push_back(std::exp(v));
+        l.push_back(std::log(std::fabs(v)));
+        s.push_back(std::sqrt(std::fabs(v)));
+        t.push_back(std::tanh(v));
+        sg.push_back(1 / (1 + std::exp(-v)));
+        r.push_back(v > 0 ? v : 0);
+        g.push_back(0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
+        c.push_back(std::min(std::max(v, -0.5), 1.0));
+        p.push_back(std::pow(std::fabs(v), 1.5));
+    }
+    const Tensor ax = f64({2.5, 0.3, 0.7, 1.9}, {2, 2});
+    check_values(exp(x), e);
+    check_values(log(ax), l);
+    check_values(sqrt(ax), s);
+    check_values(tanh(x), t);
+    check_values(sigmoid(x), sg);
+    check_values(relu(x), r);
+    check_values(gelu(x), g);
+    check_values(clamp(x, -0.5, 1.0), c);
+    check_values(pow(ax, 1.5), p);
+    check_values(neg(x), {2.5, 0.3, -0.7, -1.9});
+    check_values(sigmoid(f64({-1000, 1000}, {2})), {0, 1});  // no overflow to NaN
+    CHECK_THROWS_AS(clamp(x, 1, -1), std::invalid_argument);
+}
+
+TEST_CASE("binary ops broadcast as NumPy does") {
+    const Tensor a = f64({1, 2, 3, 4, 5, 6}, {2, 3});
+    const Tensor column = f64({10, 20}, {2, 1});
+    const Tensor row = f64({1, 2, 4}, {3});
+    check_values(add(a, column), {11, 12, 13, 24, 25, 26});
+    check_values(sub(a, row), {0, 0, -1, 3, 3, 2});
+    check_values(mul(a, row), {1, 4, 12, 4, 10, 24});
+    check_values(div(a, row), {1, 1, 0.75, 4, 2.5, 1.5});
+    check_values(pow(a, row), {1, 4, 81, 4, 25, 1296});
+    check_values(add(column, row), {11, 12, 14, 21, 22, 24});  // [2,1] + [3] -> [2,3]
+    check_values(a * 2.0 - 1.0, {1, 3, 5, 7, 9, 11});
+    check_values(add(a.transpose(0, 1), column.transpose(0, 1)), {11, 24, 12, 25, 13, 26});
+}
+
+TEST_CASE("mismatches name the op and both shapes") {
+    const Tensor a = zeros({2, 3}, DType::float64);
+    CHECK_THROWS_WITH_AS(add(a, zeros({4}, DType::float64)), "add: shapes [2, 3] and [4] cannot be broadcast together",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(mul(a, zeros({2, 3}, DType::float32)), "mul: dtype mismatch, float64 [2, 3] vs float32 [2, 3]",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(add(zeros({2}, DType::int64), zeros({2}, DType::int64)),
+                         "add: needs float32 or float64 tensors, got int64", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(masked_fill(a, zeros({3, 3}, DType::boolean), 0),
+                         doctest::Contains("masked_fill: shapes [2, 3] and [3, 3] cannot be broadcast"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(masked_fill(zeros({3}, DType::float64), zeros({2, 3}, DType::boolean), 0),
+                         "masked_fill: mask of shape [2, 3] does not broadcast to the input's shape [3]",
+                         std::invalid_argument);
+}
+
+TEST_CASE("where and masked_fill select; float32 works like float64") {
+    const Tensor x = from_vector({1, 2, 3, 4}, {2, 2}, DType::float32);
+    const Tensor mask = from_vector({1, 0}, {2}, DType::boolean);
+    check_values(masked_fill(x, mask, -std::numeric_limits<double>::infinity()), {-INFINITY, 2, -INFINITY, 4});
+    check_values(where(mask, x, x * 10.0), {1, 20, 3, 40});
+    check_values(where(from_vector({0, 3}, {2}, DType::int64), x, x * 10.0), {10, 2, 30, 4});  // any non-zero is true
+    CHECK(where(mask, x, x).dtype() == DType::float32);
+}
+
+TEST_CASE("elementwise gradients") {
+    for (const char* op : {"add", "sub", "mul", "div", "pow", "pow_scalar", "neg", "exp", "log", "sqrt", "tanh",
+                           "sigmoid", "relu", "gelu", "clamp", "where", "masked_fill"}) {
+        check_gradients_of(op);
+    }
+}

@@ -1,1 +1,84 @@
-#include <doctest/doctest.h>
+// softmax, log_softmax, layer_norm, dropout, cross_entropy.
+#include "check.hpp"
+
+#include <limits>
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+namespace {
+const double inf = std::numeric_limits<double>::infinity();
+}
+
+TEST_CASE("softmax is stable and sums to one") {
+    const Tensor x = f64({1, 2, 3, 1000, 1001, 1002}, {2, 3});
+    const double z = std::exp(-2.0) + std::exp(-1.0) + 1;
+    const std::vector<double> p = {std::exp(-2.0) / z, std::exp(-1.0) / z, 1 / z};
+    check_values(softmax(x, -1), {p[0], p[1], p[2], p[0], p[1], p[2]}, 1e-15);
+    check_values(log_softmax(x, 1),
+                 {std::log(p[0]), std::log(p[1]), std::log(p[2]), std::log(p[0]), std::log(p[1]), std::log(p[2])},
+                 1e-12);
+    check_values(sum(softmax(x, 0), {0}), {1, 1, 1});
+    check_values(softmax(x.transpose(0, 1), 0), {p[0], p[0], p[1], p[1], p[2], p[2]}, 1e-15);
+}
+
+TEST_CASE("a fully masked row gives zero weights and zero gradient, never NaN") {
+    Tensor x = f64({1, 2, 3, 4, 5, 6}, {2, 3}).requires_grad_(true);
+    const Tensor mask = from_vector({0, 0, 1, 1, 1, 1}, {2, 3}, DType::boolean);
+    const Tensor p = softmax(masked_fill(x, mask, -inf), -1);
+    const double z = std::exp(-1.0) + 1;
+    check_values(p, {std::exp(-1.0) / z, 1 / z, 0, 0, 0, 0});
+    check_values(log_softmax(masked_fill(x, mask, -inf), -1).narrow(0, 1, 1), {-inf, -inf, -inf});
+    sum(p * f64({1, 2, 3, 4, 5, 6}, {2, 3})).backward();
+    for (double g : x.grad().to_vector()) CHECK(std::isfinite(g));
+    check_values(x.grad().narrow(0, 1, 1), {0, 0, 0});
+}
+
+TEST_CASE("layer_norm normalises the last dim") {
+    Generator gen(2);
+    const Tensor x = randn({4, 6}, gen, DType::float64) * 3.0 + 5.0;
+    const Tensor y = layer_norm(x, ones({6}, DType::float64), zeros({6}, DType::float64), 1e-12);
+    for (double m : mean(y, {1}).to_vector()) CHECK(std::fabs(m) < 1e-12);
+    for (double v : mean(y * y, {1}).to_vector()) CHECK(v == doctest::Approx(1.0).epsilon(1e-9));
+    const Tensor affine = layer_norm(x, full({6}, 2.0, DType::float64), full({6}, -1.0, DType::float64));
+    check_values(affine,
+                 ((layer_norm(x, ones({6}, DType::float64), zeros({6}, DType::float64)) * 2.0) - 1.0).to_vector());
+    CHECK_THROWS_WITH_AS(layer_norm(x, ones({5}, DType::float64), zeros({6}, DType::float64)),
+                         "layer_norm: weight [5] and bias [6] must both be [6] for an input of shape [4, 6]",
+                         std::invalid_argument);
+}
+
+TEST_CASE("dropout is seeded, scales kept values and is the identity in eval mode") {
+    const Tensor x = ones({100, 100}, DType::float64);
+    Generator a(9), b(9);
+    const Tensor ya = dropout(x, 0.25, true, a), yb = dropout(x, 0.25, true, b);
+    CHECK(ya.to_vector() == yb.to_vector());
+    int64_t dropped = 0;
+    for (double v : ya.to_vector()) {
+        CHECK((v == 0 || v == doctest::Approx(1 / 0.75)));
+        dropped += v == 0;
+    }
+    CHECK(dropped > 2200);
+    CHECK(dropped < 2800);
+    CHECK((dropout(x, 0.25, false, a).storage() == x.storage()));
+    CHECK_THROWS_AS(dropout(x, 1.5, true, a), std::invalid_argument);
+}
+
+TEST_CASE("cross_entropy averages over targets that are not ignored") {
+    const Tensor logits = f64({2, 0, 0, 0, 3, 0}, {2, 3});
+    const double l0 = -std::log(std::exp(2.0) / (std::exp(2.0) + 2));
+    const double l1 = -std::log(1 / (std::exp(3.0) + 2));
+    check_values(cross_entropy(logits, from_vector({0, 2}, {2}, DType::int64)), {(l0 + l1) / 2});
+    check_values(cross_entropy(logits, from_vector({0, -100}, {2}, DType::int64)), {l0});
+    check_values(cross_entropy(logits, from_vector({7, 7}, {2}, DType::int64), 7), {0});  // all ignored
+    CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector({0, 3}, {2}, DType::int64)),
+                         "cross_entropy: target 3 at row 1 is outside [0, 3) and is not ignore_index -100",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector({0}, {1}, DType::int64)),
+                         "cross_entropy: expects logits [N, C] and target [N], got [2, 3] and [1]",
+                         std::invalid_argument);
+}
+
+TEST_CASE("nn gradients") {
+    for (const char* op : {"softmax", "log_softmax", "layer_norm", "dropout", "cross_entropy"}) check_gradients_of(op);
+}

@@ -1,1 +1,112 @@
-#include <doctest/doctest.h>
+// The Tensor: storage, strides, views without copies, dtypes, factories.
+#include "check.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+TEST_CASE("a new tensor is contiguous with row-major strides") {
+    const Tensor t = zeros({2, 3, 4});
+    CHECK(t.shape() == Shape{2, 3, 4});
+    CHECK(t.strides() == Shape{12, 4, 1});
+    CHECK(t.numel() == 24);
+    CHECK(t.dim() == 3);
+    CHECK(t.size(-1) == 4);
+    CHECK(t.is_contiguous());
+    CHECK(t.dtype() == DType::float32);
+    CHECK(t.device() == Device::cpu);
+    CHECK_THROWS_WITH_AS(t.size(3), "size: dim 3 is out of range for a tensor of rank 3", std::invalid_argument);
+}
+
+TEST_CASE("views share storage and see writes through the base") {
+    Tensor base = f64({0, 1, 2, 3, 4, 5}, {2, 3});
+    const Tensor t = base.transpose(0, 1);
+    CHECK((t.storage() == base.storage()));
+    CHECK(t.shape() == Shape{3, 2});
+    CHECK(t.strides() == Shape{1, 3});
+    CHECK_FALSE(t.is_contiguous());
+    check_values(t, {0, 3, 1, 4, 2, 5});
+
+    const Tensor row = base.narrow(0, 1, 1);
+    CHECK((row.storage() == base.storage()));
+    CHECK(row.offset() == 3);
+    const Tensor column = base.slice(1, 0, 3, 2);
+    check_values(column, {0, 2, 3, 5});
+    const Tensor wide = base.narrow(1, 1, 1).expand({2, 4});
+    CHECK(wide.strides() == Shape{3, 0});
+    check_values(wide, {1, 1, 1, 1, 4, 4, 4, 4});
+
+    base.data<double>()[4] = 40;  // visible through every view
+    check_values(t, {0, 3, 1, 40, 2, 5});
+    check_values(row, {3, 40, 5});
+}
+
+TEST_CASE("contiguous copies only when needed; reshape of a view copies") {
+    const Tensor base = arange(6, DType::float64).view({2, 3});
+    CHECK((base.contiguous().storage() == base.storage()));
+    const Tensor t = base.transpose(0, 1).contiguous();
+    CHECK(t.is_contiguous());
+    CHECK((t.storage() != base.storage()));
+    check_values(t, {0, 3, 1, 4, 2, 5});
+    check_values(base.transpose(0, 1).reshape({6}), {0, 3, 1, 4, 2, 5});
+    CHECK(base.reshape({3, -1}).shape() == Shape{3, 2});
+    CHECK_THROWS_WITH_AS(base.transpose(0, 1).view({6}),
+                         "view: the tensor of shape [3, 2] is not contiguous; use reshape()", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(base.view({4, -1}), "view: cannot view a tensor of shape [2, 3] (6 elements) as [4, -1]",
+                         std::invalid_argument);
+}
+
+TEST_CASE("dtypes: conversion, item, bad requests") {
+    const Tensor t = from_vector({1.5, -2.25, 3}, {3}, DType::float64);
+    const Tensor f = t.to(DType::float32);
+    CHECK(f.dtype() == DType::float32);
+    check_values(f, {1.5, -2.25, 3});
+    check_values(t.to(DType::int64), {1, -2, 3});
+    check_values(t.to(DType::boolean), {1, 1, 1});
+    CHECK((t.to(DType::float64).storage() == t.storage()));  // same dtype: no copy
+    CHECK(scalar(2.5, DType::float64).item() == 2.5);
+    CHECK_THROWS_WITH_AS(t.item(), "item: the tensor has 3 elements (shape [3]), expected 1", std::invalid_argument);
+    CHECK_THROWS_AS(t.data<float>(), std::logic_error);
+    CHECK_THROWS_AS(zeros({2}, DType::int64).requires_grad_(true), std::invalid_argument);
+    CHECK_THROWS_AS(zeros({-1}), std::invalid_argument);
+    CHECK(std::string(dtype_name(DType::boolean)) == "bool");
+}
+
+TEST_CASE("detach and clone") {
+    Tensor x = f64({1, 2}, {2}).requires_grad_(true);
+    const Tensor y = x * x;
+    const Tensor d = y.detach();
+    CHECK((d.storage() == y.storage()));
+    CHECK_FALSE(d.requires_grad());
+    CHECK(d.is_leaf());
+    const Tensor c = x.clone();
+    CHECK((c.storage() != x.storage()));
+    CHECK(c.requires_grad());  // clone is recorded: gradients flow through it
+}
+
+TEST_CASE("a generator gives the same numbers for the same seed") {
+    Generator a(42), b(42), c(43);
+    const Tensor ta = randn({100}, a, DType::float64), tb = randn({100}, b, DType::float64);
+    CHECK(ta.to_vector() == tb.to_vector());
+    CHECK(ta.to_vector() != randn({100}, c, DType::float64).to_vector());
+    const double m = mean(ta).item();
+    CHECK(std::fabs(m) < 0.3);
+    for (double u : rand({1000}, a, DType::float64).to_vector()) CHECK((u >= 0 && u < 1));
+}
+
+TEST_CASE("views are differentiable") {
+    for (const char* op : {"transpose", "permute", "reshape", "slice", "narrow", "expand", "squeeze"}) {
+        check_gradients_of(op);
+    }
+}
+
+TEST_CASE("dtype conversion and clone pass gradients back in the source dtype") {
+    Tensor x = from_vector({1, -2}, {2}, DType::float32).requires_grad_(true);
+    sum(x.to(DType::float64) * 3.0 + x.clone().to(DType::float64)).backward();
+    CHECK(x.grad().dtype() == DType::float32);
+    check_values(x.grad(), {4, 4});
+    // in float64 the same function passes a gradient check
+    const GradcheckResult result = gradcheck(
+        [](const std::vector<Tensor>& in) { return in[0].clone().to(DType::float64) * in[0].transpose(0, 1).contiguous(); },
+        {f64({1, 2, 3, 4}, {2, 2}).requires_grad_(true)});
+    CHECK_MESSAGE(result.passed, result.report);
+}

@@ -24,7 +24,8 @@ namespace {
 // An xtensor view of t's elements in place. xtensor wants the adapted buffer to hold exactly
 // prod(shape) elements, so a dim that expand() stretched (stride 0) is handed over as size 1 and
 // broadcast back by xtensor (see `input`); the elements themselves are reached through strides.
-template <class T> auto strided(const Tensor& t) {
+template <class T>
+auto strided(const Tensor& t) {
     const int64_t rank = t.dim();
     std::vector<std::size_t> shape(rank);
     std::vector<std::ptrdiff_t> strides(rank);
@@ -39,16 +40,22 @@ template <class T> auto strided(const Tensor& t) {
 }
 
 // An input operand, broadcast to the output's shape.
-template <class T> auto input(const Tensor& t, const Tensor& out) {
+template <class T>
+auto input(const Tensor& t, const Tensor& out) {
     const std::vector<std::size_t> shape(out.shape().begin(), out.shape().end());
     return xt::broadcast(strided<T>(t), shape);
 }
 
 // Calls f(T{}) with T the C++ type of a floating dtype.
-template <class F> void dispatch_floating(DType dtype, const char* kernel, F&& f) {
+template <class F>
+void dispatch_floating(DType dtype, const char* kernel, F&& f) {
     switch (dtype) {
-        case DType::float32: f(float{}); return;
-        case DType::float64: f(double{}); return;
+        case DType::float32:
+            f(float{});
+            return;
+        case DType::float64:
+            f(double{});
+            return;
         default:
             throw std::invalid_argument(std::string(kernel) + ": needs a float32 or float64 tensor, got " +
                                         dtype_name(dtype));
@@ -56,12 +63,21 @@ template <class F> void dispatch_floating(DType dtype, const char* kernel, F&& f
 }
 
 // Calls f(T{}) for any dtype.
-template <class F> void dispatch_any(DType dtype, F&& f) {
+template <class F>
+void dispatch_any(DType dtype, F&& f) {
     switch (dtype) {
-        case DType::float32: f(float{}); return;
-        case DType::float64: f(double{}); return;
-        case DType::int64: f(int64_t{}); return;
-        case DType::boolean: f(bool{}); return;
+        case DType::float32:
+            f(float{});
+            return;
+        case DType::float64:
+            f(double{});
+            return;
+        case DType::int64:
+            f(int64_t{});
+            return;
+        case DType::boolean:
+            f(bool{});
+            return;
     }
 }
 
@@ -99,9 +115,8 @@ Shape only_at(int64_t rank, int64_t dim, int64_t stride) {
 
 int64_t checked_index(int64_t i, int64_t size, const char* kernel, int64_t dim) {
     if (i < 0 || i >= size) {
-        throw std::invalid_argument(std::string(kernel) + ": index " + std::to_string(i) +
-                                    " is out of range for dim " + std::to_string(dim) +
-                                    " of size " + std::to_string(size));
+        throw std::invalid_argument(std::string(kernel) + ": index " + std::to_string(i) + " is out of range for dim " +
+                                    std::to_string(dim) + " of size " + std::to_string(size));
     }
     return i;
 }
@@ -168,22 +183,45 @@ public:
             const T inv_sqrt2 = T(1.0 / std::sqrt(2.0));
             const T inv_sqrt_2pi = T(1.0 / std::sqrt(2.0 * M_PI));
             switch (op) {
-                case UnaryOp::neg: xt::noalias(O) = -X; break;
-                case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
-                case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
-                case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
-                case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
-                case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
-                case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
-                case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
-                case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
-                case UnaryOp::gelu_grad:
-                    xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) +
-                                     X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                case UnaryOp::neg:
+                    xt::noalias(O) = -X;
                     break;
-                case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
-                case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
-                case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
+                case UnaryOp::exp:
+                    xt::noalias(O) = xt::exp(X);
+                    break;
+                case UnaryOp::log:
+                    xt::noalias(O) = xt::log(X);
+                    break;
+                case UnaryOp::sqrt:
+                    xt::noalias(O) = xt::sqrt(X);
+                    break;
+                case UnaryOp::tanh:
+                    xt::noalias(O) = xt::tanh(X);
+                    break;
+                case UnaryOp::sigmoid:
+                    xt::noalias(O) = one / (one + xt::exp(-X));
+                    break;
+                case UnaryOp::relu:
+                    xt::noalias(O) = xt::where(X > zero, X, zero);
+                    break;
+                case UnaryOp::gelu:
+                    xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2));
+                    break;
+                case UnaryOp::relu_grad:
+                    xt::noalias(O) = xt::where(X > zero, one, zero);
+                    break;
+                case UnaryOp::gelu_grad:
+                    xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                    break;
+                case UnaryOp::pow_scalar:
+                    xt::noalias(O) = xt::pow(X, T(a));
+                    break;
+                case UnaryOp::clamp:
+                    xt::noalias(O) = xt::clip(X, T(a), T(b));
+                    break;
+                case UnaryOp::inside:
+                    xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero);
+                    break;
             }
         });
     }
@@ -195,13 +233,27 @@ public:
             auto B = input<T>(b, out);
             auto O = strided<T>(out);
             switch (op) {
-                case BinaryOp::add: xt::noalias(O) = A + B; break;
-                case BinaryOp::sub: xt::noalias(O) = A - B; break;
-                case BinaryOp::mul: xt::noalias(O) = A * B; break;
-                case BinaryOp::div: xt::noalias(O) = A / B; break;
-                case BinaryOp::pow: xt::noalias(O) = xt::pow(A, B); break;
-                case BinaryOp::equal: xt::noalias(O) = xt::cast<T>(xt::equal(A, B)); break;
-                case BinaryOp::greater: xt::noalias(O) = xt::cast<T>(A > B); break;
+                case BinaryOp::add:
+                    xt::noalias(O) = A + B;
+                    break;
+                case BinaryOp::sub:
+                    xt::noalias(O) = A - B;
+                    break;
+                case BinaryOp::mul:
+                    xt::noalias(O) = A * B;
+                    break;
+                case BinaryOp::div:
+                    xt::noalias(O) = A / B;
+                    break;
+                case BinaryOp::pow:
+                    xt::noalias(O) = xt::pow(A, B);
+                    break;
+                case BinaryOp::equal:
+                    xt::noalias(O) = xt::cast<T>(xt::equal(A, B));
+                    break;
+                case BinaryOp::greater:
+                    xt::noalias(O) = xt::cast<T>(A > B);
+                    break;
             }
         });
     }
@@ -212,8 +264,8 @@ public:
             dispatch_any(cond.dtype(), [&](auto cond_tag) {
                 using C = decltype(cond_tag);
                 auto O = strided<T>(out);
-                xt::noalias(O) = xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out),
-                                           input<T>(b, out));
+                xt::noalias(O) =
+                    xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
             });
         });
     }
@@ -269,13 +321,12 @@ public:
             const T* pb = b.data<T>();
             T* pc = out.data<T>();
             walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides}, [&](const auto& off) {
-                cxxblas::gemm<blas_index_t>(
-                    cxxblas::StorageOrder::RowMajor,
-                    la.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
-                    lb.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
-                    blas_index_t(M), blas_index_t(N), blas_index_t(K), T(1), pa + off[0],
-                    blas_index_t(la.leading_dim), pb + off[1], blas_index_t(lb.leading_dim), T(0),
-                    pc + off[2], blas_index_t(N));
+                cxxblas::gemm<blas_index_t>(cxxblas::StorageOrder::RowMajor,
+                                            la.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
+                                            lb.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
+                                            blas_index_t(M), blas_index_t(N), blas_index_t(K), T(1), pa + off[0],
+                                            blas_index_t(la.leading_dim), pb + off[1], blas_index_t(lb.leading_dim),
+                                            T(0), pc + off[2], blas_index_t(N));
             });
         });
     }
@@ -315,7 +366,8 @@ public:
             using T = decltype(tag);
             const T* px = x.data<T>();
             T* po = out.data<T>();
-            walk<3>(out.shape(), {out.strides(), with_zero_at(x.strides(), dim), only_at(out.dim(), dim, index.strides()[0])},
+            walk<3>(out.shape(),
+                    {out.strides(), with_zero_at(x.strides(), dim), only_at(out.dim(), dim, index.strides()[0])},
                     [&](const auto& off) {
                         po[off[0]] = px[off[1] + checked_index(idx[off[2]], size, "index_select", dim) * step];
                     });
@@ -329,7 +381,8 @@ public:
             using T = decltype(tag);
             const T* ps = src.data<T>();
             T* po = out.data<T>();
-            walk<3>(src.shape(), {src.strides(), with_zero_at(out.strides(), dim), only_at(src.dim(), dim, index.strides()[0])},
+            walk<3>(src.shape(),
+                    {src.strides(), with_zero_at(out.strides(), dim), only_at(src.dim(), dim, index.strides()[0])},
                     [&](const auto& off) {
                         po[off[1] + checked_index(idx[off[2]], size, "index_add", dim) * step] += ps[off[0]];
                     });

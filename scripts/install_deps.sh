@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages relgrad builds with, and nothing when they are all present.
+set -euo pipefail
+
+packages=(g++ cmake make libxtensor-dev libxtensor-blas-dev libxsimd-dev libopenblas-dev doctest-dev
+          nlohmann-json3-dev libcli11-dev)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "installing: ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
