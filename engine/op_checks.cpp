@@ -121,6 +121,7 @@ std::vector<OpCheck> build() {
         r.add(name + "/keepdim", {{2, 3, 4}}, [op](const auto& x) { return op(x[0], {-1}, true); });
         r.add(name + "/noncontiguous", {{4, 3}}, [op](const auto& x) { return op(x[0].transpose(0, 1), {1}, false); });
         r.add(name + "/single", {{1, 1}}, [op](const auto& x) { return op(x[0], {0}, false); });
+        r.add(name + "/broadcast", {{3, 1}}, [op](const auto& x) { return op(x[0].expand({2, 3, 4}), {0, 2}, false); });
     }
 
     // --- matmul
