@@ -1,0 +1,224 @@
+#include "layers/attention.hpp"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+// ---------------------------------------------------------------- masks
+
+Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len) {
+    const int64_t B = static_cast<int64_t>(lengths.size());
+    std::vector<double> keep(B * key_len);
+    for (int64_t b = 0; b < B; ++b) {
+        if (lengths[b] < 0 || lengths[b] > key_len) {
+            throw std::invalid_argument("key_padding_mask: length " + std::to_string(lengths[b]) + " of sequence " +
+                                        std::to_string(b) + " is outside [0, " + std::to_string(key_len) + "]");
+        }
+        for (int64_t j = 0; j < key_len; ++j) keep[b * key_len + j] = j < lengths[b];
+    }
+    return from_vector(keep, {B, 1, 1, key_len}, DType::boolean);
+}
+
+Tensor key_padding_mask(const Tensor& keep) {
+    if (keep.dim() != 2) {
+        throw std::invalid_argument("key_padding_mask: expects [B, Lk], got shape " + shape_str(keep.shape()));
+    }
+    return keep.to(DType::boolean).reshape({keep.size(0), 1, 1, keep.size(1)});
+}
+
+static Tensor position_mask(int64_t query_len, int64_t key_len, const std::function<bool(int64_t, int64_t)>& visible) {
+    std::vector<double> keep(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j) keep[i * key_len + j] = visible(i, j);
+    return from_vector(keep, {query_len, key_len}, DType::boolean);
+}
+
+Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset) {
+    return position_mask(query_len, key_len, [&](int64_t i, int64_t j) { return j <= query_offset + i; });
+}
+
+Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset) {
+    if (window < 0) throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
+    return position_mask(query_len, key_len,
+                         [&](int64_t i, int64_t j) { return std::llabs(j - (query_offset + i)) <= window; });
+}
+
+Tensor combine_masks(const Tensor& a, const Tensor& b) {
+    if (!a.defined()) return b;
+    if (!b.defined()) return a;
+    NoGradGuard no_grad;
+    return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
+}
+
+AttentionImpl parse_attention_impl(const std::string& name) {
+    if (name == "reference") return AttentionImpl::reference;
+    if (name == "bucketed") return AttentionImpl::bucketed;
+    throw std::invalid_argument("unknown attention implementation '" + name + "' (expected reference or bucketed)");
+}
+
+// ---------------------------------------------------------------- multi-head attention
+
+static int64_t head_dim_of(int64_t dim, int64_t heads) {
+    if (heads <= 0 || dim <= 0 || dim % heads != 0) {
+        throw std::invalid_argument("attention: dim " + std::to_string(dim) + " must be a positive multiple of heads " +
+                                    std::to_string(heads));
+    }
+    return dim / heads;
+}
+
+MultiHeadAttention::MultiHeadAttention(int64_t d, int64_t h, const Init& init)
+    : dim(d),
+      heads(h),
+      head_dim(head_dim_of(d, h)),
+      w_q(d, d, init),
+      w_k(d, d, init),
+      w_v(d, d, init),
+      w_o(d, d, init) {
+    register_module("w_q", w_q);
+    register_module("w_k", w_k);
+    register_module("w_v", w_v);
+    register_module("w_o", w_o);
+}
+
+Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
+    return x.reshape({x.size(0), x.size(1), heads, head_dim}).transpose(1, 2);
+}
+
+Tensor MultiHeadAttention::merge_heads(const Tensor& z) const {
+    return z.transpose(1, 2).reshape({z.size(0), z.size(2), dim});
+}
+
+Tensor MultiHeadAttention::scores(const Tensor&, const Tensor& q, const Tensor& k, int64_t) {
+    return matmul(q, k.transpose(-1, -2));
+}
+
+Tensor MultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t) { return matmul(a, v); }
+
+Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value, const Tensor& mask,
+                                   int64_t query_offset) {
+    if (query.dim() != 3 || key_value.dim() != 3 || query.size(2) != dim || key_value.size(2) != dim ||
+        query.size(0) != key_value.size(0)) {
+        throw std::invalid_argument("attention: query " + shape_str(query.shape()) + " and key/value " +
+                                    shape_str(key_value.shape()) + " must be [B, Lq, D] and [B, Lk, D] with D = " +
+                                    std::to_string(dim));
+    }
+    const int64_t B = query.size(0), Lq = query.size(1), Lk = key_value.size(1);
+    if (mask.defined() && broadcast_shapes(mask.shape(), {B, heads, Lq, Lk}, "attention mask") != Shape{B, heads, Lq, Lk}) {
+        throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
+                                    " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, heads, Lq, Lk}));
+    }
+    const Tensor q = split_heads(w_q.forward(query));
+    const Tensor k = split_heads(w_k.forward(key_value));
+    const Tensor v = split_heads(w_v.forward(key_value));
+    Tensor e = mul(scores(query, q, k, query_offset), scalar(1.0 / std::sqrt(double(head_dim)), query.dtype()));
+    if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), query.dtype()));
+    const Tensor a = softmax(e, -1);
+    last_weights = a.detach();
+    return w_o.forward(merge_heads(values(a, v, query_offset)));
+}
+
+// ---------------------------------------------------------------- relative (Shaw)
+
+RelativeMultiHeadAttention::RelativeMultiHeadAttention(int64_t d, int64_t h, const RelativeOptions& options,
+                                                       AttentionImpl impl_, const Init& init)
+    : MultiHeadAttention(d, h, init),
+      impl(impl_),
+      rel_pos_emb_k(head_dim, h, options, init),
+      rel_pos_emb_v(head_dim, h, options, init) {
+    register_module("rel_pos_emb_k", rel_pos_emb_k);
+    register_module("rel_pos_emb_v", rel_pos_emb_v);
+}
+
+// Reference: build A_K[i, j] = E_K[r(i, j)] ([H or 1, Lq, Lk, Dh]) and contract over Dh, one
+// query position at a time as a batched matmul: [H, Lq, B, Dh] @ [H, Lq, Dh, Lk] -> [H, Lq, B, Lk].
+// Bucketed: Q E_K^T ([B, H, Lq, K]) holds every q_i . E_K[r] there is; gather picks r(i, j).
+Tensor RelativeMultiHeadAttention::relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const {
+    const int64_t B = q.size(0), Lq = q.size(2);
+    if (impl == AttentionImpl::reference) {
+        const Tensor table = rel_pos_emb_k.lookup(Lq, key_len, query_offset);
+        return matmul(q.permute({1, 2, 0, 3}), table.transpose(-1, -2)).permute({2, 0, 1, 3});
+    }
+    const Tensor q_dot_table = matmul(q, rel_pos_emb_k.table().transpose(-1, -2));  // [B, H, Lq, K]
+    const Tensor r = rel_pos_emb_k.index(Lq, key_len, query_offset).expand({B, heads, Lq, key_len});
+    return gather(q_dot_table, -1, r);
+}
+
+// Reference: sum_j a_ij A_V[i, j] as [H, Lq, B, Lk] @ [H, Lq, Lk, Dh].
+// Bucketed: sum the weights that share a bucket (scatter_add into [B, H, Lq, K]), then times E_V.
+Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t query_offset) const {
+    const int64_t B = a.size(0), Lq = a.size(2), Lk = a.size(3);
+    if (impl == AttentionImpl::reference) {
+        const Tensor table = rel_pos_emb_v.lookup(Lq, Lk, query_offset);
+        return matmul(a.permute({1, 2, 0, 3}), table).permute({2, 0, 1, 3});
+    }
+    const Tensor r = rel_pos_emb_v.index(Lq, Lk, query_offset).expand({B, heads, Lq, Lk});
+    const Tensor bucket_weights = scatter_add(zeros({B, heads, Lq, rel_pos_emb_v.buckets()}, a.dtype()), -1, r, a);
+    return matmul(bucket_weights, rel_pos_emb_v.table());
+}
+
+Tensor RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
+                                          int64_t query_offset) {
+    return add(MultiHeadAttention::scores(query_input, q, k, query_offset), relative_scores(q, k.size(2), query_offset));
+}
+
+Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
+    return add(MultiHeadAttention::values(a, v, query_offset), relative_values(a, query_offset));
+}
+
+// ---------------------------------------------------------------- gated
+
+GatedPositionAttention::GatedPositionAttention(int64_t d, int64_t h, const RelativeOptions& options,
+                                               AttentionImpl impl_, bool token_gate_, const Init& init)
+    : RelativeMultiHeadAttention(d, h, options, impl_, init),
+      positions(d),
+      w_pq(d, d, init),
+      w_pk(d, d, init),
+      token_gate(token_gate_) {
+    register_module("w_pq", w_pq);
+    register_module("w_pk", w_pk);
+    register_parameter("gate", gate, zeros({h}, init.dtype));
+    if (token_gate) {
+        w_gate = std::make_unique<Linear>(d, h, init);
+        register_module("w_gate", *w_gate);
+    }
+}
+
+std::vector<double> GatedPositionAttention::gate_values() const {
+    NoGradGuard no_grad;
+    return sigmoid(gate).to_vector();
+}
+
+Tensor GatedPositionAttention::gate_for(const Tensor& query_input) const {
+    const Tensor lambda = gate.reshape({1, heads, 1, 1});
+    if (!token_gate) return sigmoid(lambda);
+    // per token and head: [B, Lq, H] -> [B, H, Lq, 1]
+    return sigmoid(add(lambda, w_gate->forward(query_input).transpose(1, 2).unsqueeze(-1)));
+}
+
+Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
+                                      int64_t query_offset) {
+    const int64_t Lq = q.size(2), Lk = k.size(2);
+    current_gate_ = gate_for(query_input);
+    const Tensor one = scalar(1, q.dtype());
+    // the untied absolute term (P_i U_q) . (P_j U_k), shared by the batch: [1, H, Lq, Lk]
+    const Tensor P = positions.encoding(query_offset + Lq > Lk ? query_offset + Lq : Lk, q.dtype()).unsqueeze(0);
+    const Tensor pq = split_heads(w_pq.forward(P.narrow(1, query_offset, Lq)));
+    const Tensor pk = split_heads(w_pk.forward(P.narrow(1, 0, Lk)));
+    const Tensor absolute = matmul(pq, pk.transpose(-1, -2));
+    const Tensor relative = relative_scores(q, Lk, query_offset);
+    return add(MultiHeadAttention::scores(query_input, q, k, query_offset),
+               add(mul(current_gate_, relative), mul(sub(one, current_gate_), absolute)));
+}
+
+Tensor GatedPositionAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
+    return add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
+}
+
+}  // namespace relgrad

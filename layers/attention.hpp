@@ -1,0 +1,103 @@
+// relgrad: masks and multi-head attention, plain, relative (Shaw et al. 2018) and gated.
+//
+// Shapes: B batch, Lq/Lk query/key lengths, D model width, H heads, Dh = D / H, K = 2k+1 buckets.
+//
+//   q, k, v = split_heads(x W_q^T + b_q), ...              [B, H, L, Dh]
+//   e_ij    = (q_i . k_j [+ position terms]) / sqrt(Dh)     [B, H, Lq, Lk]
+//   a_i     = softmax_j(e_ij), masked keys get -inf         (a fully masked row gives a_i = 0)
+//   z_i     = sum_j a_ij v_j [+ position terms]             [B, H, Lq, Dh]
+//   y       = merge_heads(z) W_o^T + b_o                    [B, Lq, D]
+//
+// Relative (Shaw), with r = r(i, j) the clipped distance bucket (position.hpp):
+//   e_ij += q_i . E_K[r] / sqrt(Dh)        z_i += sum_j a_ij E_V[r]
+// Gated, per head h with g_h = sigmoid(lambda_h) (or a token-dependent gate):
+//   e_ij += g_h q_i . E_K[r] / sqrt(Dh) + (1 - g_h) (P_i U_q) . (P_j U_k) / sqrt(Dh)
+//   z_i  += g_h sum_j a_ij E_V[r]
+// so g = 1 is Shaw's relative attention and g = 0 attention with an untied absolute term built
+// from the sinusoidal positions P (projected per layer by U_q = w_pq, U_k = w_pk).
+#pragma once
+
+#include "layers/position.hpp"
+
+namespace relgrad {
+
+// --- masks: bool tensors, true = may attend, broadcastable to [B, H, Lq, Lk]
+
+// keys at positions >= lengths[b] are padding: [B, 1, 1, Lk]
+Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len);
+// from a [B, Lk] tensor of any dtype, non-zero = a real token: [B, 1, 1, Lk]
+Tensor key_padding_mask(const Tensor& keep);
+// query i (at position query_offset + i) sees keys j <= its position: [Lq, Lk]
+Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset = 0);
+// query i sees keys within `window` positions on either side: |j - (query_offset + i)| <= window
+Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset = 0);
+// attend only where both masks allow; an undefined mask allows everything
+Tensor combine_masks(const Tensor& a, const Tensor& b);
+
+enum class AttentionImpl { reference, bucketed };
+AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed"
+
+class MultiHeadAttention : public Module {
+public:
+    MultiHeadAttention(int64_t dim, int64_t heads, const Init& init);
+
+    // query [B, Lq, D] attends to key_value [B, Lk, D]; mask bool, broadcastable to
+    // [B, H, Lq, Lk]; query_offset is the position of the first query (for incremental decoding)
+    Tensor forward(const Tensor& query, const Tensor& key_value, const Tensor& mask = Tensor(),
+                   int64_t query_offset = 0);
+
+    int64_t dim, heads, head_dim;
+    Linear w_q, w_k, w_v, w_o;
+    Tensor last_weights;  // the attention weights a of the last forward, detached [B, H, Lq, Lk]
+
+protected:
+    // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]
+    virtual Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
+    // a v plus any position terms: [B, H, Lq, Dh]
+    virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset);
+
+    Tensor split_heads(const Tensor& x) const;  // [B, L, D] -> [B, H, L, Dh]
+    Tensor merge_heads(const Tensor& z) const;  // [B, H, L, Dh] -> [B, L, D]
+};
+
+class RelativeMultiHeadAttention : public MultiHeadAttention {
+public:
+    RelativeMultiHeadAttention(int64_t dim, int64_t heads, const RelativeOptions& options, AttentionImpl impl,
+                               const Init& init);
+
+    AttentionImpl impl;
+    RelativePositionEmbedding rel_pos_emb_k, rel_pos_emb_v;
+
+protected:
+    Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
+    Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
+
+    // The relative terms alone: q_i . E_K[r(i,j)] [B, H, Lq, Lk] and sum_j a_ij E_V[r(i,j)] [B, H, Lq, Dh]
+    Tensor relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const;
+    Tensor relative_values(const Tensor& a, int64_t query_offset) const;
+};
+
+class GatedPositionAttention : public RelativeMultiHeadAttention {
+public:
+    GatedPositionAttention(int64_t dim, int64_t heads, const RelativeOptions& options, AttentionImpl impl,
+                           bool token_gate, const Init& init);
+
+    // g per head, sigmoid(gate): 1 = relative, 0 = absolute (the per-head part of a token gate)
+    std::vector<double> gate_values() const;
+
+    SinusoidalPositionalEncoding positions;
+    Linear w_pq, w_pk;  // project the sinusoidal positions P per layer
+    Tensor gate;        // lambda [H], initialised to 0 (g = 0.5)
+    bool token_gate;
+    std::unique_ptr<Linear> w_gate;  // token gate: g = sigmoid(lambda_h + (x_i W_g^T + b_g)_h)
+
+protected:
+    Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
+    Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
+
+private:
+    Tensor gate_for(const Tensor& query_input) const;  // [1, H, 1, 1] or [B, H, Lq, 1]
+    Tensor current_gate_;                              // set by scores(), used by values()
+};
+
+}  // namespace relgrad

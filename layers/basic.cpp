@@ -1,0 +1,71 @@
+#include "layers/basic.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+static void check_positive(int64_t value, const char* layer, const char* what) {
+    if (value <= 0) {
+        throw std::invalid_argument(std::string(layer) + ": " + what + " must be positive, got " + std::to_string(value));
+    }
+}
+
+static void check_last_dim(const Tensor& x, int64_t expected, const char* layer) {
+    if (x.dim() == 0 || x.size(-1) != expected) {
+        throw std::invalid_argument(std::string(layer) + ": input of shape " + shape_str(x.shape()) +
+                                    " must end in dim " + std::to_string(expected));
+    }
+}
+
+Linear::Linear(int64_t in, int64_t out, const Init& init, bool with_bias) : in_features(in), out_features(out) {
+    check_positive(in, "Linear", "in_features");
+    check_positive(out, "Linear", "out_features");
+    register_parameter("weight", weight, xavier_uniform({out, in}, init));
+    if (with_bias) register_parameter("bias", bias, zeros({out}, init.dtype));
+}
+
+// y = x W^T + b   (the transpose is a view; BLAS reads it in place)
+Tensor Linear::forward(const Tensor& x) const {
+    check_last_dim(x, in_features, "Linear");
+    const Tensor y = matmul(x, weight.transpose(0, 1));
+    return bias.defined() ? add(y, bias) : y;
+}
+
+Embedding::Embedding(int64_t n, int64_t d, const Init& init, double init_std) : num_embeddings(n), dim(d) {
+    check_positive(n, "Embedding", "num_embeddings");
+    check_positive(d, "Embedding", "dim");
+    register_parameter("weight", weight, truncated_normal({n, d}, init_std, init));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t d, const Init& init, double eps_) : dim(d), eps(eps_) {
+    check_positive(d, "LayerNorm", "dim");
+    register_parameter("weight", weight, ones({d}, init.dtype));
+    register_parameter("bias", bias, zeros({d}, init.dtype));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+    check_last_dim(x, dim, "LayerNorm");
+    return layer_norm(x, weight, bias, eps);
+}
+
+Dropout::Dropout(double p_, uint64_t seed) : p(p_), gen_(seed) {
+    if (!(p >= 0 && p < 1)) throw std::invalid_argument("Dropout: p must be in [0, 1), got " + std::to_string(p));
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), gen_); }
+
+FeedForward::FeedForward(int64_t d, int64_t hidden, double p, const Init& init)
+    : fc1(d, hidden, init), fc2(hidden, d, init), dropout(p, init.gen.next_u64()) {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("dropout", dropout);
+}
+
+Tensor FeedForward::forward(const Tensor& x) { return fc2.forward(dropout.forward(gelu(fc1.forward(x)))); }
+
+}  // namespace relgrad

@@ -1,0 +1,165 @@
+#include "layers/module.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/npy.hpp"
+
+namespace relgrad {
+
+namespace fs = std::filesystem;
+
+Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
+    std::vector<double> values(shape_numel(shape));
+    for (double& v : values) {
+        do v = init.gen.next_normal();
+        while (std::fabs(v) > 2.0);
+        v *= std;
+    }
+    return from_vector(values, shape, init.dtype);
+}
+
+Tensor xavier_uniform(const Shape& shape, const Init& init) {
+    if (shape.size() != 2) throw std::invalid_argument("xavier_uniform: needs a [fan_out, fan_in] shape");
+    const double bound = std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1]));
+    std::vector<double> values(shape_numel(shape));
+    for (double& v : values) v = (2 * init.gen.next_uniform() - 1) * bound;
+    return from_vector(values, shape, init.dtype);
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor& slot, Tensor value) {
+    slot = value.detach().requires_grad_(true);
+    parameters_.emplace_back(name, &slot);
+    return slot;
+}
+
+void Module::register_module(const std::string& name, Module& child) { children_.emplace_back(name, &child); }
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const {
+    for (const auto& [name, slot] : parameters_) out.emplace_back(prefix + name, slot);
+    for (const auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
+    std::vector<std::pair<std::string, Tensor*>> slots;
+    collect("", slots);
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const auto& [name, slot] : slots) out.emplace_back(name, *slot);
+    return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+    std::vector<Tensor> out;
+    for (const auto& named : named_parameters()) out.push_back(named.second);
+    return out;
+}
+
+int64_t Module::parameter_count() const {
+    int64_t count = 0;
+    for (const Tensor& p : parameters()) count += p.numel();
+    return count;
+}
+
+void Module::train(bool training) {
+    training_ = training;
+    for (const auto& child : children_) child.second->train(training);
+}
+
+void Module::zero_grad() {
+    for (Tensor p : parameters()) p.zero_grad();
+}
+
+void Module::assign_parameters(const std::vector<Tensor>& values) {
+    std::vector<std::pair<std::string, Tensor*>> slots;
+    collect("", slots);
+    if (values.size() != slots.size()) {
+        throw std::invalid_argument("assign_parameters: " + std::to_string(values.size()) + " tensors given for " +
+                                    std::to_string(slots.size()) + " parameters");
+    }
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+        if (values[i].shape() != slots[i].second->shape()) {
+            throw std::invalid_argument("assign_parameters: " + slots[i].first + " needs shape " +
+                                        shape_str(slots[i].second->shape()) + ", got " +
+                                        shape_str(values[i].shape()));
+        }
+        *slots[i].second = values[i];
+    }
+}
+
+void Module::to(DType dtype) {
+    std::vector<std::pair<std::string, Tensor*>> slots;
+    collect("", slots);
+    NoGradGuard no_grad;
+    for (auto& [name, slot] : slots) *slot = slot->to(dtype).detach().requires_grad_(true);
+}
+
+void Module::save(const std::string& dir) const {
+    const fs::path target(dir);
+    const fs::path partial = target.string() + ".partial";
+    const fs::path previous = target.string() + ".previous";
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+    nlohmann::json manifest = {{"format", "relgrad-state"}, {"version", 1}, {"parameters", nlohmann::json::array()}};
+    for (const auto& [name, tensor] : named_parameters()) {
+        save_npy(tensor, (partial / (name + ".npy")).string());
+        manifest["parameters"].push_back(
+            {{"name", name}, {"file", name + ".npy"}, {"shape", tensor.shape()}, {"dtype", dtype_name(tensor.dtype())}});
+    }
+    std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
+    // swap in the new directory; the old one is removed only once the new one is in place
+    fs::remove_all(previous);
+    if (fs::exists(target)) fs::rename(target, previous);
+    fs::rename(partial, target);
+    fs::remove_all(previous);
+}
+
+void Module::load(const std::string& dir) {
+    const fs::path manifest_path = fs::path(dir) / "manifest.json";
+    std::ifstream in(manifest_path);
+    if (!in) throw std::runtime_error(manifest_path.string() + ": cannot open (is " + dir + " a saved state?)");
+    nlohmann::json manifest;
+    try {
+        manifest = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(manifest_path.string() + ": not valid JSON: " + e.what());
+    }
+    std::map<std::string, Shape> stored;
+    try {
+        for (const auto& entry : manifest.at("parameters")) {
+            stored[entry.at("name").get<std::string>()] = entry.at("shape").get<Shape>();
+        }
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(manifest_path.string() + ": not a relgrad state manifest: " + e.what());
+    }
+    std::vector<std::pair<std::string, Tensor*>> slots;
+    collect("", slots);
+    // check everything before changing anything
+    std::vector<Tensor> loaded;
+    for (const auto& [name, slot] : slots) {
+        const auto found = stored.find(name);
+        if (found == stored.end()) throw std::runtime_error(dir + ": no saved value for parameter '" + name + "'");
+        const Tensor value = load_npy((fs::path(dir) / (name + ".npy")).string());
+        if (value.shape() != slot->shape() || found->second != slot->shape()) {
+            throw std::runtime_error(dir + ": parameter '" + name + "' has shape " + shape_str(value.shape()) +
+                                     ", the model expects " + shape_str(slot->shape()));
+        }
+        loaded.push_back(value);
+        stored.erase(found);
+    }
+    if (!stored.empty()) {
+        throw std::runtime_error(dir + ": saved parameter '" + stored.begin()->first + "' is not in the model");
+    }
+    NoGradGuard no_grad;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+        Tensor& slot = *slots[i].second;
+        backend_for(slot.device()).copy(loaded[i].to(slot.dtype()), slot);
+    }
+}
+
+}  // namespace relgrad

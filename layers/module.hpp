@@ -1,0 +1,70 @@
+// relgrad: the Module base class of every layer, and parameter initialisation.
+//
+// A Module owns named parameters (leaf tensors that require a gradient) and child modules.
+// named_parameters() lists them with PyTorch-style dotted names ("w_q.weight",
+// "layers.0.attention.w_q.bias"), in registration order. A module registers its parameters and
+// children by address, so modules are neither copied nor moved once built.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/tensor.hpp"
+
+namespace relgrad {
+
+// What every layer constructor needs to create its parameters.
+struct Init {
+    Generator& gen;
+    DType dtype = DType::float32;
+};
+
+// N(0, std^2) redrawn outside +-2 std (as BERT and GPT-2 initialise embeddings)
+Tensor truncated_normal(const Shape& shape, double std, const Init& init);
+// Glorot/Xavier uniform for a [fan_out, fan_in] weight: U(-a, a), a = sqrt(6 / (fan_in + fan_out))
+Tensor xavier_uniform(const Shape& shape, const Init& init);
+
+class Module {
+public:
+    Module() = default;
+    virtual ~Module() = default;
+    Module(const Module&) = delete;
+    Module& operator=(const Module&) = delete;
+
+    std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+    std::vector<Tensor> parameters() const;
+    int64_t parameter_count() const;  // number of scalar parameters
+
+    void train(bool training = true);  // also sets every child
+    void eval() { train(false); }
+    bool is_training() const { return training_; }
+    void zero_grad();
+
+    // Replace the parameters (in named_parameters() order) with the given tensors, which must
+    // have the same shapes. Used by gradient checks, which feed perturbed copies.
+    void assign_parameters(const std::vector<Tensor>& values);
+    // Convert every parameter to `dtype` (new leaves that require a gradient).
+    void to(DType dtype);
+
+    // State as a directory: one <name>.npy per parameter plus manifest.json, readable by NumPy
+    // alone. save() replaces `dir` atomically: a crash leaves the old state or the new, whole.
+    void save(const std::string& dir) const;
+    // Loads values into the existing parameters; names and shapes must match exactly.
+    void load(const std::string& dir);
+
+protected:
+    // Stores `value` in `slot` as a parameter; returns the slot.
+    Tensor& register_parameter(const std::string& name, Tensor& slot, Tensor value);
+    void register_module(const std::string& name, Module& child);
+
+private:
+    void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
+
+    std::vector<std::pair<std::string, Tensor*>> parameters_;
+    std::vector<std::pair<std::string, Module*>> children_;
+    bool training_ = true;
+};
+
+}  // namespace relgrad

@@ -1,0 +1,103 @@
+#include "layers/position.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+static void check_sequence(const Tensor& x, int64_t dim, const char* layer) {
+    if (x.dim() != 3 || x.size(2) != dim) {
+        throw std::invalid_argument(std::string(layer) + ": input of shape " + shape_str(x.shape()) +
+                                    " must be [B, L, D] with D = " + std::to_string(dim));
+    }
+}
+
+SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t d) : dim(d) {
+    if (d <= 0) throw std::invalid_argument("SinusoidalPositionalEncoding: dim must be positive");
+}
+
+Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype) const {
+    std::vector<double> values(length * dim);
+    for (int64_t p = 0; p < length; ++p) {
+        for (int64_t c = 0; c < dim; ++c) {
+            const int64_t pair = c / 2;  // columns 2i and 2i+1 share the angle p / 10000^(2i/D)
+            const double angle = static_cast<double>(p) / std::pow(10000.0, 2.0 * pair / static_cast<double>(dim));
+            values[p * dim + c] = c % 2 == 0 ? std::sin(angle) : std::cos(angle);  // odd D ends on a sin column
+        }
+    }
+    return from_vector(values, {length, dim}, dtype);
+}
+
+Tensor SinusoidalPositionalEncoding::forward(const Tensor& x) const {
+    check_sequence(x, dim, "SinusoidalPositionalEncoding");
+    return add(x, encoding(x.size(1), x.dtype()));
+}
+
+LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t d, const Init& init)
+    : max_len(max_len_), dim(d) {
+    if (max_len <= 0 || d <= 0) throw std::invalid_argument("LearnedPositionalEmbedding: max_len and dim must be positive");
+    register_parameter("weight", weight, truncated_normal({max_len, dim}, 0.02, init));
+}
+
+Tensor LearnedPositionalEmbedding::forward(const Tensor& x) const {
+    check_sequence(x, dim, "LearnedPositionalEmbedding");
+    if (x.size(1) > max_len) {
+        throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(x.size(1)) +
+                                    " exceeds max_len " + std::to_string(max_len) + " (it has no vector for later positions)");
+    }
+    return add(x, weight.narrow(0, 0, x.size(1)));
+}
+
+static RelativeOptions checked(const RelativeOptions& o) {
+    if (o.k_left < 0 || o.k_right < 0) {
+        throw std::invalid_argument("RelativePositionEmbedding: clipping distances must be >= 0, got k_left " +
+                                    std::to_string(o.k_left) + " and k_right " + std::to_string(o.k_right));
+    }
+    if (o.max_len < 0) throw std::invalid_argument("RelativePositionEmbedding: max_len must be >= 0");
+    return o;
+}
+
+RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t heads_, const RelativeOptions& options,
+                                                     const Init& init)
+    : head_dim(head_dim_),
+      heads(heads_),
+      k_left(checked(options).k_left),
+      k_right(options.k_right),
+      shared(options.share_across_heads) {
+    if (head_dim <= 0 || heads <= 0) throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
+    register_parameter("weight", weight, truncated_normal({buckets(), shared ? head_dim : head_dim * heads}, 0.02, init));
+    precomputed_ = index(options.max_len, options.max_len);
+}
+
+Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    if (query_offset == 0 && precomputed_.defined() && query_len <= precomputed_.size(0) && key_len <= precomputed_.size(1)) {
+        return precomputed_.narrow(0, 0, query_len).narrow(1, 0, key_len);  // r depends on j - i only
+    }
+    std::vector<double> r(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i) {
+        for (int64_t j = 0; j < key_len; ++j) {
+            const int64_t distance = j - (i + query_offset);
+            r[i * key_len + j] = static_cast<double>(std::clamp(distance, -k_left, k_right) + k_left);
+        }
+    }
+    return from_vector(r, {query_len, key_len}, DType::int64);
+}
+
+Tensor RelativePositionEmbedding::table() const {
+    const int64_t K = buckets();
+    if (shared) return weight.unsqueeze(0);                                 // [1, K, Dh]
+    return weight.reshape({K, heads, head_dim}).permute({1, 0, 2});         // [H, K, Dh]
+}
+
+Tensor RelativePositionEmbedding::lookup(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    const Tensor r = index(query_len, key_len, query_offset);
+    const Tensor rows = embedding(weight, r);  // [Lq, Lk, Dh] or [Lq, Lk, H * Dh]
+    if (shared) return rows.unsqueeze(0);
+    return rows.reshape({query_len, key_len, heads, head_dim}).permute({2, 0, 1, 3});  // [H, Lq, Lk, Dh]
+}
+
+}  // namespace relgrad

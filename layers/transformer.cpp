@@ -1,0 +1,226 @@
+#include "layers/transformer.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+PositionMode parse_position_mode(const std::string& name) {
+    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned, PositionMode::relative,
+                              PositionMode::gated}) {
+        if (name == position_mode_name(mode)) return mode;
+    }
+    throw std::invalid_argument("unknown position mode '" + name +
+                                "' (expected none, sinusoidal, learned, relative or gated)");
+}
+
+const char* position_mode_name(PositionMode mode) {
+    switch (mode) {
+        case PositionMode::none: return "none";
+        case PositionMode::sinusoidal: return "sinusoidal";
+        case PositionMode::learned: return "learned";
+        case PositionMode::relative: return "relative";
+        case PositionMode::gated: return "gated";
+    }
+    return "";
+}
+
+// The self-attention a position mode calls for.
+static std::unique_ptr<MultiHeadAttention> make_self_attention(const TransformerOptions& o, const Init& init) {
+    switch (o.position) {
+        case PositionMode::relative:
+            return std::make_unique<RelativeMultiHeadAttention>(o.dim, o.heads, o.relative, o.impl, init);
+        case PositionMode::gated:
+            return std::make_unique<GatedPositionAttention>(o.dim, o.heads, o.relative, o.impl, o.token_gate, init);
+        default: return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
+    }
+}
+
+EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init)
+    : norm1(o.dim, init),
+      self_attention(make_self_attention(o, init)),
+      norm2(o.dim, init),
+      feed_forward(o.dim, o.ff_dim, o.dropout, init),
+      dropout(o.dropout, init.gen.next_u64()) {
+    register_module("norm1", norm1);
+    register_module("self_attention", *self_attention);
+    register_module("norm2", norm2);
+    register_module("feed_forward", feed_forward);
+    register_module("dropout", dropout);
+}
+
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask, int64_t query_offset) {
+    const Tensor h = norm1.forward(x);
+    const Tensor x1 = add(x, dropout.forward(self_attention->forward(h, h, mask, query_offset)));
+    return add(x1, dropout.forward(feed_forward.forward(norm2.forward(x1))));
+}
+
+DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
+    : norm1(o.dim, init),
+      self_attention(make_self_attention(o, init)),
+      norm2(o.dim, init),
+      cross_attention(o.dim, o.heads, init),
+      norm3(o.dim, init),
+      feed_forward(o.dim, o.ff_dim, o.dropout, init),
+      dropout(o.dropout, init.gen.next_u64()) {
+    register_module("norm1", norm1);
+    register_module("self_attention", *self_attention);
+    register_module("norm2", norm2);
+    register_module("cross_attention", cross_attention);
+    register_module("norm3", norm3);
+    register_module("feed_forward", feed_forward);
+    register_module("dropout", dropout);
+}
+
+Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask) {
+    const Tensor h = norm1.forward(x);
+    const Tensor x1 = add(x, dropout.forward(self_attention->forward(h, h, self_mask)));
+    const Tensor x2 = add(x1, dropout.forward(cross_attention.forward(norm2.forward(x1), memory, memory_mask)));
+    return add(x2, dropout.forward(feed_forward.forward(norm3.forward(x2))));
+}
+
+TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const Init& init)
+    : tokens(vocab, o.dim, init), position(o.position), sinusoidal(o.dim), dropout(o.dropout, init.gen.next_u64()) {
+    register_module("tokens", tokens);
+    if (position == PositionMode::learned) {
+        learned = std::make_unique<LearnedPositionalEmbedding>(o.max_len, o.dim, init);
+        register_module("positions", *learned);
+    }
+    register_module("dropout", dropout);
+}
+
+Tensor TokenEmbedding::forward(const Tensor& ids) {
+    if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
+    Tensor x = tokens.forward(ids);
+    if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x);
+    if (position == PositionMode::learned) x = learned->forward(x);
+    return dropout.forward(x);
+}
+
+Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.dim, init) {
+    if (o.layers <= 0) throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
+    for (int64_t i = 0; i < o.layers; ++i) {
+        layers.push_back(std::make_unique<EncoderLayer>(o, init));
+        register_module("layers." + std::to_string(i), *layers.back());
+    }
+    register_module("final_norm", final_norm);
+}
+
+Tensor Encoder::forward(const Tensor& x, const Tensor& mask) {
+    Tensor h = x;
+    for (auto& layer : layers) h = layer->forward(h, mask);
+    return final_norm.forward(h);
+}
+
+std::vector<std::vector<double>> attention_gates(const std::vector<MultiHeadAttention*>& attentions) {
+    std::vector<std::vector<double>> gates;
+    for (MultiHeadAttention* attention : attentions) {
+        if (auto* gated = dynamic_cast<GatedPositionAttention*>(attention)) gates.push_back(gated->gate_values());
+    }
+    return gates;
+}
+
+static std::vector<MultiHeadAttention*> self_attentions(const Encoder& encoder) {
+    std::vector<MultiHeadAttention*> out;
+    for (const auto& layer : encoder.layers) out.push_back(layer->self_attention.get());
+    return out;
+}
+
+static void check_lengths(const Tensor& ids, const std::vector<int64_t>& lengths, const char* what) {
+    if (static_cast<int64_t>(lengths.size()) != ids.size(0)) {
+        throw std::invalid_argument(std::string(what) + ": " + std::to_string(lengths.size()) + " lengths for a batch of " +
+                                    std::to_string(ids.size(0)));
+    }
+}
+
+SequenceClassifier::SequenceClassifier(int64_t vocab, int64_t classes, const TransformerOptions& o, Pooling pooling_,
+                                       const Init& init)
+    : embed(vocab, o, init), encoder(o, init), classifier(o.dim, classes, init), pooling(pooling_) {
+    register_module("embed", embed);
+    register_module("encoder", encoder);
+    register_module("classifier", classifier);
+}
+
+Tensor SequenceClassifier::forward(const Tensor& ids, const std::vector<int64_t>& lengths) {
+    check_lengths(ids, lengths, "SequenceClassifier");
+    const int64_t B = ids.size(0), L = ids.size(1);
+    const Tensor keep = key_padding_mask(lengths, L);  // [B, 1, 1, L]
+    const Tensor h = encoder.forward(embed.forward(ids), keep);
+    Tensor pooled;
+    if (pooling == Pooling::first) {
+        pooled = h.narrow(1, 0, 1).squeeze(1);
+    } else {  // mean over the real tokens: sum_i keep_i h_i / length
+        std::vector<double> counts;
+        for (int64_t n : lengths) counts.push_back(n > 0 ? static_cast<double>(n) : 1.0);
+        const Tensor weights = keep.reshape({B, L, 1}).to(h.dtype());
+        pooled = div(sum(mul(h, weights), {1}), from_vector(counts, {B, 1}, h.dtype()));
+    }
+    return classifier.forward(pooled);
+}
+
+std::vector<std::vector<double>> SequenceClassifier::gates() const { return attention_gates(self_attentions(encoder)); }
+
+CausalLanguageModel::CausalLanguageModel(int64_t vocab, const TransformerOptions& o, const Init& init)
+    : embed(vocab, o, init), decoder(o, init), lm_head(o.dim, vocab, init) {
+    register_module("embed", embed);
+    register_module("decoder", decoder);
+    register_module("lm_head", lm_head);
+}
+
+Tensor CausalLanguageModel::forward(const Tensor& ids, const std::vector<int64_t>& lengths) {
+    check_lengths(ids, lengths, "CausalLanguageModel");
+    const int64_t L = ids.size(1);
+    const Tensor mask = combine_masks(causal_mask(L, L), key_padding_mask(lengths, L));
+    return lm_head.forward(decoder.forward(embed.forward(ids), mask));
+}
+
+std::vector<std::vector<double>> CausalLanguageModel::gates() const { return attention_gates(self_attentions(decoder)); }
+
+EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const TransformerOptions& o,
+                               const Init& init)
+    : source_embed(source_vocab, o, init),
+      target_embed(target_vocab, o, init),
+      encoder(o, init),
+      decoder_norm(o.dim, init),
+      output(o.dim, target_vocab, init) {
+    register_module("source_embed", source_embed);
+    register_module("target_embed", target_embed);
+    register_module("encoder", encoder);
+    for (int64_t i = 0; i < o.layers; ++i) {
+        decoder_layers.push_back(std::make_unique<DecoderLayer>(o, init));
+        register_module("decoder_layers." + std::to_string(i), *decoder_layers.back());
+    }
+    register_module("decoder_norm", decoder_norm);
+    register_module("output", output);
+}
+
+Tensor EncoderDecoder::encode(const Tensor& source, const std::vector<int64_t>& source_lengths) {
+    check_lengths(source, source_lengths, "EncoderDecoder source");
+    return encoder.forward(source_embed.forward(source), key_padding_mask(source_lengths, source.size(1)));
+}
+
+Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& target_lengths, const Tensor& memory,
+                              const std::vector<int64_t>& source_lengths) {
+    check_lengths(target, target_lengths, "EncoderDecoder target");
+    const int64_t Lt = target.size(1);
+    const Tensor self_mask = combine_masks(causal_mask(Lt, Lt), key_padding_mask(target_lengths, Lt));
+    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
+    Tensor h = target_embed.forward(target);
+    for (auto& layer : decoder_layers) h = layer->forward(h, memory, self_mask, memory_mask);
+    return output.forward(decoder_norm.forward(h));
+}
+
+Tensor EncoderDecoder::forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,
+                               const std::vector<int64_t>& target_lengths) {
+    return decode(target, target_lengths, encode(source, source_lengths), source_lengths);
+}
+
+std::vector<std::vector<double>> EncoderDecoder::gates() const {
+    std::vector<MultiHeadAttention*> attentions = self_attentions(encoder);
+    for (const auto& layer : decoder_layers) attentions.push_back(layer->self_attention.get());
+    return attention_gates(attentions);
+}
+
+}  // namespace relgrad

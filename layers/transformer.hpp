@@ -1,0 +1,133 @@
+// relgrad: pre-LayerNorm Transformer blocks and the three models built from them.
+//
+//   encoder layer   x = x + drop(self_attention(norm1(x)));  x = x + drop(ff(norm2(x)))
+//   decoder layer   x = x + drop(causal_self_attention(norm1(x)))
+//                   x = x + drop(cross_attention(norm2(x), memory))
+//                   x = x + drop(ff(norm3(x)))
+//
+// Every model takes a position mode: none, sinusoidal or learned (added to the token
+// embeddings), relative (Shaw's terms in every self-attention) or gated (relative and an
+// absolute term mixed by a learned gate in every self-attention). Cross-attention carries no
+// position terms: its queries and keys live in different sequences.
+#pragma once
+
+#include "layers/attention.hpp"
+
+namespace relgrad {
+
+enum class PositionMode { none, sinusoidal, learned, relative, gated };
+PositionMode parse_position_mode(const std::string& name);
+const char* position_mode_name(PositionMode mode);
+
+struct TransformerOptions {
+    int64_t dim = 64;
+    int64_t heads = 4;
+    int64_t ff_dim = 256;
+    int64_t layers = 2;
+    double dropout = 0.1;
+    PositionMode position = PositionMode::relative;
+    RelativeOptions relative;  // k_left, k_right, share_across_heads (relative and gated)
+    AttentionImpl impl = AttentionImpl::bucketed;
+    bool token_gate = false;  // gated: a token-dependent gate
+    int64_t max_len = 512;    // learned positions: the longest input
+};
+
+class EncoderLayer : public Module {
+public:
+    EncoderLayer(const TransformerOptions& options, const Init& init);
+    Tensor forward(const Tensor& x, const Tensor& mask, int64_t query_offset = 0);
+
+    LayerNorm norm1;
+    std::unique_ptr<MultiHeadAttention> self_attention;
+    LayerNorm norm2;
+    FeedForward feed_forward;
+    Dropout dropout;
+};
+
+class DecoderLayer : public Module {
+public:
+    DecoderLayer(const TransformerOptions& options, const Init& init);
+    Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask);
+
+    LayerNorm norm1;
+    std::unique_ptr<MultiHeadAttention> self_attention;
+    LayerNorm norm2;
+    MultiHeadAttention cross_attention;
+    LayerNorm norm3;
+    FeedForward feed_forward;
+    Dropout dropout;
+};
+
+// Token embeddings plus the absolute position encoding the mode asks for, then dropout.
+class TokenEmbedding : public Module {
+public:
+    TokenEmbedding(int64_t vocab, const TransformerOptions& options, const Init& init);
+    Tensor forward(const Tensor& ids);  // int64 [B, L] -> [B, L, D]
+
+    Embedding tokens;
+    PositionMode position;
+    SinusoidalPositionalEncoding sinusoidal;
+    std::unique_ptr<LearnedPositionalEmbedding> learned;
+    Dropout dropout;
+};
+
+// A stack of encoder layers with a final LayerNorm.
+class Encoder : public Module {
+public:
+    Encoder(const TransformerOptions& options, const Init& init);
+    Tensor forward(const Tensor& x, const Tensor& mask);
+
+    std::vector<std::unique_ptr<EncoderLayer>> layers;
+    LayerNorm final_norm;
+};
+
+// The learned gates of every gated attention layer: gates[layer][head] (empty if none).
+std::vector<std::vector<double>> attention_gates(const std::vector<MultiHeadAttention*>& attentions);
+
+enum class Pooling { mean, first };
+
+// ids [B, L] (padding past lengths[b]) -> logits [B, classes]
+class SequenceClassifier : public Module {
+public:
+    SequenceClassifier(int64_t vocab, int64_t classes, const TransformerOptions& options, Pooling pooling,
+                       const Init& init);
+    Tensor forward(const Tensor& ids, const std::vector<int64_t>& lengths);
+    std::vector<std::vector<double>> gates() const;
+
+    TokenEmbedding embed;
+    Encoder encoder;
+    Linear classifier;
+    Pooling pooling;
+};
+
+// ids [B, L] -> next-token logits [B, L, vocab] (position i sees tokens 0..i)
+class CausalLanguageModel : public Module {
+public:
+    CausalLanguageModel(int64_t vocab, const TransformerOptions& options, const Init& init);
+    Tensor forward(const Tensor& ids, const std::vector<int64_t>& lengths);
+    std::vector<std::vector<double>> gates() const;
+
+    TokenEmbedding embed;
+    Encoder decoder;  // encoder layers under a causal mask
+    Linear lm_head;
+};
+
+// source ids [B, Ls], target input ids [B, Lt] -> logits [B, Lt, target_vocab]
+class EncoderDecoder : public Module {
+public:
+    EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const TransformerOptions& options, const Init& init);
+    Tensor encode(const Tensor& source, const std::vector<int64_t>& source_lengths);
+    Tensor decode(const Tensor& target, const std::vector<int64_t>& target_lengths, const Tensor& memory,
+                  const std::vector<int64_t>& source_lengths);
+    Tensor forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,
+                   const std::vector<int64_t>& target_lengths);
+    std::vector<std::vector<double>> gates() const;
+
+    TokenEmbedding source_embed, target_embed;
+    Encoder encoder;
+    std::vector<std::unique_ptr<DecoderLayer>> decoder_layers;
+    LayerNorm decoder_norm;
+    Linear output;
+};
+
+}  // namespace relgrad
