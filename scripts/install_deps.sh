@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(g++ cmake make libxtensor-dev libxtensor-blas-dev libxsimd-dev libopenblas-dev doctest-dev
-          nlohmann-json3-dev libcli11-dev)
+          nlohmann-json3-dev libcli11-dev python3-torch python3-numpy)
 
 missing=()
 for package in "${packages[@]}"; do

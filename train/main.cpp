@@ -1,6 +1,7 @@
 // relgrad: the command-line program.
 //
-//   relgrad gradcheck [--filter OP]   run the registered gradient checks, print a table
+//   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
+//   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
 //
 // Exit codes: 0 success, 1 a check failed, 2 bad input (one line on stderr).
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/op_checks.hpp"
+#include "train/layer_command.hpp"
 
 namespace {
 
@@ -48,9 +50,16 @@ int main(int argc, char** argv) {
     std::string filter;
     CLI::App* gradcheck = app.add_subcommand("gradcheck", "run the gradient check of every registered op");
     gradcheck->add_option("--filter", filter, "run only the cases of this op (e.g. matmul)");
+    std::string spec, in_dir, out_dir;
+    CLI::App* layer = app.add_subcommand("layer", "run one layer forward and backward on .npy files");
+    layer->add_option("--spec", spec, "the layer as JSON: type and options")->required();
+    layer->add_option("--in", in_dir, "directory with x.npy, one <parameter>.npy each, optional mask.npy, dy.npy")
+        ->required();
+    layer->add_option("--out", out_dir, "directory for y.npy, dx.npy and grad.<parameter>.npy")->required();
     try {
         app.parse(argc, argv);
         if (gradcheck->parsed()) return run_gradcheck(filter);
+        if (layer->parsed()) relgrad::run_layer_command(spec, in_dir, out_dir);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help
         std::cerr << "relgrad: " << one_line(e.what()) << " (run 'relgrad --help')\n";
