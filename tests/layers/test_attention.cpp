@@ -1,0 +1,172 @@
+// Masks, multi-head attention, relative attention (reference = bucketed), gated mixing.
+#include "layer_check.hpp"
+#include "layers/attention.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+TEST_CASE("masks: padding, causal, local window and their combination") {
+    check_values(key_padding_mask({2, 0}, 3), {1, 1, 0, 0, 0, 0});
+    CHECK(key_padding_mask({2, 0}, 3).shape() == Shape{2, 1, 1, 3});
+    check_values(key_padding_mask(from_vector({1, 0, 3, 0}, {2, 2}, DType::float32)), {1, 0, 1, 0});
+    check_values(causal_mask(3, 3), {1, 0, 0, 1, 1, 0, 1, 1, 1});
+    check_values(causal_mask(2, 4, 2), {1, 1, 1, 0, 1, 1, 1, 1});  // queries at positions 2, 3
+    check_values(local_window_mask(4, 4, 1), {1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1});
+    check_values(combine_masks(causal_mask(3, 3), local_window_mask(3, 3, 1)), {1, 0, 0, 1, 1, 0, 0, 1, 1});
+    CHECK(combine_masks(Tensor(), causal_mask(2, 2)).to_vector() == causal_mask(2, 2).to_vector());
+    CHECK_THROWS_AS(key_padding_mask({4}, 3), std::invalid_argument);
+    CHECK_THROWS_AS(local_window_mask(2, 2, -1), std::invalid_argument);
+}
+
+namespace {
+
+const std::vector<std::pair<std::string, Tensor>> masks_for(int64_t B, int64_t L) {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < B; ++b) lengths.push_back(b == 1 ? 0 : L - b);  // row 1 is fully masked
+    const Tensor padding = key_padding_mask(lengths, L);
+    return {{"none", Tensor()},
+            {"padding", padding},
+            {"causal", causal_mask(L, L)},
+            {"window", local_window_mask(L, L, 1)},
+            {"all", combine_masks(combine_masks(padding, causal_mask(L, L)), local_window_mask(L, L, 2))}};
+}
+
+// Two modules built from the same seed, one per implementation.
+struct Pair {
+    Generator g1, g2;
+    RelativeMultiHeadAttention reference, bucketed;
+    Pair(int64_t dim, int64_t heads, const RelativeOptions& o)
+        : g1(11), g2(11),
+          reference(dim, heads, o, AttentionImpl::reference, Init{g1, DType::float64}),
+          bucketed(dim, heads, o, AttentionImpl::bucketed, Init{g2, DType::float64}) {}
+};
+
+}  // namespace
+
+TEST_CASE("reference and bucketed relative attention agree to 1e-12: outputs and every gradient") {
+    struct Case {
+        int64_t dim, heads, batch, length, k_left, k_right;
+        bool shared;
+    };
+    for (const Case& c : {Case{6, 2, 3, 5, 2, 2, true}, Case{6, 3, 2, 7, 1, 3, false}, Case{4, 1, 1, 1, 2, 2, true},
+                          Case{9, 3, 3, 4, 6, 6, false}, Case{5, 5, 2, 6, 0, 0, true}}) {
+        RelativeOptions o;
+        o.k_left = c.k_left;
+        o.k_right = c.k_right;
+        o.share_across_heads = c.shared;
+        Pair pair(c.dim, c.heads, o);
+        for (const auto& [mask_name, mask] : masks_for(c.batch, c.length)) {
+            CAPTURE(mask_name);
+            CAPTURE(c.length);
+            const Tensor x = random_input({c.batch, c.length, c.dim}, 3);
+            const Tensor dy = random_input({c.batch, c.length, c.dim}, 4).detach();
+            std::vector<Tensor> grads[2];
+            Tensor outputs[2];
+            RelativeMultiHeadAttention* layers[2] = {&pair.reference, &pair.bucketed};
+            for (int i = 0; i < 2; ++i) {
+                Tensor input = x.detach().requires_grad_(true);
+                layers[i]->zero_grad();
+                outputs[i] = layers[i]->forward(input, input, mask);
+                outputs[i].backward(dy);
+                grads[i].push_back(input.grad());
+                for (const Tensor& p : layers[i]->parameters()) grads[i].push_back(p.grad());
+            }
+            CHECK(max_difference(outputs[0], outputs[1]) <= 1e-12);
+            for (std::size_t g = 0; g < grads[0].size(); ++g) CHECK(max_difference(grads[0][g], grads[1][g]) <= 1e-12);
+            for (double v : grads[1][0].to_vector()) REQUIRE(std::isfinite(v));
+        }
+    }
+}
+
+TEST_CASE("relative attention with zero tables is plain attention; a fully masked query gives b_o") {
+    Generator g1(5), g2(5);
+    MultiHeadAttention plain(6, 2, Init{g1, DType::float64});
+    RelativeMultiHeadAttention relative(6, 2, RelativeOptions{}, AttentionImpl::bucketed, Init{g2, DType::float64});
+    std::vector<Tensor> values = plain.parameters();
+    values.push_back(zeros(relative.rel_pos_emb_k.weight.shape(), DType::float64));
+    values.push_back(zeros(relative.rel_pos_emb_v.weight.shape(), DType::float64));
+    relative.assign_parameters(values);
+    const Tensor x = random_input({2, 5, 6}, 7);
+    const Tensor mask = key_padding_mask({5, 0}, 5);
+    CHECK(max_difference(plain.forward(x, x, mask), relative.forward(x, x, mask)) <= 1e-14);
+    const Tensor y = plain.forward(x, x, mask);
+    check_values(y.narrow(0, 1, 1).narrow(1, 2, 1), plain.w_o.bias.to_vector());  // no key: z = 0, y = b_o
+    check_values(sum(plain.last_weights.narrow(0, 0, 1), {-1}), std::vector<double>(10, 1.0), 1e-14);
+    CHECK_THROWS_AS(plain.forward(x, x, key_padding_mask({5, 5, 5}, 5)), std::invalid_argument);
+    CHECK_THROWS_AS(plain.forward(random_input({2, 5, 4}, 1), x), std::invalid_argument);
+    CHECK_THROWS_AS(MultiHeadAttention(6, 4, Init{g1}), std::invalid_argument);
+}
+
+TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k >= L") {
+    Generator gen(8);
+    const Init init{gen, DType::float64};
+    MultiHeadAttention plain(6, 3, init);
+    for (const auto& [name, mask] : masks_for(2, 3)) {
+        CAPTURE(name);
+        check_layer_gradients(plain, {random_input({2, 3, 6}, 1)}, [&](const auto& in) { return plain.forward(in[0], in[0], mask); });
+    }
+    RelativeOptions o;
+    o.k_left = 1;
+    o.k_right = 2;
+    o.share_across_heads = false;
+    for (AttentionImpl impl : {AttentionImpl::reference, AttentionImpl::bucketed}) {
+        RelativeMultiHeadAttention relative(6, 2, o, impl, init);
+        for (const auto& [name, mask] : masks_for(2, 4)) {
+            CAPTURE(name);
+            check_layer_gradients(relative, {random_input({2, 4, 6}, 2)},
+                                  [&](const auto& in) { return relative.forward(in[0], in[0], mask); });
+        }
+        check_layer_gradients(relative, {random_input({1, 1, 6}, 3)}, [&](const auto& in) { return relative.forward(in[0], in[0]); });
+    }
+    RelativeOptions wide;
+    wide.k_left = wide.k_right = 7;  // k >= L
+    RelativeMultiHeadAttention relative(4, 2, wide, AttentionImpl::bucketed, init);
+    check_layer_gradients(relative, {random_input({2, 3, 4}, 4), random_input({2, 5, 4}, 5)},
+                          [&](const auto& in) { return relative.forward(in[0], in[1]); });  // Lq != Lk
+}
+
+TEST_CASE("gated attention: gradient checks, and the gate moves between absolute and relative") {
+    Generator gen(9);
+    const Init init{gen, DType::float64};
+    RelativeOptions o;
+    o.k_left = o.k_right = 2;
+    for (bool token_gate : {false, true}) {
+        GatedPositionAttention gated(6, 2, o, AttentionImpl::bucketed, token_gate, init);
+        for (const auto& [name, mask] : masks_for(2, 4)) {
+            CAPTURE(name);
+            check_layer_gradients(gated, {random_input({2, 4, 6}, 6)}, [&](const auto& in) { return gated.forward(in[0], in[0], mask); });
+        }
+    }
+    Generator g1(10), g2(10);
+    GatedPositionAttention gated(6, 2, o, AttentionImpl::bucketed, false, Init{g1, DType::float64});
+    RelativeMultiHeadAttention relative(6, 2, o, AttentionImpl::bucketed, Init{g2, DType::float64});
+    CHECK(gated.gate_values() == std::vector<double>{0.5, 0.5});
+    const Tensor x = random_input({2, 5, 6}, 11);
+    // lambda = +40: g = 1 - 4e-18, Shaw's relative attention with the same weights
+    std::vector<Tensor> values = gated.parameters();
+    values[0] = full({2}, 40.0, DType::float64);
+    gated.assign_parameters(values);
+    std::vector<Tensor> shared_weights(values.begin() + 1, values.begin() + 11);  // w_q ... rel_pos_emb_v
+    relative.assign_parameters(shared_weights);
+    CHECK(max_difference(gated.forward(x, x), relative.forward(x, x)) <= 1e-12);
+    // lambda = -40: g = 4e-18, the relative tables no longer matter (absolute attention)
+    values[0] = full({2}, -40.0, DType::float64);
+    gated.assign_parameters(values);
+    const Tensor absolute = gated.forward(x, x);
+    values[9] = values[9] * 3.0;
+    values[10] = values[10] - 1.0;
+    gated.assign_parameters(values);
+    CHECK(max_difference(gated.forward(x, x), absolute) <= 1e-12);
+    // the gates are plain numbers, readable after a training step
+    Generator g3(12);
+    GatedPositionAttention fresh(6, 2, o, AttentionImpl::bucketed, false, Init{g3, DType::float64});
+    sum(mul(fresh.forward(x, x), x)).backward();
+    values = fresh.parameters();
+    const std::vector<double> step = sub(fresh.gate, fresh.gate.grad()).to_vector();
+    values[0] = from_vector(step, {2}, DType::float64);
+    fresh.assign_parameters(values);
+    for (int h = 0; h < 2; ++h) {
+        CHECK(step[h] != 0);
+        CHECK(fresh.gate_values()[h] == doctest::Approx(1 / (1 + std::exp(-step[h]))));
+    }
+}

@@ -1,0 +1,117 @@
+// Transformer blocks and models in every position mode.
+#include "layer_check.hpp"
+#include "layers/transformer.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+namespace {
+
+const PositionMode all_modes[] = {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
+                                  PositionMode::relative, PositionMode::gated};
+
+TransformerOptions tiny(PositionMode mode) {
+    TransformerOptions o;
+    o.dim = 6;
+    o.heads = 2;
+    o.ff_dim = 5;
+    o.layers = 2;
+    o.dropout = 0.1;
+    o.position = mode;
+    o.relative.k_left = o.relative.k_right = 2;
+    o.max_len = 8;
+    return o;
+}
+
+Tensor ids(const std::vector<double>& values, const Shape& shape) { return from_vector(values, shape, DType::int64); }
+
+}  // namespace
+
+TEST_CASE("position modes by name") {
+    for (PositionMode mode : all_modes) CHECK(parse_position_mode(position_mode_name(mode)) == mode);
+    CHECK_THROWS_WITH_AS(parse_position_mode("rotary"),
+                         "unknown position mode 'rotary' (expected none, sinusoidal, learned, relative or gated)",
+                         std::invalid_argument);
+}
+
+TEST_CASE("encoder and decoder layers pass their gradient checks in every position mode") {
+    for (PositionMode mode : all_modes) {
+        CAPTURE(position_mode_name(mode));
+        Generator gen(1);
+        const Init init{gen, DType::float64};
+        EncoderLayer encoder(tiny(mode), init);
+        const Tensor mask = combine_masks(key_padding_mask({3, 2}, 3), local_window_mask(3, 3, 1));
+        check_layer_gradients(encoder, {random_input({2, 3, 6}, 2)}, [&](const auto& in) { return encoder.forward(in[0], mask); });
+        DecoderLayer decoder(tiny(mode), init);
+        check_layer_gradients(decoder, {random_input({2, 3, 6}, 3), random_input({2, 4, 6}, 4)}, [&](const auto& in) {
+            return decoder.forward(in[0], in[1], causal_mask(3, 3), key_padding_mask({4, 1}, 4));
+        });
+    }
+}
+
+TEST_CASE("models pass their gradient checks in every position mode") {
+    for (PositionMode mode : all_modes) {
+        CAPTURE(position_mode_name(mode));
+        Generator gen(5);
+        const Init init{gen, DType::float64};
+        SequenceClassifier classifier(7, 3, tiny(mode), Pooling::mean, init);
+        const Tensor tokens = ids({1, 4, 6, 2, 5, 0, 0, 0}, {2, 4});
+        check_layer_gradients(classifier, {}, [&](const auto&) { return classifier.forward(tokens, {4, 2}); }, true);
+        CausalLanguageModel lm(7, tiny(mode), init);
+        check_layer_gradients(lm, {}, [&](const auto&) { return lm.forward(tokens, {4, 3}); }, true);
+        EncoderDecoder seq2seq(7, 5, tiny(mode), init);
+        const Tensor target = ids({1, 2, 3, 4, 0, 0}, {2, 3});
+        check_layer_gradients(seq2seq, {}, [&](const auto&) { return seq2seq.forward(tokens, {4, 1}, target, {3, 1}); }, true);
+    }
+}
+
+TEST_CASE("small models gradient-check element by element too") {
+    TransformerOptions o = tiny(PositionMode::gated);
+    o.dim = 4;
+    o.ff_dim = 3;
+    o.layers = 1;
+    o.token_gate = true;
+    Generator gen(6);
+    CausalLanguageModel lm(4, o, Init{gen, DType::float64});
+    check_layer_gradients(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}), {3}); });
+    SequenceClassifier first(4, 2, tiny(PositionMode::relative), Pooling::first, Init{gen, DType::float64});
+    check_layer_gradients(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}), {2, 1}); });
+}
+
+TEST_CASE("masks do their job inside the models") {
+    for (PositionMode mode : all_modes) {
+        CAPTURE(position_mode_name(mode));
+        Generator gen(7);
+        SequenceClassifier classifier(9, 2, tiny(mode), Pooling::mean, Init{gen, DType::float64});
+        classifier.eval();
+        // what sits in the padding does not matter
+        const Tensor a = classifier.forward(ids({1, 2, 3, 0, 4, 5, 0, 0}, {2, 4}), {3, 2});
+        const Tensor b = classifier.forward(ids({1, 2, 3, 8, 4, 5, 7, 6}, {2, 4}), {3, 2});
+        CHECK(max_difference(a, b) <= 1e-12);
+        // a causal model does not look ahead: changing token 3 leaves positions 0..2 alone
+        CausalLanguageModel lm(9, tiny(mode), Init{gen, DType::float64});
+        lm.eval();
+        const Tensor before = lm.forward(ids({1, 2, 3, 4}, {1, 4}), {4});
+        const Tensor after = lm.forward(ids({1, 2, 3, 8}, {1, 4}), {4});
+        CHECK(max_difference(before.narrow(1, 0, 3), after.narrow(1, 0, 3)) <= 1e-12);
+        CHECK(max_difference(before.narrow(1, 3, 1), after.narrow(1, 3, 1)) > 1e-6);
+    }
+}
+
+TEST_CASE("gates are reported per layer and head; bad inputs are errors") {
+    Generator gen(8);
+    CausalLanguageModel gated(5, tiny(PositionMode::gated), Init{gen});
+    const auto gates = gated.gates();
+    REQUIRE(gates.size() == 2);
+    CHECK(gates[0] == std::vector<double>{0.5, 0.5});
+    CausalLanguageModel relative(5, tiny(PositionMode::relative), Init{gen});
+    CHECK(relative.gates().empty());
+    CHECK_THROWS_WITH_AS(relative.forward(ids({1, 2}, {1, 2}), {2, 2}), "CausalLanguageModel: 2 lengths for a batch of 1",
+                         std::invalid_argument);
+    CausalLanguageModel learned(5, tiny(PositionMode::learned), Init{gen});
+    CHECK_THROWS_AS(learned.forward(ids(std::vector<double>(9, 1), {1, 9}), {9}), std::invalid_argument);
+    CHECK_THROWS_AS(relative.forward(ids({1, 7}, {1, 2}), {2}), std::invalid_argument);  // token id outside the vocabulary
+    TransformerOptions none = tiny(PositionMode::none);
+    none.layers = 0;
+    CHECK_THROWS_AS(CausalLanguageModel(5, none, Init{gen}), std::invalid_argument);
+}
