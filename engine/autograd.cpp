@@ -16,7 +16,7 @@ NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 
 Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
-    if (!grad_mode) return output;
+    if (!grad_mode || !is_floating(output.dtype())) return output;  // an integer result has no gradient
     bool any_requires_grad = false;
     for (const Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
     if (!any_requires_grad) return output;
@@ -69,6 +69,14 @@ static void check_gradient(const Tensor& grad, const TensorImpl& target, const s
     }
 }
 
+// g itself when nothing else can see its memory (a fresh, packed result), else a packed copy: a
+// stored gradient never aliases the caller's seed, another leaf's gradient or a broadcast view.
+static Tensor owned(const Tensor& g) {
+    const bool sole_owner = g.storage().use_count() == 1 && g.is_contiguous() && g.offset() == 0 &&
+                            g.storage()->nbytes() == g.numel() * dtype_size(g.dtype());
+    return sole_owner ? g : g.detach().clone();
+}
+
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
     if (!root.requires_grad()) {
         throw std::invalid_argument("backward: the tensor of shape " + shape_str(root.shape()) +
@@ -92,6 +100,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     const std::vector<Tensor> order = topological_order(root);
     std::unordered_map<TensorImpl*, Tensor> pending;  // dL/dt summed over t's uses so far
     pending[root.impl()] = seed.detach();
+    std::vector<Node*> processed;
 
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
         TensorImpl* tensor = it->impl();
@@ -101,8 +110,8 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
         pending.erase(found);
 
         if (!tensor->grad_fn || tensor->retains_grad) {
-            // leaves keep the sum over backward calls until zero_grad()
-            tensor->grad = tensor->grad.defined() ? add(tensor->grad, grad) : grad;
+            // leaves keep the sum over backward calls until zero_grad(), in memory of their own
+            tensor->grad = tensor->grad.defined() ? add(tensor->grad, grad) : owned(grad);
         }
         if (!tensor->grad_fn) continue;
 
@@ -119,7 +128,11 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
             Tensor& slot = pending[input.impl()];
             slot = slot.defined() ? add(slot, input_grads[i]) : input_grads[i];  // +=
         }
-        if (!retain_graph) node.release();
+        processed.push_back(&node);
+    }
+    // release only after the whole pass succeeded: a backward that throws can be retried
+    if (!retain_graph) {
+        for (Node* node : processed) node->release();
     }
 }
 

@@ -21,13 +21,14 @@ std::runtime_error npy_error(const std::string& path, const std::string& what) {
     return std::runtime_error(path + ": " + what);
 }
 
-// The text after `'key':` in the header dict, or throws.
+// The text after `'key':` in the header dict, leading spaces removed, or throws.
 std::string header_value(const std::string& header, const std::string& key, const std::string& path) {
     const std::size_t at = header.find("'" + key + "'");
     if (at == std::string::npos) throw npy_error(path, "corrupt .npy header: no '" + key + "' in " + header);
-    const std::size_t colon = header.find(':', at);
-    if (colon == std::string::npos) throw npy_error(path, "corrupt .npy header: " + header);
-    return header.substr(colon + 1);
+    const std::size_t colon = header.find_first_not_of(' ', at + key.size() + 2);
+    if (colon == std::string::npos || header[colon] != ':') throw npy_error(path, "corrupt .npy header: " + header);
+    const std::size_t value = header.find_first_not_of(' ', colon + 1);
+    return value == std::string::npos ? "" : header.substr(value);
 }
 
 DType dtype_from_descr(const std::string& descr, const std::string& path) {
@@ -101,26 +102,42 @@ Tensor load_npy(const std::string& path) {
     std::string header(header_length, '\0');
     if (!in.read(header.data(), header_length)) throw npy_error(path, "truncated .npy header");
 
-    std::string descr = header_value(header, "descr", path);
-    const std::size_t q1 = descr.find('\''), q2 = descr.find('\'', q1 + 1);
-    if (q1 == std::string::npos || q2 == std::string::npos) throw npy_error(path, "corrupt .npy header: " + header);
-    const DType dtype = dtype_from_descr(descr.substr(q1 + 1, q2 - q1 - 1), path);
+    const std::string descr = header_value(header, "descr", path);
+    const std::size_t close = descr.find('\'', 1);
+    if (descr.empty() || descr[0] != '\'' || close == std::string::npos) {
+        throw npy_error(path, "corrupt .npy header: 'descr' is not a quoted string in " + header);
+    }
+    const DType dtype = dtype_from_descr(descr.substr(1, close - 1), path);
     const std::string order = header_value(header, "fortran_order", path);
-    if (order.find("True") < order.find(',')) {
+    if (order.rfind("True", 0) == 0) {
         throw npy_error(path, "Fortran-order arrays are not supported; save np.ascontiguousarray(a) instead");
     }
+    if (order.rfind("False", 0) != 0) throw npy_error(path, "corrupt .npy header: 'fortran_order' is not True or False");
     const Shape shape = parse_shape(header_value(header, "shape", path), path);
-
-    Tensor tensor = empty(shape, dtype);
-    const std::size_t nbytes = tensor.numel() * dtype_size(dtype);
-    in.read(static_cast<char*>(tensor.storage()->data()), static_cast<std::streamsize>(nbytes));
-    if (static_cast<std::size_t>(in.gcount()) != nbytes) {
-        throw npy_error(path, "truncated data: shape " + shape_str(shape) + " " + dtype_name(dtype) + " needs " +
-                                  std::to_string(nbytes) + " bytes, the file has " + std::to_string(in.gcount()));
+    int64_t count = 0;
+    try {
+        count = shape_numel(shape);
+    } catch (const std::invalid_argument& e) {
+        throw npy_error(path, std::string("corrupt .npy header: ") + e.what());
     }
-    if (in.peek() != std::char_traits<char>::eof()) {
+
+    // compare with the file's size before allocating anything
+    const std::streamoff data_start = in.tellg();
+    in.seekg(0, std::ios::end);
+    const auto available = static_cast<uint64_t>(in.tellg() - data_start);
+    in.seekg(data_start);
+    const uint64_t nbytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+    if (available < nbytes) {
+        throw npy_error(path, "truncated data: shape " + shape_str(shape) + " " + dtype_name(dtype) + " needs " +
+                                  std::to_string(nbytes) + " bytes, the file has " + std::to_string(available));
+    }
+    if (available > nbytes) {
         throw npy_error(path, "corrupt file: extra bytes after the " + std::to_string(nbytes) +
                                   " data bytes of shape " + shape_str(shape));
+    }
+    Tensor tensor = empty(shape, dtype);
+    if (!in.read(static_cast<char*>(tensor.storage()->data()), static_cast<std::streamsize>(nbytes))) {
+        throw npy_error(path, "read failed");
     }
     if (dtype == DType::boolean) {
         const auto* bytes = static_cast<const unsigned char*>(tensor.storage()->data());

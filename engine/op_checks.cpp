@@ -59,7 +59,7 @@ public:
             name + "/single", {{}, {1}}, [op](const auto& x) { return op(x[0], x[1]); }, values);
     }
 
-    // Three cases of an elementwise unary op.
+    // Four cases of an elementwise unary op.
     void unary(const std::string& name, std::function<Tensor(const Tensor&)> op, Values values = {}) {
         add(
             name, {{3, 5}}, [op](const auto& x) { return op(x[0]); }, values);

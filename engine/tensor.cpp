@@ -54,7 +54,16 @@ std::string shape_str(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
-    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+    constexpr int64_t kMaxElements = int64_t{1} << 56;  // so that a byte count cannot overflow either
+    int64_t count = 1;
+    for (int64_t s : shape) {
+        if (s < 0) throw std::invalid_argument("shape " + shape_str(shape) + " has a negative size");
+        if (s != 0 && count > kMaxElements / s) {
+            throw std::invalid_argument("shape " + shape_str(shape) + " has too many elements");
+        }
+        count *= s;
+    }
+    return count;
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -106,6 +115,7 @@ const std::shared_ptr<Storage>& Tensor::storage() const { return checked().stora
 
 bool Tensor::is_contiguous() const {
     const auto& impl = checked();
+    if (numel() == 0) return true;  // nothing to lay out
     int64_t expected = 1;
     for (std::size_t i = impl.shape.size(); i-- > 0;) {
         if (impl.shape[i] != 1 && impl.strides[i] != expected) return false;
@@ -168,8 +178,14 @@ Tensor& Tensor::requires_grad_(bool value) {
 bool Tensor::is_leaf() const { return checked().grad_fn == nullptr; }
 const std::shared_ptr<Node>& Tensor::grad_fn() const { return checked().grad_fn; }
 Tensor Tensor::grad() const { return checked().grad; }
-void Tensor::zero_grad() { impl_->grad = Tensor(); }
-void Tensor::retain_grad() { impl_->retains_grad = true; }
+void Tensor::zero_grad() {
+    checked();
+    impl_->grad = Tensor();
+}
+void Tensor::retain_grad() {
+    checked();
+    impl_->retains_grad = true;
+}
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const { run_backward(*this, gradient, retain_graph); }
 
@@ -201,8 +217,18 @@ std::vector<double> Tensor::to_vector() const {
     return std::vector<double>(p, p + packed.numel());
 }
 
+// A float that has no int64 value (NaN, +-inf, beyond +-2^63) is an error, not undefined behaviour.
+static void check_representable_as_int64(const std::vector<double>& values, const char* op) {
+    for (double v : values) {
+        if (!(v > -9.2e18 && v < 9.2e18)) {
+            throw std::invalid_argument(std::string(op) + ": " + std::to_string(v) + " has no int64 value");
+        }
+    }
+}
+
 Tensor Tensor::to(DType target) const {
     if (target == dtype()) return *this;
+    if (target == DType::int64 && is_floating(dtype())) check_representable_as_int64(to_vector(), "to(int64)");
     Tensor out = empty(shape(), target);
     backend_for(device()).copy(*this, out);
     const DType source = dtype();
@@ -237,22 +263,20 @@ Tensor Tensor::view(const Shape& requested) const {
                                     " is not contiguous; use reshape()");
     }
     Shape target = requested;
-    int64_t known = 1, inferred = -1;
+    int64_t inferred = -1;
     for (std::size_t i = 0; i < target.size(); ++i) {
-        if (target[i] == -1) {
-            if (inferred >= 0) throw std::invalid_argument("view: more than one -1 in " + shape_str(requested));
-            inferred = static_cast<int64_t>(i);
-        } else if (target[i] < 0) {
-            throw std::invalid_argument("view: negative size in " + shape_str(requested));
-        } else {
-            known *= target[i];
-        }
+        if (target[i] != -1) continue;
+        if (inferred >= 0) throw std::invalid_argument("view: more than one -1 in " + shape_str(requested));
+        inferred = static_cast<int64_t>(i);
+        target[i] = 1;
     }
-    if (inferred >= 0 && known > 0 && numel() % known == 0) target[inferred] = numel() / known;
-    if (shape_numel(target) != numel() || (inferred >= 0 && target[inferred] < 0)) {
+    const int64_t known = shape_numel(target);  // throws on a negative size or an overflow
+    const bool fits = inferred >= 0 ? known > 0 && numel() % known == 0 : known == numel();
+    if (!fits) {
         throw std::invalid_argument("view: cannot view a tensor of shape " + shape_str(shape()) + " (" +
                                     std::to_string(numel()) + " elements) as " + shape_str(requested));
     }
+    if (inferred >= 0) target[inferred] = numel() / known;
     Tensor out = make_view(*this, target, contiguous_strides(target), offset());
     const Shape input_shape = shape();
     // d(view)/dx: the gradient viewed back to the input's shape
@@ -302,8 +326,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
                                     shape_str(shape()));
     }
     Shape new_shape = shape(), new_strides = strides();
-    new_shape[d] = (end - start + step - 1) / step;
-    new_strides[d] = strides()[d] * step;
+    new_shape[d] = end == start ? 0 : (end - start - 1) / step + 1;
+    new_strides[d] = new_shape[d] > 1 ? strides()[d] * step : strides()[d];
     Tensor out = make_view(*this, new_shape, new_strides, offset() + start * strides()[d]);
     const Shape input_shape = shape();
     // d(slice)/dx: the gradient placed into the sliced positions of a zero tensor
@@ -316,7 +340,10 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
-    if (length < 0) throw std::invalid_argument("narrow: negative length " + std::to_string(length));
+    if (length < 0 || start < 0 || length > size(d) - start) {
+        throw std::invalid_argument("narrow: start " + std::to_string(start) + " and length " + std::to_string(length) +
+                                    " do not fit dim " + std::to_string(d) + " of shape " + shape_str(shape()));
+    }
     return slice(d, start, start + length, 1);
 }
 
@@ -327,17 +354,20 @@ Tensor Tensor::expand(const Shape& target) const {
         return std::invalid_argument("expand: cannot expand shape " + shape_str(shape()) + " to " + shape_str(target));
     };
     if (new_rank < rank) throw fail();
-    Shape new_strides(new_rank, 0);
+    Shape new_shape = target, new_strides(new_rank, 0);
     for (int64_t i = 0; i < new_rank; ++i) {
         const int64_t j = i - (new_rank - rank);  // the matching input dim, if any
-        if (j < 0) continue;                      // a new leading dim: stride 0
-        if (shape()[j] == target[i]) {
+        if (j >= 0 && target[i] == -1) new_shape[i] = shape()[j];  // -1 keeps the size
+        if (new_shape[i] < 0) throw fail();
+        if (j < 0) continue;  // a new leading dim: stride 0
+        if (shape()[j] == new_shape[i]) {
             new_strides[i] = strides()[j];
         } else if (shape()[j] != 1) {
             throw fail();
         }
     }
-    Tensor out = make_view(*this, target, new_strides, offset());
+    shape_numel(new_shape);  // rejects a size overflow
+    Tensor out = make_view(*this, new_shape, new_strides, offset());
     const Shape input_shape = shape();
     // d(expand)/dx: sum the gradient over the broadcast dims
     return record(out, "expand", {*this},
@@ -393,12 +423,14 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
         throw std::invalid_argument("from_vector: " + std::to_string(values.size()) + " values given for shape " +
                                     shape_str(shape) + " (" + std::to_string(shape_numel(shape)) + " elements)");
     }
+    if (dtype == DType::int64) check_representable_as_int64(values, "from_vector");
     Tensor source = empty(shape, DType::float64);
     std::copy(values.begin(), values.end(), source.data<double>());
     return source.to(dtype);
 }
 
 Tensor arange(int64_t n, DType dtype) {
+    if (n < 0) throw std::invalid_argument("arange: negative length " + std::to_string(n));
     std::vector<double> values(n);
     std::iota(values.begin(), values.end(), 0.0);
     return from_vector(values, {n}, dtype);
@@ -420,7 +452,7 @@ double Generator::next_normal() {
 }
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype) {
-    std::vector<double> values(shape_numel(shape));
+    std::vector<double> values(shape_numel(shape));  // shape_numel rejects negative sizes
     for (double& v : values) v = gen.next_normal();
     return from_vector(values, shape, dtype);
 }

@@ -29,7 +29,7 @@ enum class UnaryOp {
     inside,      // 1 if a < x < b else 0       (the local derivative of clamp)
 };
 
-enum class BinaryOp { add, sub, mul, div, pow, equal, greater };
+enum class BinaryOp { add, sub, mul, div, pow, equal };
 
 enum class ReduceOp { sum, max };
 

@@ -7,6 +7,7 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 
@@ -44,10 +45,7 @@ static void check_floating_pair(const Tensor& a, const Tensor& b, const char* op
         throw std::invalid_argument(std::string(op) + ": dtype mismatch, " + dtype_name(a.dtype()) + " " +
                                     shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " + shape_str(b.shape()));
     }
-    if (!is_floating(a.dtype())) {
-        throw std::invalid_argument(std::string(op) + ": needs float32 or float64 tensors, got " +
-                                    dtype_name(a.dtype()));
-    }
+    require_floating(a, op);
 }
 
 static Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
@@ -62,8 +60,6 @@ static Tensor unary_kernel(UnaryOp op, const Tensor& x, double p0 = 0, double p1
     backend_for(x.device()).unary(op, x, out, p0, p1);
     return out;
 }
-
-static Tensor like_scalar(double value, const Tensor& t) { return scalar(value, t.dtype()); }
 
 // ---------------------------------------------------------------- binary ops
 
@@ -101,23 +97,28 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 // y = a^b            da = g b a^(b-1), db = g y log(a)
+// (at b = 0, da = 0 even where a = 0; at a = 0, db = 0: the limits of the two formulas, not 0 * inf)
 Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
     return record(y, "pow", {a, b},
                   [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
-                      const Tensor da = mul(g, mul(b, pow(a, sub(b, like_scalar(1, b)))));
-                      const Tensor db = exponent_needs_grad ? sum_to(mul(g, mul(y, log(a))), b.shape()) : Tensor();
+                      const Tensor zero = like_scalar(0, g);
+                      const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, like_scalar(1, b))))));
+                      const Tensor db = exponent_needs_grad
+                                            ? sum_to(where(equals(a, 0), zero, mul(g, mul(y, log(a)))), b.shape())
+                                            : Tensor();
                       return std::vector<Tensor>{sum_to(da, a.shape()), db};
                   });
 }
 
 // ---------------------------------------------------------------- unary ops
 
-// y = x^p            dx = g p x^(p-1)
+// y = x^p            dx = g p x^(p-1)   (0 for p = 0, even at x = 0)
 Tensor pow(const Tensor& x, double p) {
     Tensor y = unary_kernel(UnaryOp::pow_scalar, x, p);
     return record(y, "pow_scalar", {x}, [x = x.detach(), p](const Tensor& g) {
+        if (p == 0) return std::vector<Tensor>{zeros_like(g)};
         return std::vector<Tensor>{mul(g, mul(like_scalar(p, x), pow(x, p - 1)))};
     });
 }

@@ -6,18 +6,13 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 
 static void check_index(const Tensor& index, const char* op) {
     if (index.dtype() != DType::int64) {
         throw std::invalid_argument(std::string(op) + ": the index must be int64, got " + dtype_name(index.dtype()));
-    }
-}
-
-static void check_floating(const Tensor& x, const char* op) {
-    if (!is_floating(x.dtype())) {
-        throw std::invalid_argument(std::string(op) + ": needs a float tensor, got " + dtype_name(x.dtype()));
     }
 }
 
@@ -36,7 +31,7 @@ static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& inde
 // dx[i][index[i][j]] += g[i][j]           (a scatter_add of g into zeros)
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     check_index(index, "gather");
-    check_floating(x, "gather");
+    require_floating(x, "gather");
     dim = wrap_dim(dim, x.dim(), "gather");
     check_gather_shapes(x, dim, index, "gather");
     Tensor y = empty(index.shape(), x.dtype());
@@ -52,7 +47,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 // dx = g, dsrc[i][j] = g[i][index[i][j]]  (a gather of g)
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
     check_index(index, "scatter_add");
-    check_floating(x, "scatter_add");
+    require_floating(x, "scatter_add");
     dim = wrap_dim(dim, x.dim(), "scatter_add");
     check_gather_shapes(x, dim, index, "scatter_add");
     if (src.shape() != index.shape() || src.dtype() != x.dtype()) {
@@ -73,7 +68,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 // y = x[..., index[n], ...] along dim    dx[..., index[n], ...] += g[..., n, ...]
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     check_index(index, "index_select");
-    check_floating(x, "index_select");
+    require_floating(x, "index_select");
     if (index.dim() != 1) {
         throw std::invalid_argument("index_select: the index must be 1-d, got shape " + shape_str(index.shape()));
     }

@@ -5,6 +5,7 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 

@@ -1,19 +1,19 @@
 // Neural-network ops: softmax family, layer norm, dropout, cross-entropy.
+#include <limits>
 #include <stdexcept>
 #include <string>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 
 // The backend normalises over the last dim of a contiguous tensor: move `dim` there and back.
 static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char* name) {
     if (x.dim() == 0) throw std::invalid_argument(std::string(name) + ": needs a tensor of rank >= 1");
-    if (!is_floating(x.dtype())) {
-        throw std::invalid_argument(std::string(name) + ": needs a float tensor, got " + dtype_name(x.dtype()));
-    }
+    require_floating(x, name);
     NoGradGuard views_only;
     const Tensor moved = x.transpose(dim, -1).contiguous();
     Tensor out = empty(moved.shape(), x.dtype());
@@ -32,12 +32,14 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 
 // y_i = x_i - m - log sum_j exp(x_j - m)   (an all -inf row gives -inf)
-// dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j
+// dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j, and 0 where y = -inf (a masked entry gets
+// no gradient, as in softmax)
 Tensor log_softmax(const Tensor& x, int64_t dim) {
     dim = wrap_dim(dim, x.dim(), "log_softmax");
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
     return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
-        return std::vector<Tensor>{sub(g, mul(exp(y), sum(g, {dim}, true)))};
+        const Tensor dx = sub(g, mul(exp(y), sum(g, {dim}, true)));
+        return std::vector<Tensor>{where(equals(y, -std::numeric_limits<double>::infinity()), like_scalar(0, g), dx)};
     });
 }
 
@@ -91,11 +93,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                                     dtype_name(target.dtype()));
     }
     const int64_t N = logits.size(0), C = logits.size(1);
-    const std::vector<double> targets = target.to_vector();
+    const Tensor packed_target = target.contiguous();
+    const int64_t* targets = packed_target.data<int64_t>();
     std::vector<double> safe_targets(N), kept(N);
     int64_t count = 0;
     for (int64_t i = 0; i < N; ++i) {
-        const auto t = static_cast<int64_t>(targets[i]);
+        const int64_t t = targets[i];
         if (t == ignore_index) continue;
         if (t < 0 || t >= C) {
             throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(i) +

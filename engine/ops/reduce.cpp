@@ -7,6 +7,7 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 
@@ -39,9 +40,7 @@ static Shape dropped_shape(const Shape& shape, const std::vector<int64_t>& dims)
 }
 
 static Tensor reduce_kernel(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, const char* name) {
-    if (!is_floating(x.dtype())) {
-        throw std::invalid_argument(std::string(name) + ": needs a float tensor, got " + dtype_name(x.dtype()));
-    }
+    require_floating(x, name);
     Tensor out = empty(kept_shape(x.shape(), dims), x.dtype());
     backend_for(x.device()).reduce(op, x, dims, out);
     return out;

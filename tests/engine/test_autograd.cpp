@@ -98,3 +98,33 @@ TEST_CASE("a small network passes its gradient check") {
         inputs);
     CHECK_MESSAGE(result.passed, result.report);
 }
+
+TEST_CASE("stored gradients are packed and share memory with nothing else") {
+    Tensor x = f64({1, 2, 3, 4, 5, 6}, {2, 3}).requires_grad_(true);
+    sum(x).backward();  // the gradient arrives as a stride-0 broadcast
+    CHECK(x.grad().is_contiguous());
+    CHECK(x.grad().storage()->nbytes() == 6 * sizeof(double));
+    Tensor a = f64({1, 2}, {2}).requires_grad_(true), b = f64({3, 4}, {2}).requires_grad_(true);
+    Tensor seed = f64({1, 1}, {2});
+    add(a, b).backward(seed);
+    CHECK((a.grad().storage() != seed.storage()));
+    CHECK((a.grad().storage() != b.grad().storage()));
+    seed.data<double>()[0] = 42;
+    check_values(a.grad(), {1, 1});
+}
+
+TEST_CASE("a backward that throws can be run again") {
+    Tensor x = f64({2}, {1}).requires_grad_(true);
+    auto fail_once = std::make_shared<bool>(true);
+    const Tensor y = record(mul(x.detach(), x.detach()), "flaky", {x}, [x = x.detach(), fail_once](const Tensor& g) {
+        if (*fail_once) {
+            *fail_once = false;
+            throw std::runtime_error("flaky backward");
+        }
+        return std::vector<Tensor>{g * x * 2.0};
+    });
+    const Tensor loss = sum(y * 3.0);
+    CHECK_THROWS_WITH_AS(loss.backward(), "flaky backward", std::runtime_error);
+    loss.backward();  // nothing was released by the failed pass
+    check_values(x.grad(), {12});
+}

@@ -57,7 +57,7 @@ TEST_CASE("mismatches name the op and both shapes") {
     CHECK_THROWS_WITH_AS(mul(a, zeros({2, 3}, DType::float32)), "mul: dtype mismatch, float64 [2, 3] vs float32 [2, 3]",
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(add(zeros({2}, DType::int64), zeros({2}, DType::int64)),
-                         "add: needs float32 or float64 tensors, got int64", std::invalid_argument);
+                         "add: needs a float32 or float64 tensor, got int64", std::invalid_argument);
     CHECK_THROWS_WITH_AS(masked_fill(a, zeros({3, 3}, DType::boolean), 0),
                          doctest::Contains("masked_fill: shapes [2, 3] and [3, 3] cannot be broadcast"),
                          std::invalid_argument);
@@ -80,4 +80,14 @@ TEST_CASE("elementwise gradients") {
                            "sigmoid", "relu", "gelu", "clamp", "where", "masked_fill"}) {
         check_gradients_of(op);
     }
+}
+
+TEST_CASE("pow has finite gradients at a zero base") {
+    Tensor x = f64({0, 2}, {2}).requires_grad_(true);
+    sum(pow(x, 0.0)).backward();
+    check_values(x.grad(), {0, 0});
+    Tensor a = f64({0, 0}, {2}).requires_grad_(true), b = f64({0, 2}, {2}).requires_grad_(true);
+    sum(pow(a, b)).backward();
+    check_values(a.grad(), {0, 0});  // b = 0: d(a^0)/da = 0; b = 2: 2a = 0
+    check_values(b.grad(), {0, 0});  // a = 0: the limit of y log a
 }

@@ -82,3 +82,15 @@ TEST_CASE("cross_entropy averages over targets that are not ignored") {
 TEST_CASE("nn gradients") {
     for (const char* op : {"softmax", "log_softmax", "layer_norm", "dropout", "cross_entropy"}) check_gradients_of(op);
 }
+
+TEST_CASE("log_softmax gives masked entries no gradient; large target ids stay exact") {
+    Tensor x = f64({1, 2, 3, 4}, {2, 2}).requires_grad_(true);
+    const Tensor mask = from_vector({0, 1, 1, 1}, {2, 2}, DType::boolean);
+    const Tensor y = log_softmax(masked_fill(x, mask, -inf), -1);
+    sum(masked_fill(y, mask, 0.0)).backward();
+    check_values(x.grad(), {0, 0, 0, 0});  // row 0 has one entry (gradient 1 - 1), row 1 none
+    const int64_t big = (int64_t{1} << 53) + 1;  // not a double
+    const Tensor target = from_vector({0, 0}, {2}, DType::int64);
+    target.data<int64_t>()[1] = big;
+    check_values(cross_entropy(f64({0, 0, 5, 1}, {2, 2}), target, big), {std::log(2.0)});
+}

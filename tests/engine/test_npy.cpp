@@ -114,3 +114,25 @@ TEST_CASE("corrupt and unsupported files give errors that name the file and the 
     std::remove(path.c_str());
     CHECK_THROWS_WITH_AS(load_npy(path), (path + ": cannot open file").c_str(), std::runtime_error);
 }
+
+TEST_CASE("shapes that do not fit the file are rejected before anything is allocated") {
+    const std::string path = temp_path("huge.npy");
+    auto error_of = [&](const std::string& dict, const std::string& data) {
+        write_bytes(path, npy_file(dict, data));
+        try {
+            load_npy(path);
+        } catch (const std::runtime_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    CHECK(error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000,), }", std::string(8, '\0')) ==
+          path + ": truncated data: shape [100000000000] float64 needs 800000000000 bytes, the file has 8");
+    CHECK(error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 6148914691236517206), }", std::string(8, '\0'))
+              .find("has too many elements") != std::string::npos);
+    CHECK(error_of("{'descr': '<f8', 'fortran_order': Maybe, 'shape': (1,), }", std::string(8, '\0')) ==
+          path + ": corrupt .npy header: 'fortran_order' is not True or False");
+    CHECK(error_of("{'descr': <f4, 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'))
+              .find("'descr' is not a quoted string") != std::string::npos);
+    std::remove(path.c_str());
+}

@@ -36,3 +36,12 @@ TEST_CASE("tied maxima share the gradient equally") {
 TEST_CASE("reduction gradients") {
     for (const char* op : {"sum", "mean", "max"}) check_gradients_of(op);
 }
+
+TEST_CASE("float32 sums accumulate in float64; max propagates NaN") {
+    CHECK(sum(ones({int64_t{1} << 25})).item() == double(int64_t{1} << 25));  // float32 alone stops at 2^24
+    CHECK(mean(ones({int64_t{1} << 25})).item() == 1.0);
+    CHECK(std::isnan(max(f64({1, NAN, 3}, {3})).item()));
+    const std::vector<double> rows = max(f64({1, 5, NAN, 3}, {2, 2}), {1}).to_vector();
+    CHECK(rows[0] == 5);  // NaN only in its own row
+    CHECK(std::isnan(rows[1]));
+}

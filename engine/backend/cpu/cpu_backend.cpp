@@ -251,9 +251,6 @@ public:
                 case BinaryOp::equal:
                     xt::noalias(O) = xt::cast<T>(xt::equal(A, B));
                     break;
-                case BinaryOp::greater:
-                    xt::noalias(O) = xt::cast<T>(A > B);
-                    break;
             }
         });
     }
@@ -281,9 +278,13 @@ public:
             auto X = input<T>(x, x);
             auto O = strided<T>(out);
             if (op == ReduceOp::sum) {
-                xt::noalias(O) = xt::sum(X, axes, xt::keep_dims);
+                // float32 sums accumulate in float64: adding 2^25 ones one by one in float32 stops at 2^24
+                xt::noalias(O) = xt::cast<T>(xt::sum(xt::cast<double>(X), axes, xt::keep_dims));
             } else {
-                xt::noalias(O) = xt::amax(X, axes, xt::keep_dims);
+                // xt::amax skips NaN; relgrad's max, like PyTorch's, is NaN when any element is
+                const auto nan_count = xt::eval(xt::sum(xt::cast<int64_t>(xt::isnan(X)), axes, xt::keep_dims));
+                xt::noalias(O) = xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(),
+                                           xt::amax(X, axes, xt::keep_dims));
             }
         });
     }
