@@ -192,6 +192,24 @@ std::vector<OpCheck> build() {
     r.add("cross_entropy/noncontiguous", {{4, 5}},
           [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), targets); });
     r.add("cross_entropy/single", {{1, 1}}, [](const auto& x) { return cross_entropy(x[0], index_tensor({0}, {1})); });
+
+    // --- attention as one op (the bucketed relative form); row 1 of the mask sees no key
+    const Tensor buckets = index_tensor({1, 2, 3, 3, 4, 0, 1, 2, 2, 3, 0, 0, 1, 1, 2}, {3, 5});
+    const Tensor keys_seen = from_vector({1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1}, {3, 5}, DType::boolean);
+    r.add("attention", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}},
+          [](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 0.5); });
+    r.add("attention/relative", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}},
+          [buckets](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], buckets}); });
+    r.add("attention/per_head", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 5, 4}, {2, 5, 4}},
+          [buckets, keys_seen](const auto& x) {
+              return attention(x[0], x[1], x[2], keys_seen, 0.5, {x[3], x[4], buckets});
+          });
+    r.add("attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}},
+          [keys_seen](const auto& x) {
+              return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], keys_seen, 0.5);
+          });
+    r.add("attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
+          [](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 1.0, {x[3], x[4], index_tensor({0}, {1, 1})}); });
     return r.take();
 }
 

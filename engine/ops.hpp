@@ -83,4 +83,18 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 // target int64 [N]. 0 when every target is ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
 
+// --- attention.cpp
+// Shaw et al.'s relative position terms in the bucketed form: tables [H or 1, K, Dh] and the
+// bucket index r(i, j), int64 [Lq, Lk]. All undefined: plain attention.
+struct RelativeTerms {
+    Tensor table_k, table_v, index;
+};
+// Scaled dot-product attention as one op with a hand-written backward, storing only the weights:
+//   a_ij = softmax_j(mask_ij ? scale (q_i . k_j + q_i . E_K[r(i,j)]) : -inf)
+//   z_i  = sum_j a_ij v_j + sum_r (sum_{j: r(i,j)=r} a_ij) E_V[r]
+// q [B, H, Lq, Dh], k and v [B, H, Lk, Dh], mask bool broadcastable to [B, H, Lq, Lk] (or
+// undefined). Returns z [B, H, Lq, Dh]; *weights (if given) receives a, detached.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                 const RelativeTerms& relative = {}, Tensor* weights = nullptr);
+
 }  // namespace relgrad

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -87,14 +89,77 @@ int64_t wrap_dim(int64_t dim, int64_t rank, const char* op) {
 
 // ---------------------------------------------------------------- storage
 
+// Big buffers are recycled: a training step frees and asks for the same sizes again, and a fresh
+// buffer from the system costs a page fault per 4 KiB on first touch. Blocks of 1 MiB or more go
+// to a small cache when freed (at most kCacheBytes in all, oldest dropped first) and are handed
+// out again for the same rounded size.
+namespace {
+
+constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
+constexpr std::size_t kCacheBytes = std::size_t{1} << 30;
+
+class BlockCache {
+public:
+    void* take(std::size_t bytes) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
+            if (it->first == bytes) {
+                void* block = it->second;
+                blocks_.erase(it);
+                cached_ -= bytes;
+                return block;
+            }
+        }
+        return nullptr;
+    }
+    void give(void* block, std::size_t bytes) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        blocks_.emplace_back(bytes, block);
+        cached_ += bytes;
+        while (cached_ > kCacheBytes) {
+            std::free(blocks_.front().second);
+            cached_ -= blocks_.front().first;
+            blocks_.pop_front();
+        }
+    }
+    ~BlockCache() {
+        for (auto& block : blocks_) std::free(block.second);
+    }
+
+private:
+    std::mutex mutex_;
+    std::deque<std::pair<std::size_t, void*>> blocks_;
+    std::size_t cached_ = 0;
+};
+
+BlockCache& block_cache() {
+    static BlockCache cache;
+    return cache;
+}
+
+std::size_t rounded_size(std::size_t nbytes) {
+    const std::size_t unit = nbytes >= kCachedFrom ? 4096 : 64;
+    return (std::max<std::size_t>(nbytes, 1) + unit - 1) / unit * unit;
+}
+
+}  // namespace
+
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
     if (device != Device::cpu) throw std::invalid_argument("Storage: only the cpu device is built");
-    const std::size_t rounded = (std::max<std::size_t>(nbytes, 1) + 63) / 64 * 64;
-    data_ = std::aligned_alloc(64, rounded);
+    const std::size_t bytes = rounded_size(nbytes);
+    if (bytes >= kCachedFrom) data_ = block_cache().take(bytes);
+    if (!data_) data_ = std::aligned_alloc(64, bytes);
     if (!data_) throw std::bad_alloc();
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+    const std::size_t bytes = rounded_size(nbytes_);
+    if (bytes >= kCachedFrom) {
+        block_cache().give(data_, bytes);
+    } else {
+        std::free(data_);
+    }
+}
 
 // ---------------------------------------------------------------- metadata
 

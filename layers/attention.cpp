@@ -117,11 +117,24 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
     const Tensor q = split_heads(w_q.forward(query));
     const Tensor k = split_heads(w_k.forward(key_value));
     const Tensor v = split_heads(w_v.forward(key_value));
-    Tensor e = mul(scores(query, q, k, query_offset), scalar(1.0 / std::sqrt(double(head_dim)), query.dtype()));
-    if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), query.dtype()));
+    return w_o.forward(merge_heads(attend(query, q, k, v, mask, query_offset)));
+}
+
+double MultiHeadAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                  int64_t) {
+    return attention(q, k, v, mask, scale(), {}, &last_weights);
+}
+
+// e = scale * scores, masked keys -inf, a = softmax(e), z = values(a)
+Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const Tensor& mask, int64_t query_offset) {
+    Tensor e = mul(scores(query_input, q, k, query_offset), scalar(scale(), q.dtype()));
+    if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype()));
     const Tensor a = softmax(e, -1);
     last_weights = a.detach();
-    return w_o.forward(merge_heads(values(a, v, query_offset)));
+    return values(a, v, query_offset);
 }
 
 // ---------------------------------------------------------------- relative (Shaw)
@@ -163,6 +176,14 @@ Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t quer
     return matmul(bucket_weights, rel_pos_emb_v.table());
 }
 
+Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& mask, int64_t query_offset) {
+    if (impl == AttentionImpl::reference) return attend_composed(query_input, q, k, v, mask, query_offset);
+    const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
+                              rel_pos_emb_k.index(q.size(2), k.size(2), query_offset)};
+    return attention(q, k, v, mask, scale(), terms, &last_weights);
+}
+
 Tensor RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
                                           int64_t query_offset) {
     return add(MultiHeadAttention::scores(query_input, q, k, query_offset), relative_scores(q, k.size(2), query_offset));
@@ -200,6 +221,11 @@ Tensor GatedPositionAttention::gate_for(const Tensor& query_input) const {
     if (!token_gate) return sigmoid(lambda);
     // per token and head: [B, Lq, H] -> [B, H, Lq, 1]
     return sigmoid(add(lambda, w_gate->forward(query_input).transpose(1, 2).unsqueeze(-1)));
+}
+
+Tensor GatedPositionAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& mask, int64_t query_offset) {
+    return attend_composed(query_input, q, k, v, mask, query_offset);
 }
 
 Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,

@@ -51,10 +51,18 @@ public:
     Tensor last_weights;  // the attention weights a of the last forward, detached [B, H, Lq, Lk]
 
 protected:
+    // z [B, H, Lq, Dh]. By default the engine's attention op (engine/ops/attention.cpp), which
+    // keeps only the weights for the backward.
+    virtual Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& mask, int64_t query_offset);
+    // The same, composed op by op from scores() and values(): the readable form
+    Tensor attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& mask, int64_t query_offset);
     // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]
     virtual Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
     // a v plus any position terms: [B, H, Lq, Dh]
     virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset);
+    double scale() const;  // 1 / sqrt(Dh)
 
     Tensor split_heads(const Tensor& x) const;  // [B, L, D] -> [B, H, L, Dh]
     Tensor merge_heads(const Tensor& z) const;  // [B, H, L, Dh] -> [B, L, D]
@@ -69,6 +77,9 @@ public:
     RelativePositionEmbedding rel_pos_emb_k, rel_pos_emb_v;
 
 protected:
+    // bucketed: the engine's attention op with the tables; reference: attend_composed
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                  int64_t query_offset) override;
     Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
     Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
 
@@ -92,6 +103,8 @@ public:
     std::unique_ptr<Linear> w_gate;  // token gate: g = sigmoid(lambda_h + (x_i W_g^T + b_g)_h)
 
 protected:
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                  int64_t query_offset) override;  // always composed: the gate scales the terms
     Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
     Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
 

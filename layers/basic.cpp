@@ -27,11 +27,16 @@ Linear::Linear(int64_t in, int64_t out, const Init& init, bool with_bias) : in_f
     if (with_bias) register_parameter("bias", bias, zeros({out}, init.dtype));
 }
 
-// y = x W^T + b   (the transpose is a view; BLAS reads it in place)
+// y = x W^T + b   (the transpose is a view; BLAS reads it in place). Leading dims are flattened
+// first, so that the backward's dW = g^T x is one product over all rows rather than one per batch
+// entry summed afterwards.
 Tensor Linear::forward(const Tensor& x) const {
     check_last_dim(x, in_features, "Linear");
-    const Tensor y = matmul(x, weight.transpose(0, 1));
-    return bias.defined() ? add(y, bias) : y;
+    Shape out_shape = x.shape();
+    out_shape.back() = out_features;
+    Tensor y = matmul(x.reshape({-1, in_features}), weight.transpose(0, 1));
+    if (bias.defined()) y = add(y, bias);
+    return y.reshape(out_shape);
 }
 
 Embedding::Embedding(int64_t n, int64_t d, const Init& init, double init_std) : num_embeddings(n), dim(d) {

@@ -64,6 +64,20 @@ public:
     // softmax (or log_softmax) over the last dim of a contiguous x; a row whose entries are all
     // -inf gives zeros (softmax) or -inf (log_softmax), never NaN
     virtual void softmax_last_dim(const Tensor& x, bool log, Tensor& out) = 0;
+
+    // --- attention (engine/ops/attention.cpp). Rows are (b, h, i) of [B, H, Lq, Lk] tensors;
+    // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
+    // [B, H, Lq, Lk]; undefined tensors are skipped.
+    // In place: scores <- softmax_j(mask ? scale * (scores + bucket_scores[r(i, j)]) : -inf), where
+    // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros.
+    virtual void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
+                                   const Tensor& mask, double scale) = 0;
+    // out[b, h, i, r] = sum of weights[b, h, i, j] over the j with r(i, j) = r; out is [B, H, Lq, K]
+    virtual void bucket_sum(const Tensor& weights, const Tensor& index, Tensor& out) = 0;
+    // In place, from dL/da to dL/ds (s the scores before scaling): with da += d_buckets[r(i, j)],
+    // ds = scale * a (da - sum_j da_j a_j)
+    virtual void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                            const Tensor& index, double scale) = 0;
 };
 
 Backend& backend_for(Device device);

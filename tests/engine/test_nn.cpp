@@ -94,3 +94,30 @@ TEST_CASE("log_softmax gives masked entries no gradient; large target ids stay e
     target.data<int64_t>()[1] = big;
     check_values(cross_entropy(f64({0, 0, 5, 1}, {2, 2}), target, big), {std::log(2.0)});
 }
+
+TEST_CASE("the attention op equals its composition from ops, and rejects bad inputs") {
+    Generator gen(3);
+    const Tensor q = randn({2, 2, 3, 4}, gen, DType::float64), k = randn({2, 2, 5, 4}, gen, DType::float64),
+                 v = randn({2, 2, 5, 4}, gen, DType::float64);
+    const Tensor table_k = randn({2, 4, 4}, gen, DType::float64), table_v = randn({2, 4, 4}, gen, DType::float64);
+    const Tensor r = from_vector({0, 1, 2, 3, 3, 0, 0, 1, 2, 3, 0, 0, 0, 1, 2}, {3, 5}, DType::int64);
+    const Tensor mask = from_vector({1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1}, {3, 5}, DType::boolean);
+    Tensor weights;
+    const Tensor z = attention(q, k, v, mask, 0.5, {table_k, table_v, r}, &weights);
+    // the same math, op by op
+    const Tensor relative = gather(matmul(q, table_k.transpose(-1, -2)), -1, r.expand({2, 2, 3, 5}));
+    const Tensor scores = mul(add(matmul(q, k.transpose(-1, -2)), relative), scalar(0.5, DType::float64));
+    const Tensor a = softmax(where(mask, scores, scalar(-inf, DType::float64)), -1);
+    const Tensor bucket_weights = scatter_add(zeros({2, 2, 3, 4}, DType::float64), -1, r.expand({2, 2, 3, 5}), a);
+    const Tensor expected = add(matmul(a, v), matmul(bucket_weights, table_v));
+    check_values(z, expected.to_vector(), 1e-14);
+    check_values(weights, a.to_vector(), 1e-15);
+    check_values(z.narrow(2, 1, 1), std::vector<double>(16, 0.0));  // query 1 sees no key
+    CHECK_THROWS_WITH_AS(attention(q, k, v, Tensor(), 0.5, {table_k, table_v, r.to(DType::float64)}),
+                         doctest::Contains("must be [1 or H, K, Dh] and the index"), std::invalid_argument);
+    const Tensor bad_r = from_vector(std::vector<double>(15, 4), {3, 5}, DType::int64);
+    CHECK_THROWS_WITH_AS(attention(q, k, v, Tensor(), 0.5, {table_k, table_v, bad_r}),
+                         "attention: bucket 4 in the relative index is outside [0, 4)", std::invalid_argument);
+    CHECK_THROWS_AS(attention(q, v.narrow(2, 0, 4), v, Tensor(), 0.5), std::invalid_argument);
+    check_gradients_of("attention");
+}

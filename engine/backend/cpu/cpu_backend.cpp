@@ -16,6 +16,11 @@
 
 #include "engine/backend/backend.hpp"
 
+#include <omp.h>
+
+// OpenBLAS's thread control (its cblas.h cannot be included next to xtensor-blas)
+extern "C" void openblas_set_num_threads(int threads);
+
 namespace relgrad {
 namespace {
 
@@ -138,6 +143,31 @@ BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t
     }
     return {false, false, 0};
 }
+
+// Row n = (b, h, i) of a contiguous [B, H, Lq, Lk] tensor, with where that row's index entries
+// r(i, 0..Lk) and mask entries start (both read with a step, as they are strided views).
+struct AttentionRows {
+    AttentionRows(const Tensor& scores, const Tensor& index, const Tensor& mask)
+        : H(scores.size(1)), Lq(scores.size(2)), Lk(scores.size(3)), count(scores.numel() / std::max<int64_t>(Lk, 1)),
+          index_(index), mask_(mask) {
+        if (index.defined()) index_step = index.strides()[1];
+        if (mask.defined()) mask_step = mask.strides()[3];
+    }
+    const int64_t* index_row(int64_t n) const {
+        return index_.defined() ? index_.data<int64_t>() + (n % Lq) * index_.strides()[0] : nullptr;
+    }
+    const bool* mask_row(int64_t n) const {
+        if (!mask_.defined()) return nullptr;
+        const int64_t b = n / (H * Lq), h = (n / Lq) % H, i = n % Lq;
+        const Shape& st = mask_.strides();
+        return mask_.data<bool>() + b * st[0] + h * st[1] + i * st[2];
+    }
+    int64_t H, Lq, Lk, count;
+    int64_t index_step = 0, mask_step = 0;
+
+private:
+    Tensor index_, mask_;
+};
 
 // ---------------------------------------------------------------- the backend
 
@@ -321,14 +351,37 @@ public:
             const T* pa = a.data<T>();
             const T* pb = b.data<T>();
             T* pc = out.data<T>();
-            walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides}, [&](const auto& off) {
+            // the offsets of every batch entry, then one gemm each
+            std::vector<std::array<int64_t, 3>> offsets;
+            walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides},
+                    [&](const auto& off) { offsets.push_back(off); });
+            // rows [m0, m1) of one product; row m of op(A) starts m * leading_dim in, or m in when
+            // A is read transposed
+            auto gemm = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1) {
+                if (m1 <= m0) return;
+                const int64_t a_row = m0 * (la.transposed ? 1 : la.leading_dim);
                 cxxblas::gemm<blas_index_t>(cxxblas::StorageOrder::RowMajor,
                                             la.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
                                             lb.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
-                                            blas_index_t(M), blas_index_t(N), blas_index_t(K), T(1), pa + off[0],
-                                            blas_index_t(la.leading_dim), pb + off[1], blas_index_t(lb.leading_dim),
-                                            T(0), pc + off[2], blas_index_t(N));
-            });
+                                            blas_index_t(m1 - m0), blas_index_t(N), blas_index_t(K), T(1),
+                                            pa + off[0] + a_row, blas_index_t(la.leading_dim), pb + off[1],
+                                            blas_index_t(lb.leading_dim), T(0), pc + off[2] + m0 * N, blas_index_t(N));
+            };
+            // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: many small
+            // products (attention's per-head gemms) go one per thread, a few big ones are split
+            // by rows of the output. Two thread pools on two cores would only fight.
+            openblas_set_num_threads(1);
+            const int64_t count = static_cast<int64_t>(offsets.size());
+            const int64_t threads = omp_get_max_threads();
+            if (count >= threads || M < 2 * threads) {
+#pragma omp parallel for schedule(static)
+                for (int64_t i = 0; i < count; ++i) gemm(offsets[i], 0, M);
+            } else {
+                for (const auto& off : offsets) {
+#pragma omp parallel for schedule(static)
+                    for (int64_t t = 0; t < threads; ++t) gemm(off, M * t / threads, M * (t + 1) / threads);
+                }
+            }
         });
     }
 
@@ -414,6 +467,97 @@ public:
                 for (int64_t j = 0; j < C; ++j) {
                     dst[j] = log ? row[j] - m - log_total : std::exp(row[j] - m) / total;
                 }
+            }
+        });
+    }
+
+    // ---------------------------------------------------------------- attention rows
+
+    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                           double scale) override {
+        dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {
+            using T = decltype(tag);
+            const AttentionRows rows(scores, index, mask);
+            const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
+            T* s_all = scores.data<T>();
+            const T* buckets_all = bucket_scores.defined() ? bucket_scores.data<T>() : nullptr;
+            const T neg_inf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(static)
+            for (int64_t n = 0; n < rows.count; ++n) {
+                T* s = s_all + n * rows.Lk;
+                const T* buckets = buckets_all ? buckets_all + n * K : nullptr;
+                const int64_t* r = rows.index_row(n);
+                const bool* keep = rows.mask_row(n);
+                T m = neg_inf;
+                for (int64_t j = 0; j < rows.Lk; ++j) {
+                    const bool visible = !keep || keep[j * rows.mask_step];
+                    const T bias = buckets ? buckets[r[j * rows.index_step]] : T(0);
+                    s[j] = visible ? T(scale) * (s[j] + bias) : neg_inf;
+                    m = std::max(m, s[j]);
+                }
+                if (m == neg_inf) {  // no visible key: zero weights
+                    std::fill(s, s + rows.Lk, T(0));
+                    continue;
+                }
+                T total(0);
+                for (int64_t j = 0; j < rows.Lk; ++j) total += (s[j] = std::exp(s[j] - m));
+                for (int64_t j = 0; j < rows.Lk; ++j) s[j] /= total;
+            }
+        });
+    }
+
+    void bucket_sum(const Tensor& weights, const Tensor& index, Tensor& out) override {
+        dispatch_floating(weights.dtype(), "bucket_sum", [&](auto tag) {
+            using T = decltype(tag);
+            const AttentionRows rows(weights, index, Tensor());
+            const int64_t K = out.size(-1);
+            const T* w_all = weights.data<T>();
+            T* out_all = out.data<T>();
+#pragma omp parallel for schedule(static)
+            for (int64_t n = 0; n < rows.count; ++n) {
+                const T* w = w_all + n * rows.Lk;
+                T* buckets = out_all + n * K;
+                const int64_t* r = rows.index_row(n);
+                std::fill(buckets, buckets + K, T(0));
+                // r(i, j) comes in runs (all j beyond the clipping distance share a bucket): sum a
+                // run, then add it once
+                int64_t bucket = rows.Lk > 0 ? r[0] : 0;
+                T run(0);
+                for (int64_t j = 0; j < rows.Lk; ++j) {
+                    const int64_t next = r[j * rows.index_step];
+                    if (next != bucket) {
+                        buckets[bucket] += run;
+                        run = T(0);
+                        bucket = next;
+                    }
+                    run += w[j];
+                }
+                if (rows.Lk > 0) buckets[bucket] += run;
+            }
+        });
+    }
+
+    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                    const Tensor& index, double scale) override {
+        dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
+            using T = decltype(tag);
+            const AttentionRows rows(grad, index, Tensor());
+            const int64_t K = d_buckets.defined() ? d_buckets.size(-1) : 0;
+            T* g_all = grad.data<T>();
+            const T* a_all = weights.data<T>();
+            const T* db_all = d_buckets.defined() ? d_buckets.data<T>() : nullptr;
+#pragma omp parallel for schedule(static)
+            for (int64_t n = 0; n < rows.count; ++n) {
+                T* g = g_all + n * rows.Lk;
+                const T* a = a_all + n * rows.Lk;
+                const T* db = db_all ? db_all + n * K : nullptr;
+                const int64_t* r = rows.index_row(n);
+                T dot(0);
+                for (int64_t j = 0; j < rows.Lk; ++j) {
+                    if (db) g[j] += db[r[j * rows.index_step]];
+                    dot += g[j] * a[j];
+                }
+                for (int64_t j = 0; j < rows.Lk; ++j) g[j] = T(scale) * a[j] * (g[j] - dot);
             }
         });
     }

@@ -1,0 +1,77 @@
+// Relative multi-head attention forward + backward, one implementation and one length per run,
+// so that the process's peak RSS belongs to that configuration alone.
+//
+//   build/bench/bench_relative_attention IMPL L [B D H k repeats]
+//     IMPL: reference | bucketed; defaults B=8 D=256 H=8 k=8 repeats=5 (float32)
+//
+// Prints one JSON line: the median seconds per forward+backward, the peak RSS of the process and
+// the RSS before the first forward (so peak - baseline is what the attention itself needed).
+// bench/relative_attention.py runs it for every configuration next to the PyTorch versions.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/ops.hpp"
+#include "layers/attention.hpp"
+
+using namespace relgrad;
+
+namespace {
+
+double current_rss_mib() {
+    std::ifstream statm("/proc/self/statm");
+    long pages_total = 0, pages_resident = 0;
+    statm >> pages_total >> pages_resident;
+    return pages_resident * 4096.0 / (1024 * 1024);
+}
+
+double peak_rss_mib() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: bench_relative_attention reference|bucketed L [B D H k repeats]\n");
+        return 2;
+    }
+    auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
+    try {
+        const AttentionImpl impl = parse_attention_impl(argv[1]);
+        const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8), k = arg(6, 8), repeats = arg(7, 5);
+        if (L <= 0 || repeats <= 0) throw std::invalid_argument("L and repeats must be positive");
+        Generator gen(1);
+        RelativeOptions options;
+        options.k_left = options.k_right = k;
+        RelativeMultiHeadAttention attention(D, H, options, impl, Init{gen});
+        Tensor x = randn({B, L, D}, gen).requires_grad_(true);
+        const Tensor dy = randn({B, L, D}, gen);
+        const double baseline = current_rss_mib();
+        std::vector<double> seconds;
+        for (int64_t r = 0; r < repeats + 1; ++r) {  // the first round warms up
+            attention.zero_grad();
+            x.zero_grad();
+            const auto start = std::chrono::steady_clock::now();
+            attention.forward(x, x).backward(dy);
+            const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (r > 0) seconds.push_back(elapsed);
+        }
+        std::sort(seconds.begin(), seconds.end());
+        std::printf("{\"impl\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, "
+                    "\"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f}\n",
+                    argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k,
+                    seconds[seconds.size() / 2], peak_rss_mib(), baseline);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_relative_attention: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,118 @@
+// Attention as one op. Composing it from matmul, gather, scatter_add, where and softmax works
+// (layers/attention.cpp does exactly that for the reference form) but keeps a dozen [B, H, Lq, Lk]
+// intermediates alive for the backward; here only the weights a are kept, and the backward is
+// written out by hand:
+//
+//   forward                                     backward (g = dL/dz)
+//   s  = q k^T + gather_r(q E_K^T)              dv   = a^T g
+//   a  = softmax(mask ? scale s : -inf)         dW   = g E_V^T                 [B, H, Lq, K]
+//   W  = bucket_sum_r(a)        [B, H, Lq, K]   dE_V = sum_{b,h} W^T g
+//   z  = a v + W E_V                            da   = g v^T + gather_r(dW)
+//                                               ds   = scale a (da - rowsum(da a))
+//                                               dQE  = bucket_sum_r(ds)       [B, H, Lq, K]
+//                                               dq   = ds k + dQE E_K,  dk = ds^T q
+//                                               dE_K = sum_{b,h} dQE^T q
+//
+// gather_r(X)[i, j] = X[i, r(i, j)] and bucket_sum_r(Y)[i, r] = sum_{j: r(i,j)=r} Y[i, j] are each
+// other's adjoints; both are backend kernels folded into the row loops.
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
+
+namespace relgrad {
+
+static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const RelativeTerms& rel) {
+    const bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() &&
+                    q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
+                    q.dtype() == k.dtype() && k.dtype() == v.dtype();
+    if (!ok) {
+        throw std::invalid_argument("attention: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + " and v " +
+                                    shape_str(v.shape()) + " must be [B, H, Lq, Dh], [B, H, Lk, Dh], [B, H, Lk, Dh] of one dtype");
+    }
+    require_floating(q, "attention");
+    if (!rel.index.defined()) return;
+    const int64_t H = q.size(1), Dh = q.size(3);
+    auto table_ok = [&](const Tensor& t) {
+        return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(2) == Dh &&
+               t.dtype() == q.dtype();
+    };
+    if (!table_ok(rel.table_k) || !table_ok(rel.table_v) || rel.table_k.shape() != rel.table_v.shape() ||
+        rel.index.dtype() != DType::int64 || rel.index.shape() != Shape{q.size(2), k.size(2)}) {
+        throw std::invalid_argument("attention: relative tables " + shape_str(rel.table_k.shape()) + " and " +
+                                    shape_str(rel.table_v.shape()) + " must be [1 or H, K, Dh] and the index " +
+                                    shape_str(rel.index.shape()) + " int64 [Lq, Lk]");
+    }
+    const Tensor index = rel.index.contiguous();
+    const int64_t* r = index.data<int64_t>();
+    const int64_t K = rel.table_k.size(1);
+    for (int64_t n = 0; n < index.numel(); ++n) {
+        if (r[n] < 0 || r[n] >= K) {
+            throw std::invalid_argument("attention: bucket " + std::to_string(r[n]) + " in the relative index is outside [0, " +
+                                        std::to_string(K) + ")");
+        }
+    }
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
+                 const RelativeTerms& rel, Tensor* weights) {
+    check_attention_inputs(q, k, v, rel);
+    const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
+    const bool relative = rel.index.defined();
+    Backend& backend = backend_for(q.device());
+    Tensor a, bucket_weights, z;
+    {
+        NoGradGuard forward_only;
+        a = matmul(q, k.transpose(-1, -2));  // a fresh [B, H, Lq, Lk]: the softmax runs in place
+        const Tensor bucket_scores = relative ? matmul(q, rel.table_k.transpose(-1, -2)) : Tensor();
+        Tensor expanded_mask;
+        if (mask.defined()) {
+            if (broadcast_shapes(mask.shape(), {B, H, Lq, Lk}, "attention mask") != Shape{B, H, Lq, Lk}) {
+                throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
+                                            " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, H, Lq, Lk}));
+            }
+            expanded_mask = mask.to(DType::boolean).expand({B, H, Lq, Lk});
+        }
+        backend.attention_softmax(a, bucket_scores, rel.index, expanded_mask, scale);
+        z = matmul(a, v);
+        if (relative) {
+            bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype());
+            backend.bucket_sum(a, rel.index, bucket_weights);
+            z = add(z, matmul(bucket_weights, rel.table_v));
+        }
+    }
+    if (weights) *weights = a;
+    std::vector<Tensor> inputs = {q, k, v};
+    if (relative) inputs.insert(inputs.end(), {rel.table_k, rel.table_v});
+    return record(z, "attention", inputs,
+                  [q = q.detach(), k = k.detach(), v = v.detach(), a, bucket_weights, scale,
+                   rel = RelativeTerms{rel.table_k.defined() ? rel.table_k.detach() : Tensor(),
+                                       rel.table_v.defined() ? rel.table_v.detach() : Tensor(), rel.index}](
+                      const Tensor& g) {
+                      Backend& backend = backend_for(g.device());
+                      const bool relative = rel.index.defined();
+                      std::vector<Tensor> grads(relative ? 5 : 3);
+                      grads[2] = matmul(a.transpose(-1, -2), g);  // dv
+                      Tensor ds = matmul(g, v.transpose(-1, -2));  // da, a fresh tensor turned into ds in place
+                      Tensor d_buckets;
+                      if (relative) {
+                          d_buckets = matmul(g, rel.table_v.transpose(-1, -2));
+                          grads[4] = sum_to(matmul(bucket_weights.transpose(-1, -2), g), rel.table_v.shape());
+                      }
+                      backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale);
+                      grads[0] = matmul(ds, k);                        // dq
+                      grads[1] = matmul(ds.transpose(-1, -2), q);      // dk
+                      if (relative) {
+                          Tensor d_bucket_scores = empty(d_buckets.shape(), g.dtype());
+                          backend.bucket_sum(ds, rel.index, d_bucket_scores);
+                          grads[0] = add(grads[0], matmul(d_bucket_scores, rel.table_k));
+                          grads[3] = sum_to(matmul(d_bucket_scores.transpose(-1, -2), q), rel.table_k.shape());
+                      }
+                      return grads;
+                  });
+}
+
+}  // namespace relgrad
