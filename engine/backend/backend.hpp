@@ -69,15 +69,16 @@ public:
     // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
     // [B, H, Lq, Lk]; undefined tensors are skipped.
     // In place: scores <- softmax_j(mask ? scale * (scores + bucket_scores[r(i, j)]) : -inf), where
-    // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros.
+    // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros. If bucket_weights
+    // ([B, H, Lq, K]) is defined it receives, per row, the weights summed by bucket:
+    // bucket_weights[r] = sum of a_ij over the j with r(i, j) = r.
     virtual void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
-                                   const Tensor& mask, double scale) = 0;
-    // out[b, h, i, r] = sum of weights[b, h, i, j] over the j with r(i, j) = r; out is [B, H, Lq, K]
-    virtual void bucket_sum(const Tensor& weights, const Tensor& index, Tensor& out) = 0;
+                                   const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
     // In place, from dL/da to dL/ds (s the scores before scaling): with da += d_buckets[r(i, j)],
-    // ds = scale * a (da - sum_j da_j a_j)
+    // ds = scale * a (da - sum_j da_j a_j). If d_bucket_scores is defined it receives ds summed by
+    // bucket, as bucket_weights above.
     virtual void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                            const Tensor& index, double scale) = 0;
+                                            const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
 };
 
 Backend& backend_for(Device device);

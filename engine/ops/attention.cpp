@@ -14,7 +14,8 @@
 //                                               dE_K = sum_{b,h} dQE^T q
 //
 // gather_r(X)[i, j] = X[i, r(i, j)] and bucket_sum_r(Y)[i, r] = sum_{j: r(i,j)=r} Y[i, j] are each
-// other's adjoints; both are backend kernels folded into the row loops.
+// other's adjoints; both are folded into the two backend row kernels, attention_softmax (which
+// also returns W) and attention_softmax_backward (which also returns dQE).
 #include <stdexcept>
 #include <string>
 
@@ -76,13 +77,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
             }
             expanded_mask = mask.to(DType::boolean).expand({B, H, Lq, Lk});
         }
-        backend.attention_softmax(a, bucket_scores, rel.index, expanded_mask, scale);
+        if (relative) bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype());
+        backend.attention_softmax(a, bucket_scores, rel.index, expanded_mask, scale, bucket_weights);
         z = matmul(a, v);
-        if (relative) {
-            bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype());
-            backend.bucket_sum(a, rel.index, bucket_weights);
-            z = add(z, matmul(bucket_weights, rel.table_v));
-        }
+        if (relative) z = add(z, matmul(bucket_weights, rel.table_v));
     }
     if (weights) *weights = a;
     std::vector<Tensor> inputs = {q, k, v};
@@ -102,12 +100,11 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                           d_buckets = matmul(g, rel.table_v.transpose(-1, -2));
                           grads[4] = sum_to(matmul(bucket_weights.transpose(-1, -2), g), rel.table_v.shape());
                       }
-                      backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale);
+                      Tensor d_bucket_scores = relative ? empty(d_buckets.shape(), g.dtype()) : Tensor();
+                      backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale, d_bucket_scores);
                       grads[0] = matmul(ds, k);                        // dq
                       grads[1] = matmul(ds.transpose(-1, -2), q);      // dk
                       if (relative) {
-                          Tensor d_bucket_scores = empty(d_buckets.shape(), g.dtype());
-                          backend.bucket_sum(ds, rel.index, d_bucket_scores);
                           grads[0] = add(grads[0], matmul(d_bucket_scores, rel.table_k));
                           grads[3] = sum_to(matmul(d_bucket_scores.transpose(-1, -2), q), rel.table_k.shape());
                       }

@@ -13,6 +13,7 @@
 #include <xtensor/xoperation.hpp>
 #include <xtensor/xreducer.hpp>
 #include <xtensor-blas/xblas.hpp>
+#include <xsimd/xsimd.hpp>
 
 #include "engine/backend/backend.hpp"
 
@@ -144,6 +145,75 @@ BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t
     return {false, false, 0};
 }
 
+// The common case of a binary op, done as plain loops the compiler vectorizes: a packed output,
+// each operand packed with the output's shape, a packed suffix of it (a bias row) or a single
+// element. Returns false when the operands are laid out otherwise (xtensor handles those).
+template <class T, class F>
+bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+    if (!out.is_contiguous() || !a.is_contiguous() || !b.is_contiguous()) return false;
+    const int64_t n = out.numel();
+    auto period = [&](const Tensor& t) -> int64_t {  // t repeats every `period` output elements
+        if (t.numel() == 1 || t.shape() == out.shape()) return t.numel();
+        Shape trimmed = t.shape();
+        while (!trimmed.empty() && trimmed.front() == 1) trimmed.erase(trimmed.begin());
+        if (trimmed.size() > out.shape().size() ||
+            !std::equal(trimmed.rbegin(), trimmed.rend(), out.shape().rbegin())) {
+            return -1;
+        }
+        return t.numel();
+    };
+    const int64_t pa = period(a), pb = period(b);
+    if (pa < 0 || pb < 0 || (pa != n && pb != n) || n == 0) return n == 0 && pa >= 0 && pb >= 0;
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    T* o = out.data<T>();
+    if (pa == n && pb == n) {
+        for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+    } else if (pb == 1) {
+        const T c = y[0];
+        for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], c);
+    } else if (pa == 1) {
+        const T c = x[0];
+        for (int64_t i = 0; i < n; ++i) o[i] = f(c, y[i]);
+    } else if (pa == n) {  // b repeats every pb elements
+        for (int64_t row = 0; row < n; row += pb)
+            for (int64_t j = 0; j < pb; ++j) o[row + j] = f(x[row + j], y[j]);
+    } else {
+        for (int64_t row = 0; row < n; row += pa)
+            for (int64_t j = 0; j < pa; ++j) o[row + j] = f(x[j], y[row + j]);
+    }
+    return true;
+}
+
+// The two common sums as plain loops: a packed x summed over its leading dims (the bias gradient:
+// one sum per column) or over its trailing dims (one sum per row). float64 accumulators.
+template <class T>
+bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
+    if (!x.is_contiguous() || !out.is_contiguous() || x.numel() == 0) return false;
+    const int64_t rank = x.dim(), count = static_cast<int64_t>(dims.size());
+    const bool leading = dims.front() == 0 && dims.back() == count - 1;
+    const bool trailing = dims.front() == rank - count && dims.back() == rank - 1;
+    if (!leading && !trailing) return false;
+    const int64_t reduced = shape_numel(Shape(x.shape().begin() + dims.front(), x.shape().begin() + dims.back() + 1));
+    const int64_t kept = x.numel() / reduced;
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    if (trailing) {
+#pragma omp parallel for schedule(static) if (x.numel() > (1 << 16))
+        for (int64_t i = 0; i < kept; ++i) {
+            double total = 0;
+            for (int64_t j = 0; j < reduced; ++j) total += in[i * reduced + j];
+            o[i] = static_cast<T>(total);
+        }
+    } else {
+        std::vector<double> totals(kept, 0.0);
+        for (int64_t i = 0; i < reduced; ++i)
+            for (int64_t j = 0; j < kept; ++j) totals[j] += in[i * kept + j];
+        for (int64_t j = 0; j < kept; ++j) o[j] = static_cast<T>(totals[j]);
+    }
+    return true;
+}
+
 // Row n = (b, h, i) of a contiguous [B, H, Lq, Lk] tensor, with where that row's index entries
 // r(i, 0..Lk) and mask entries start (both read with a step, as they are strided views).
 struct AttentionRows {
@@ -192,6 +262,22 @@ public:
             std::memcpy(static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype()),
                         static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype()),
                         src.numel() * dtype_size(src.dtype()));
+            return;
+        }
+        if (src.dtype() == dst.dtype() && is_floating(src.dtype()) && dst.dim() > 0) {
+            // same type, any strides (a transpose made contiguous, a slice filled): row by row
+            dispatch_floating(src.dtype(), "copy", [&](auto tag) {
+                using T = decltype(tag);
+                const Shape outer(dst.shape().begin(), dst.shape().end() - 1);
+                const int64_t inner = dst.shape().back(), step = src.strides().back(), dst_step = dst.strides().back();
+                const T* from = src.data<T>();
+                T* to = dst.data<T>();
+                walk<2>(outer, {Shape(src.strides().begin(), src.strides().end() - 1),
+                                Shape(dst.strides().begin(), dst.strides().end() - 1)},
+                        [&](const auto& off) {
+                            for (int64_t j = 0; j < inner; ++j) to[off[1] + j * dst_step] = from[off[0] + j * step];
+                        });
+            });
             return;
         }
         dispatch_any(dst.dtype(), [&](auto dst_tag) {
@@ -259,6 +345,15 @@ public:
     void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
         dispatch_floating(a.dtype(), "binary", [&](auto tag) {
             using T = decltype(tag);
+            bool done = false;
+            switch (op) {
+                case BinaryOp::add: done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; }); break;
+                case BinaryOp::sub: done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; }); break;
+                case BinaryOp::mul: done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; }); break;
+                case BinaryOp::div: done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; }); break;
+                default: break;
+            }
+            if (done) return;
             auto A = input<T>(a, out);
             auto B = input<T>(b, out);
             auto O = strided<T>(out);
@@ -304,6 +399,7 @@ public:
         }
         dispatch_floating(x.dtype(), "reduce", [&](auto tag) {
             using T = decltype(tag);
+            if (op == ReduceOp::sum && packed_sum<T>(x, dims, out)) return;
             const std::vector<std::size_t> axes(dims.begin(), dims.end());
             auto X = input<T>(x, x);
             auto O = strided<T>(out);
@@ -474,13 +570,14 @@ public:
     // ---------------------------------------------------------------- attention rows
 
     void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                           double scale) override {
+                           double scale, Tensor& bucket_weights) override {
         dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {
             using T = decltype(tag);
             const AttentionRows rows(scores, index, mask);
             const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
             T* s_all = scores.data<T>();
             const T* buckets_all = bucket_scores.defined() ? bucket_scores.data<T>() : nullptr;
+            T* weights_all = bucket_weights.defined() ? bucket_weights.data<T>() : nullptr;
             const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < rows.count; ++n) {
@@ -497,48 +594,30 @@ public:
                 }
                 if (m == neg_inf) {  // no visible key: zero weights
                     std::fill(s, s + rows.Lk, T(0));
-                    continue;
-                }
-                T total(0);
-                for (int64_t j = 0; j < rows.Lk; ++j) total += (s[j] = std::exp(s[j] - m));
-                for (int64_t j = 0; j < rows.Lk; ++j) s[j] /= total;
-            }
-        });
-    }
-
-    void bucket_sum(const Tensor& weights, const Tensor& index, Tensor& out) override {
-        dispatch_floating(weights.dtype(), "bucket_sum", [&](auto tag) {
-            using T = decltype(tag);
-            const AttentionRows rows(weights, index, Tensor());
-            const int64_t K = out.size(-1);
-            const T* w_all = weights.data<T>();
-            T* out_all = out.data<T>();
-#pragma omp parallel for schedule(static)
-            for (int64_t n = 0; n < rows.count; ++n) {
-                const T* w = w_all + n * rows.Lk;
-                T* buckets = out_all + n * K;
-                const int64_t* r = rows.index_row(n);
-                std::fill(buckets, buckets + K, T(0));
-                // r(i, j) comes in runs (all j beyond the clipping distance share a bucket): sum a
-                // run, then add it once
-                int64_t bucket = rows.Lk > 0 ? r[0] : 0;
-                T run(0);
-                for (int64_t j = 0; j < rows.Lk; ++j) {
-                    const int64_t next = r[j * rows.index_step];
-                    if (next != bucket) {
-                        buckets[bucket] += run;
-                        run = T(0);
-                        bucket = next;
+                } else {
+                    // exp in SIMD batches (xsimd, as xtensor uses): this pass is the kernel's cost
+                    using Batch = xsimd::batch<T>;
+                    constexpr int64_t width = static_cast<int64_t>(Batch::size);
+                    const Batch batch_max(m);
+                    Batch batch_total(T(0));
+                    int64_t j = 0;
+                    for (; j + width <= rows.Lk; j += width) {
+                        const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - batch_max);
+                        e.store_unaligned(s + j);
+                        batch_total += e;
                     }
-                    run += w[j];
+                    T total = xsimd::hadd(batch_total);
+                    for (; j < rows.Lk; ++j) total += (s[j] = std::exp(s[j] - m));
+                    const T inverse = T(1) / total;
+                    for (j = 0; j < rows.Lk; ++j) s[j] *= inverse;
                 }
-                if (rows.Lk > 0) buckets[bucket] += run;
+                if (weights_all) add_runs(s, rows, r, weights_all + n * K, K);
             }
         });
     }
 
     void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                    const Tensor& index, double scale) override {
+                                    const Tensor& index, double scale, Tensor& d_bucket_scores) override {
         dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
             using T = decltype(tag);
             const AttentionRows rows(grad, index, Tensor());
@@ -546,6 +625,7 @@ public:
             T* g_all = grad.data<T>();
             const T* a_all = weights.data<T>();
             const T* db_all = d_buckets.defined() ? d_buckets.data<T>() : nullptr;
+            T* d_scores_all = d_bucket_scores.defined() ? d_bucket_scores.data<T>() : nullptr;
 #pragma omp parallel for schedule(static)
             for (int64_t n = 0; n < rows.count; ++n) {
                 T* g = g_all + n * rows.Lk;
@@ -558,8 +638,30 @@ public:
                     dot += g[j] * a[j];
                 }
                 for (int64_t j = 0; j < rows.Lk; ++j) g[j] = T(scale) * a[j] * (g[j] - dot);
+                if (d_scores_all) add_runs(g, rows, r, d_scores_all + n * K, K);
             }
         });
+    }
+
+private:
+    // buckets[r] = sum of values[j] over the j with r(i, j) = r. r comes in runs (every j beyond
+    // the clipping distance shares a bucket): sum a run, then add it once.
+    template <class T>
+    static void add_runs(const T* values, const AttentionRows& rows, const int64_t* r, T* buckets, int64_t K) {
+        std::fill(buckets, buckets + K, T(0));
+        if (rows.Lk == 0) return;
+        int64_t bucket = r[0];
+        T run(0);
+        for (int64_t j = 0; j < rows.Lk; ++j) {
+            const int64_t next = r[j * rows.index_step];
+            if (next != bucket) {
+                buckets[bucket] += run;
+                run = T(0);
+                bucket = next;
+            }
+            run += values[j];
+        }
+        buckets[bucket] += run;
     }
 };
 
