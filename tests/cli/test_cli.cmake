@@ -36,3 +36,8 @@ expect_one_line_error("^relgrad: ")
 run_relgrad(2)
 expect_one_line_error("^relgrad: ")
 run_relgrad(0 --help)
+
+run_relgrad(2 layer --spec /nonexistent/spec.json --in /nonexistent --out /nonexistent/out)
+expect_one_line_error("^relgrad: error: /nonexistent/spec.json: cannot open the spec")
+run_relgrad(2 layer --in /nonexistent --out /nonexistent/out)
+expect_one_line_error("^relgrad: .*--spec")

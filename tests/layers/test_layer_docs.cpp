@@ -1,0 +1,702 @@
+// The worked examples of docs/layers/*.md, number for number. Each TEST_CASE is named after the
+// page it checks, rebuilds the page's example with relgrad (float64, hand-picked parameters set
+// with assign_parameters in named_parameters() order), checks every number the page prints and
+// ends in a gradient check of the same layer.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/npy.hpp"
+#include "layer_check.hpp"
+#include "layers/transformer.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+namespace {
+
+// a hand-picked parameter: float64, a leaf that requires a gradient
+Tensor param(const std::vector<double>& values, const Shape& shape) { return f64(values, shape).requires_grad_(true); }
+
+double sigmoid_of(double x) { return 1 / (1 + std::exp(-x)); }
+
+// w = 1, b = 0 for the four projections of a D = 1, H = 1 attention layer (w_q, w_k, w_v, w_o)
+std::vector<Tensor> unit_projections() {
+    std::vector<Tensor> values;
+    for (int i = 0; i < 4; ++i) {
+        values.push_back(param({1}, {1, 1}));
+        values.push_back(param({0}, {1}));
+    }
+    return values;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- linear_embedding_layernorm.md
+
+TEST_CASE("docs/layers/linear_embedding_layernorm.md: Linear") {
+    Generator gen(1);
+    Linear linear(2, 2, Init{gen, DType::float64});
+    linear.assign_parameters({param({1, 0, 2, -1}, {2, 2}), param({0.5, -1}, {2})});
+    const Tensor x = param({1, 2}, {2});
+    const Tensor y = linear.forward(x);
+    check_values(y, {1.5, -1});
+    y.backward(f64({1, 2}, {2}));
+    check_values(x.grad(), {5, -2});
+    check_values(linear.weight.grad(), {1, 2, 2, 4});
+    check_values(linear.bias.grad(), {1, 2});
+    check_layer_gradients(linear, {random_input({3, 2}, 1)}, [&](const auto& in) { return linear.forward(in[0]); });
+}
+
+TEST_CASE("docs/layers/linear_embedding_layernorm.md: Embedding") {
+    Generator gen(2);
+    Embedding table(3, 2, Init{gen, DType::float64});
+    table.assign_parameters({param({1, 2, 3, 4, 5, 6}, {3, 2})});
+    const Tensor ids = from_vector({2, 0, 2}, {3}, DType::int64);
+    const Tensor y = table.forward(ids);
+    check_values(y, {5, 6, 1, 2, 5, 6});
+    y.backward(f64({1, 2, 3, 4, 5, 6}, {3, 2}));
+    check_values(table.weight.grad(), {3, 4, 0, 0, 6, 8});             // row 2 used twice: (1, 2) + (5, 6)
+    CHECK_THROWS(table.forward(from_vector({3}, {1}, DType::int64)));  // no row 3
+    check_layer_gradients(table, {}, [&](const auto&) { return table.forward(ids); });
+}
+
+TEST_CASE("docs/layers/linear_embedding_layernorm.md: LayerNorm") {
+    Generator gen(3);
+    LayerNorm norm(4, Init{gen, DType::float64});
+    norm.assign_parameters({param({1, 1, 2, 2}, {4}), param({0, 0, 0, 1}, {4})});
+    const Tensor x = param({1, 1, 3, 3}, {4});
+    const double rstd = 1 / std::sqrt(1 + 1e-5);  // mean 2, variance 1
+    CHECK(rstd == doctest::Approx(0.999995000037).epsilon(1e-12));
+    const Tensor y = norm.forward(x);
+    check_values(y, {-0.999995000037, -0.999995000037, 1.999990000075, 2.999990000075}, 1e-11);
+    y.backward(f64({1, 0, 0, 0}, {4}));
+    check_values(x.grad(), {0.499999999981, -0.499995000056, -0.000002499963, -0.000002499963}, 1e-11);
+    // dx = rstd (gh - mean(gh) - xhat mean(gh xhat)) with gh = (1, 0, 0, 0), mean(gh xhat) = -rstd/4
+    check_values(x.grad(), {rstd * (0.75 - rstd * rstd / 4), rstd * (-0.25 - rstd * rstd / 4),
+                            rstd * (-0.25 + rstd * rstd / 4), rstd * (-0.25 + rstd * rstd / 4)});
+    check_values(norm.weight.grad(), {-rstd, 0, 0, 0});
+    check_values(norm.bias.grad(), {1, 0, 0, 0});
+    check_layer_gradients(norm, {random_input({3, 4}, 2)}, [&](const auto& in) { return norm.forward(in[0]); });
+}
+
+TEST_CASE("docs/layers/linear_embedding_layernorm.md: Dropout and FeedForward") {
+    Dropout drop(0.5, 7);
+    const Tensor ones8 = ones({8}, DType::float64).requires_grad_(true);
+    const Tensor dropped = drop.forward(ones8);
+    int kept = 0;
+    for (double v : dropped.to_vector()) {
+        CHECK((v == 0 || v == 2));  // zeroed, or kept and scaled by 1 / (1 - p) = 2
+        kept += v == 2;
+    }
+    CHECK(kept > 0);
+    CHECK(kept < 8);
+    dropped.backward(ones_like(dropped));
+    CHECK(ones8.grad().to_vector() == dropped.to_vector());  // the same mask scales the gradient
+    drop.eval();
+    CHECK(drop.forward(ones8).to_vector() == std::vector<double>(8, 1.0));  // identity in eval mode
+
+    Generator gen(4);
+    FeedForward ff(2, 2, 0.0, Init{gen, DType::float64});
+    std::vector<std::string> names;
+    for (const auto& [name, p] : ff.named_parameters()) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+    ff.assign_parameters(
+        {param({1, 0, 0, 1}, {2, 2}), param({0, 0}, {2}), param({1, 0, 0, 1}, {2, 2}), param({0, 0}, {2})});
+    const Tensor x = param({1, -1}, {2});
+    const Tensor y = ff.forward(x);
+    check_values(y, {0.841344746069, -0.158655253931}, 1e-11);  // gelu(1), gelu(-1)
+    y.backward(f64({1, 1}, {2}));
+    check_values(x.grad(), {1.083315470588, -0.083315470588}, 1e-11);  // Phi(x) + x phi(x)
+    const double phi1 = std::exp(-0.5) / std::sqrt(2 * M_PI), Phi1 = 0.5 * std::erfc(-1 / std::sqrt(2.0));
+    CHECK(Phi1 == doctest::Approx(0.841344746069).epsilon(1e-11));
+    CHECK(phi1 == doctest::Approx(0.241970724519).epsilon(1e-11));
+    check_values(x.grad(), {Phi1 + phi1, (1 - Phi1) - phi1});
+    check_layer_gradients(ff, {random_input({3, 2}, 3)}, [&](const auto& in) { return ff.forward(in[0]); });
+}
+
+TEST_CASE("docs/layers/linear_embedding_layernorm.md: the Module base, state directory and initialisation") {
+    namespace fs = std::filesystem;
+    Generator gen(5);
+    Linear linear(2, 2, Init{gen, DType::float64});
+    CHECK(linear.parameter_count() == 6);
+    const double bound = std::sqrt(6.0 / (2 + 2));  // Xavier uniform
+    CHECK(bound == doctest::Approx(1.224744871).epsilon(1e-9));
+    for (double w : linear.weight.to_vector()) CHECK(std::fabs(w) <= bound);
+    CHECK(linear.bias.to_vector() == std::vector<double>{0, 0});
+    Embedding table(50, 4, Init{gen, DType::float64});
+    for (double w : table.weight.to_vector()) CHECK(std::fabs(w) <= 0.04);  // truncated at 2 std
+    LayerNorm norm(3, Init{gen, DType::float64});
+    CHECK(norm.weight.to_vector() == std::vector<double>{1, 1, 1});
+    CHECK(norm.bias.to_vector() == std::vector<double>{0, 0, 0});
+
+    linear.assign_parameters({param({1, 0, 2, -1}, {2, 2}), param({0.5, -1}, {2})});
+    const fs::path dir = fs::temp_directory_path() / "relgrad_test_layer_docs_state";
+    fs::remove_all(dir);
+    linear.save(dir.string());
+    std::ifstream manifest_file(dir / "manifest.json");
+    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+    const nlohmann::json expected = nlohmann::json::parse(R"({
+      "format": "relgrad-state",
+      "parameters": [
+        {"dtype": "float64", "file": "weight.npy", "name": "weight", "shape": [2, 2]},
+        {"dtype": "float64", "file": "bias.npy", "name": "bias", "shape": [2]}
+      ],
+      "version": 1
+    })");
+    CHECK(manifest == expected);
+    check_values(load_npy((dir / "weight.npy").string()), {1, 0, 2, -1});
+    Generator other(6);
+    Linear restored(2, 2, Init{other, DType::float64});
+    restored.load(dir.string());
+    check_values(restored.forward(f64({1, 2}, {2})), {1.5, -1});
+    fs::remove_all(dir);
+
+    linear.train();
+    CHECK(linear.is_training());
+    linear.eval();
+    CHECK_FALSE(linear.is_training());
+    check_layer_gradients(restored, {random_input({2, 2}, 4)}, [&](const auto& in) { return restored.forward(in[0]); });
+}
+
+// ---------------------------------------------------------------- sinusoidal.md
+
+TEST_CASE("docs/layers/sinusoidal.md: the sinusoidal table for D = 4, L = 3") {
+    SinusoidalPositionalEncoding pe(4);
+    const Tensor table = pe.encoding(3, DType::float64);
+    check_values(table,
+                 {0, 1, 0, 1,                                                      //
+                  0.841470984808, 0.540302305868, 0.009999833334, 0.999950000417,  //
+                  0.909297426826, -0.416146836547, 0.019998666693, 0.999800006667},
+                 1e-11);
+    // the dot product of two rows depends only on their distance: cos(1) + cos(0.01) for both pairs
+    const auto row = [&](int64_t p) { return table.narrow(0, p, 1).reshape({4}); };
+    const double d01 = sum(mul(row(0), row(1))).item(), d12 = sum(mul(row(1), row(2))).item();
+    CHECK(d01 == doctest::Approx(1.540252306285).epsilon(1e-12));
+    CHECK(std::fabs(d01 - d12) <= 1e-15);
+    CHECK(sum(mul(row(0), row(2))).item() == doctest::Approx(std::cos(2.0) + std::cos(0.02)).epsilon(1e-14));
+    // forward adds the table to every sequence of the batch; the gradient passes through unchanged
+    const Tensor x = zeros({2, 3, 4}, DType::float64).requires_grad_(true);
+    const Tensor y = pe.forward(x);
+    check_values(y.narrow(0, 1, 1), table.to_vector());
+    y.backward(ones_like(y));
+    check_values(x.grad(), std::vector<double>(24, 1.0));
+    CHECK(pe.parameter_count() == 0);
+    // every row has norm sqrt(D/2); token embeddings (std 0.02, unscaled) are about 40 times shorter
+    CHECK(sum(mul(row(2), row(2))).item() == doctest::Approx(2.0).epsilon(1e-14));
+    Generator gen(21);
+    Embedding tokens(4000, 64, Init{gen, DType::float64});
+    const double mean_square = sum(mul(tokens.weight, tokens.weight)).item() / 4000;
+    const double ratio = std::sqrt(64.0 / 2) / std::sqrt(mean_square);
+    CHECK(ratio > 38);
+    CHECK(ratio < 42);
+    check_layer_gradients(pe, {random_input({2, 3, 4}, 5)}, [&](const auto& in) { return pe.forward(in[0]); });
+}
+
+TEST_CASE("docs/layers/sinusoidal.md: learned positions") {
+    Generator gen(7);
+    LearnedPositionalEmbedding learned(3, 2, Init{gen, DType::float64});
+    learned.assign_parameters({param({1, 2, 3, 4, 5, 6}, {3, 2})});
+    const Tensor x = zeros({2, 2, 2}, DType::float64).requires_grad_(true);
+    const Tensor y = learned.forward(x);
+    check_values(y, {1, 2, 3, 4, 1, 2, 3, 4});
+    y.backward(ones_like(y));
+    check_values(learned.weight.grad(), {2, 2, 2, 2, 0, 0});  // two sequences; position 2 unused
+    check_values(x.grad(), std::vector<double>(8, 1.0));
+    CHECK_THROWS_WITH_AS(
+        learned.forward(zeros({1, 4, 2}, DType::float64)),
+        "LearnedPositionalEmbedding: length 4 exceeds max_len 3 (it has no vector for later positions)",
+        std::invalid_argument);
+    check_layer_gradients(learned, {random_input({2, 3, 2}, 6)},
+                          [&](const auto& in) { return learned.forward(in[0]); });
+}
+
+// ---------------------------------------------------------------- relative_position.md
+
+TEST_CASE("docs/layers/relative_position.md: the index, the tables and their gradient") {
+    Generator gen(8);
+    const Init init{gen, DType::float64};
+    RelativeOptions o;
+    o.k_left = o.k_right = 2;
+    o.max_len = 8;
+    RelativePositionEmbedding shared(1, 1, o, init);
+    CHECK(shared.buckets() == 5);
+    check_values(shared.index(4, 4), {2, 3, 4, 4, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 1, 2});
+    check_values(shared.index(1, 1), {2});              // L = 1: only the middle row
+    check_values(shared.index(1, 4, 3), {0, 0, 1, 2});  // one query at position 3: the last row above
+    check_values(shared.index(2, 4, 2), {0, 1, 2, 3, 0, 0, 1, 2});
+    check_values(shared.index(10, 10).narrow(0, 9, 1), {0, 0, 0, 0, 0, 0, 0, 0, 1, 2});  // beyond max_len
+    // the precomputed index: index(Lq, Lk) is a view of its top-left corner, no new memory
+    CHECK(shared.index(4, 4).storage() == shared.index(8, 8).storage());
+    CHECK(shared.index(4, 4).is_contiguous() == false);
+
+    // the gradient of a table row counts the (i, j) pairs of its bucket (dy = 1, Dh = 1)
+    shared.assign_parameters({param({10, 20, 30, 40, 50}, {5, 1})});
+    const Tensor looked_up = shared.lookup(4, 4);
+    CHECK(looked_up.shape() == Shape{1, 4, 4, 1});
+    check_values(looked_up.narrow(1, 0, 1), {30, 40, 50, 50});
+    looked_up.backward(ones_like(looked_up));
+    check_values(shared.weight.grad(), {3, 3, 4, 3, 3});
+
+    // asymmetric clipping, and k >= L
+    RelativeOptions asym;
+    asym.k_left = 1;
+    asym.k_right = 3;
+    RelativePositionEmbedding asymmetric(1, 1, asym, init);
+    CHECK(asymmetric.buckets() == 5);
+    check_values(asymmetric.index(4, 4), {1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 1, 2, 0, 0, 0, 1});
+    RelativeOptions wide;
+    wide.k_left = wide.k_right = 10;
+    RelativePositionEmbedding unclipped(1, 1, wide, init);
+    check_values(unclipped.index(3, 3), {10, 11, 12, 9, 10, 11, 8, 9, 10});
+    const Tensor wide_lookup = unclipped.lookup(3, 3);
+    wide_lookup.backward(ones_like(wide_lookup));
+    std::vector<double> used(21, 0.0);
+    used[8] = used[12] = 1;
+    used[9] = used[11] = 2;
+    used[10] = 3;
+    check_values(unclipped.weight.grad(), used);  // buckets 0..7 and 13..20 get nothing
+
+    // per-head tables: weight [K, H * Dh], row r = (head 0's vector, head 1's vector)
+    RelativeOptions per_head_options;
+    per_head_options.k_left = per_head_options.k_right = 1;
+    per_head_options.share_across_heads = false;
+    RelativePositionEmbedding per_head(1, 2, per_head_options, init);
+    CHECK(per_head.weight.shape() == Shape{3, 2});
+    per_head.assign_parameters({param({1, 10, 2, 20, 3, 30}, {3, 2})});
+    check_values(per_head.table(), {1, 2, 3, 10, 20, 30});              // [H, K, Dh]
+    check_values(per_head.lookup(2, 2), {2, 3, 1, 2, 20, 30, 10, 20});  // [H, Lq, Lk, Dh]
+    check_layer_gradients(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
+    check_layer_gradients(shared, {}, [&](const auto&) { return shared.lookup(4, 4); });
+}
+
+// ---------------------------------------------------------------- masks.md
+
+TEST_CASE("docs/layers/masks.md: masks and a fully masked row") {
+    check_values(key_padding_mask({2, 3}, 3), {1, 1, 0, 1, 1, 1});
+    CHECK(key_padding_mask({2, 3}, 3).shape() == Shape{2, 1, 1, 3});
+    check_values(causal_mask(3, 3), {1, 0, 0, 1, 1, 0, 1, 1, 1});
+    check_values(local_window_mask(3, 3, 1), {1, 1, 0, 1, 1, 1, 0, 1, 1});
+    check_values(combine_masks(causal_mask(3, 3), local_window_mask(3, 3, 1)), {1, 0, 0, 1, 1, 0, 0, 1, 1});
+    const Tensor all =
+        combine_masks(combine_masks(causal_mask(3, 3), local_window_mask(3, 3, 1)), key_padding_mask({2, 3}, 3));
+    CHECK(all.shape() == Shape{2, 1, 3, 3});
+    check_values(all, {1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 1});
+    check_values(causal_mask(1, 4, 3), {1, 1, 1, 1});
+    check_values(local_window_mask(1, 4, 1, 3), {0, 0, 1, 1});
+
+    // the attention example: D = 1, H = 1, all weights 1, biases 0 but b_o = 0.5
+    Generator gen(9);
+    MultiHeadAttention attention(1, 1, Init{gen, DType::float64});
+    std::vector<Tensor> values = unit_projections();
+    values[7] = param({0.5}, {1});
+    attention.assign_parameters(values);
+    const Tensor x = param({0, 1, 2, 0, 1, 2}, {2, 3, 1});
+    const Tensor mask = combine_masks(causal_mask(3, 3), key_padding_mask({3, 0}, 3));
+    const Tensor y = attention.forward(x, x, mask);
+    check_values(attention.last_weights,
+                 {1, 0, 0,                                         //
+                  0.268941421370, 0.731058578630, 0,               //
+                  0.015876239976, 0.117310427826, 0.866813332197,  //
+                  0, 0, 0, 0, 0, 0, 0, 0, 0},
+                 1e-11);
+    check_values(y, {0.5, 1.231058578630, 2.350937092221, 0.5, 0.5, 0.5}, 1e-11);
+    CHECK(0.117310427826 + 2 * 0.866813332197 == doctest::Approx(1.850937092221).epsilon(1e-11));  // z_2
+    y.backward(ones_like(y));
+    check_values(x.grad().narrow(0, 1, 1), {0, 0, 0});  // the fully masked sequence gets no gradient
+    for (const Tensor& p : attention.parameters()) {
+        for (double g : p.grad().to_vector()) CHECK(std::isfinite(g));
+    }
+    check_values(attention.w_o.bias.grad(), {6});  // dy = 1 on all six outputs
+    check_layer_gradients(attention, {random_input({2, 3, 1}, 7)},
+                          [&](const auto& in) { return attention.forward(in[0], in[0], mask); });
+}
+
+// ---------------------------------------------------------------- attention.md
+
+TEST_CASE("docs/layers/attention.md: two heads of plain attention") {
+    Generator gen(10);
+    MultiHeadAttention attention(2, 2, Init{gen, DType::float64});
+    std::vector<Tensor> values;
+    for (int i = 0; i < 4; ++i) {
+        values.push_back(param({1, 0, 0, 1}, {2, 2}));
+        values.push_back(param({0, 0}, {2}));
+    }
+    attention.assign_parameters(values);
+    const Tensor x = param({1, 0, 0, 1}, {1, 2, 2});
+    const Tensor y = attention.forward(x, x);
+    const double s1 = sigmoid_of(1);  // softmax([1, 0]) = (sigmoid(1), sigmoid(-1))
+    CHECK(s1 == doctest::Approx(0.731058578630).epsilon(1e-12));
+    check_values(attention.last_weights, {s1, 1 - s1, 0.5, 0.5, 0.5, 0.5, 1 - s1, s1});
+    check_values(y, {0.731058578630, 0.5, 0.5, 0.731058578630}, 1e-11);
+    check_layer_gradients(attention, {random_input({2, 3, 2}, 8)},
+                          [&](const auto& in) { return attention.forward(in[0], in[0]); });
+}
+
+TEST_CASE("docs/layers/attention.md: relative attention by hand, reference = bucketed") {
+    RelativeOptions o;
+    o.k_left = o.k_right = 1;
+    for (AttentionImpl impl : {AttentionImpl::reference, AttentionImpl::bucketed}) {
+        CAPTURE(static_cast<int>(impl));
+        Generator gen(11);
+        RelativeMultiHeadAttention attention(1, 1, o, impl, Init{gen, DType::float64});
+        std::vector<Tensor> values = unit_projections();
+        values.push_back(param({-1, 0, 1}, {3, 1}));  // E_K
+        values.push_back(param({-1, 0, 1}, {3, 1}));  // E_V
+        attention.assign_parameters(values);
+        const Tensor x = param({1, 0, -1}, {1, 3, 1});
+        const Tensor r = attention.rel_pos_emb_k.index(3, 3);
+        check_values(r, {1, 2, 2, 0, 1, 2, 0, 0, 1});
+        // bucketed: Q E_K^T [L, K], then gathered by r
+        const Tensor q = x.detach().reshape({1, 1, 3, 1});
+        const Tensor q_table = matmul(q, attention.rel_pos_emb_k.table().transpose(-1, -2));
+        check_values(q_table, {-1, 0, 1, 0, 0, 0, 1, 0, -1});
+        check_values(gather(q_table, -1, r.expand({1, 1, 3, 3})), {0, 1, 1, 0, 0, 0, 1, 1, 0});
+
+        const Tensor y = attention.forward(x, x);
+        const double e = std::exp(1.0), big = e / (2 * e + 1), small = 1 / (2 * e + 1);
+        CHECK(big == doctest::Approx(0.422318798252).epsilon(1e-12));
+        CHECK(small == doctest::Approx(0.155362403497).epsilon(1e-12));
+        check_values(attention.last_weights, {big, big, small, 1.0 / 3, 1.0 / 3, 1.0 / 3, small, big, big});
+        // bucket weights: the weights of each row summed per bucket [L, K]
+        const Tensor buckets =
+            scatter_add(zeros({1, 1, 3, 3}, DType::float64), -1, r.expand({1, 1, 3, 3}), attention.last_weights);
+        check_values(buckets, {0, big, big + small, 1.0 / 3, 1.0 / 3, 1.0 / 3, big + small, big, 0});
+        check_values(buckets,
+                     {0, 0.422318798252, 0.577681201748, 1.0 / 3, 1.0 / 3, 1.0 / 3, 0.577681201748, 0.422318798252, 0},
+                     1e-11);
+        check_values(y, {0.844637596503, 0, -0.844637596503}, 1e-11);
+        check_values(y, {(big - small) + (big + small), 0, -(big - small) - (big + small)});
+
+        y.backward(f64({1, 0, 0}, {1, 3, 1}));
+        check_values(attention.rel_pos_emb_v.weight.grad(), {0, 0.422318798252, 0.577681201748}, 1e-11);
+        // ds_0j = a_0j (dp_0j - z_0) with dp_0 = v_j + E_V[r(0, j)] = (1, 1, 0)
+        const double z0 = 2 * big;
+        CHECK(big * (1 - z0) == doctest::Approx(0.065612463538).epsilon(1e-11));     // ds_00 = ds_01
+        CHECK(small * (0 - z0) == doctest::Approx(-0.131224927077).epsilon(1e-11));  // ds_02
+        check_values(attention.rel_pos_emb_k.weight.grad(), {0, big * (1 - z0), big * (1 - z0) + small * (0 - z0)});
+        check_values(attention.rel_pos_emb_k.weight.grad(), {0, 0.065612463538, -0.065612463538}, 1e-11);
+        check_layer_gradients(attention, {random_input({2, 3, 1}, 9)},
+                              [&](const auto& in) { return attention.forward(in[0], in[0]); });
+    }
+}
+
+TEST_CASE("docs/layers/attention.md: the memory arithmetic for B = 8, H = 8, L = 512, Dh = 32, k = 8") {
+    const int64_t B = 8, H = 8, L = 512, Dh = 32, k = 8, K = 2 * k + 1;
+    CHECK(K == 17);
+    Generator gen(12);
+    RelativeOptions o;
+    o.k_left = o.k_right = k;
+    RelativeMultiHeadAttention reference(H * Dh, H, o, AttentionImpl::reference, Init{gen, DType::float32});
+    // reference: each table E[r(i, j)] is [1, L, L, Dh]
+    const int64_t table = reference.rel_pos_emb_k.lookup(L, L).numel();
+    CHECK(table == 8388608);
+    CHECK(2 * table == 16777216);
+    // its backward: matmul's batch dims [H, L] against the table's [1, L] give a per-head
+    // [H, L, Dh, L] gradient before the sum over heads
+    CHECK(broadcast_shapes({H, L}, {1, L}, "doc") == Shape{H, L});
+    CHECK(H * table == 67108864);
+    CHECK(2 * H * table == 134217728);
+    CHECK(67108864 * 4 == 256 << 20);  // 256 MiB in float32
+    // bucketed: Q E_K^T and the bucket weights, each [B, H, L, K]
+    const Tensor q = zeros({B, H, L, Dh});
+    const int64_t bucketed = matmul(q, reference.rel_pos_emb_k.table().transpose(-1, -2)).numel();
+    CHECK(bucketed == 557056);
+    CHECK(2 * bucketed == 1114112);
+    CHECK(4 * bucketed == 2228224);
+    CHECK(double(2 * table) / double(2 * bucketed) == doctest::Approx(15.06).epsilon(1e-3));
+    CHECK(double(L * Dh) / double(B * H * K) == doctest::Approx(15.06).epsilon(1e-3));
+    CHECK(16777216 * 4 == 64 << 20);         // 64 MiB in float32
+    CHECK(134217728 * 4 == 512 << 20);       // 512 MiB
+    CHECK(1114112 * 4 == 4.25 * (1 << 20));  // 4.25 MiB
+    // the two forms agree (here at a size a gradient check can afford)
+    Generator g1(13), g2(13);
+    RelativeMultiHeadAttention ref(4, 2, o, AttentionImpl::reference, Init{g1, DType::float64});
+    RelativeMultiHeadAttention buck(4, 2, o, AttentionImpl::bucketed, Init{g2, DType::float64});
+    const Tensor x = random_input({2, 5, 4}, 10);
+    CHECK(max_difference(ref.forward(x, x), buck.forward(x, x)) <= 1e-12);
+    check_layer_gradients(buck, {x}, [&](const auto& in) { return buck.forward(in[0], in[0]); });
+}
+
+// ---------------------------------------------------------------- gated.md
+
+namespace {
+
+// The gated layer of docs/layers/gated.md (D = H = Dh = 1, all projections 1, biases 0,
+// E_K = E_V = (-1, 0, 1), k = 1) written out in plain loops: its output for x, and d lambda
+// for the cotangent dy. gate_of(x_i) is g_i.
+struct LoopResult {
+    std::vector<double> y;
+    double d_lambda;
+};
+
+template <class GateOf>
+LoopResult gated_by_loops(const std::vector<double>& x, const std::vector<double>& dy, GateOf gate_of) {
+    const int L = 3;
+    const double table[3] = {-1, 0, 1};
+    auto r = [](int i, int j) { return std::clamp(j - i, -1, 1) + 1; };
+    LoopResult out{std::vector<double>(L), 0};
+    for (int i = 0; i < L; ++i) {
+        const double g = gate_of(x[i]);
+        double e[3], a[3], rel[3], abs_term[3], total = 0;
+        for (int j = 0; j < L; ++j) {
+            rel[j] = x[i] * table[r(i, j)];
+            abs_term[j] = std::sin(double(i)) * std::sin(double(j));  // P_i = sin(i) when D = 1
+            e[j] = x[i] * x[j] + g * rel[j] + (1 - g) * abs_term[j];  // / sqrt(Dh) = 1
+            total += std::exp(e[j]);
+        }
+        double R = 0, z = 0;
+        for (int j = 0; j < L; ++j) {
+            a[j] = std::exp(e[j]) / total;
+            R += a[j] * table[r(i, j)];
+            z += a[j] * x[j];
+        }
+        out.y[i] = z + g * R;
+        // backward: da_ij = dz_i (v_j + g E_V[r]), ds = a (da - sum a da), dg = sum ds (rel - abs) + dz R
+        double da[3], mean_da = 0, dg = dy[i] * R;
+        for (int j = 0; j < L; ++j) {
+            da[j] = dy[i] * (x[j] + g * table[r(i, j)]);
+            mean_da += a[j] * da[j];
+        }
+        for (int j = 0; j < L; ++j) dg += a[j] * (da[j] - mean_da) * (rel[j] - abs_term[j]);
+        out.d_lambda += g * (1 - g) * dg;
+    }
+    return out;
+}
+
+std::vector<Tensor> gated_example_parameters(double lambda) {
+    std::vector<Tensor> values{param({lambda}, {1})};
+    for (const Tensor& t : unit_projections()) values.push_back(t);
+    values.push_back(param({-1, 0, 1}, {3, 1}));  // E_K
+    values.push_back(param({-1, 0, 1}, {3, 1}));  // E_V
+    for (int i = 0; i < 2; ++i) {                 // w_pq, w_pk
+        values.push_back(param({1}, {1, 1}));
+        values.push_back(param({0}, {1}));
+    }
+    return values;
+}
+
+}  // namespace
+
+TEST_CASE("docs/layers/gated.md: the gate between relative and absolute, by hand") {
+    RelativeOptions o;
+    o.k_left = o.k_right = 1;
+    Generator gen(14);
+    GatedPositionAttention gated(1, 1, o, AttentionImpl::bucketed, false, Init{gen, DType::float64});
+    std::vector<std::string> names;
+    for (const auto& [name, p] : gated.named_parameters()) names.push_back(name);
+    CHECK(names == std::vector<std::string>{"gate", "w_q.weight", "w_q.bias", "w_k.weight", "w_k.bias", "w_v.weight",
+                                            "w_v.bias", "w_o.weight", "w_o.bias", "rel_pos_emb_k.weight",
+                                            "rel_pos_emb_v.weight", "w_pq.weight", "w_pq.bias", "w_pk.weight",
+                                            "w_pk.bias"});
+    CHECK(gated.gate_values() == std::vector<double>{0.5});  // lambda starts at 0
+    gated.assign_parameters(gated_example_parameters(0));
+    check_values(gated.positions.encoding(3, DType::float64), {0, 0.841470984808, 0.909297426826}, 1e-11);
+
+    const std::vector<double> xs{1, 0, -1}, dy{1, 1, 1};
+    const Tensor x = param(xs, {1, 3, 1});
+    const Tensor y = gated.forward(x, x);
+    // the scores e_ij = q_i k_j + g rel_ij + (1 - g) abs_ij (sqrt(Dh) = 1), row by row; the weights
+    // are their softmax
+    const std::vector<double> scores{1,
+                                     0.5,
+                                     -0.5,  //
+                                     0,
+                                     0.354036709137,
+                                     0.382573700617,  //
+                                     -0.5,
+                                     0.882573700617,
+                                     1.413410905216};
+    CHECK(std::sin(1.0) * std::sin(1.0) == doctest::Approx(0.708073418274).epsilon(1e-11));
+    CHECK(std::sin(1.0) * std::sin(2.0) == doctest::Approx(0.765147401234).epsilon(1e-11));
+    CHECK(std::sin(2.0) * std::sin(2.0) == doctest::Approx(0.826821810432).epsilon(1e-11));
+    check_values(gated.last_weights, softmax(f64(scores, {3, 3}), -1).to_vector(), 1e-11);
+    check_values(gated.last_weights,
+                 {0.546549387266, 0.331498960424, 0.121951652310,  //
+                  0.257012561503, 0.366193422389, 0.376794016108,  //
+                  0.085024561976, 0.338835208912, 0.576140229112},
+                 1e-11);
+    check_values(y, {0.651323041323, -0.059890727303, -0.703045552580}, 1e-11);
+    CHECK(0.257012561503 - 0.376794016108 == doctest::Approx(-0.119781454605).epsilon(1e-11));
+    CHECK(0.5 * -0.119781454605 == doctest::Approx(-0.059890727303).epsilon(1e-10));
+    const LoopResult loops = gated_by_loops(xs, dy, [](double) { return 0.5; });
+    check_values(y, loops.y);
+    y.backward(f64(dy, {1, 3, 1}));
+    CHECK(gated.gate.grad().item() == doctest::Approx(loops.d_lambda).epsilon(1e-12));
+    CHECK(gated.gate.grad().item() == doctest::Approx(0.082515896671).epsilon(1e-10));
+
+    // lambda = +40: g = 1 (exactly, in float64), the relative example of attention.md
+    gated.assign_parameters(gated_example_parameters(40));
+    CHECK(gated.gate_values()[0] == 1.0);
+    check_values(gated.forward(x, x), {0.844637596503, 0, -0.844637596503}, 1e-11);
+    // lambda = -40: g = 4e-18, the tables no longer matter: untied absolute attention
+    gated.assign_parameters(gated_example_parameters(-40));
+    CHECK(gated.gate_values()[0] == doctest::Approx(4.25e-18).epsilon(1e-3));
+    const Tensor absolute = gated.forward(x, x);
+    check_values(absolute, gated_by_loops(xs, dy, [](double) { return 0.0; }).y, 1e-15);
+    check_values(absolute, {0.575210382604, -0.221900978228, -0.669571394012}, 1e-11);
+
+    gated.assign_parameters(gated_example_parameters(0.3));
+    check_layer_gradients(gated, {random_input({2, 3, 1}, 11)},
+                          [&](const auto& in) { return gated.forward(in[0], in[0]); });
+}
+
+TEST_CASE("docs/layers/gated.md: the token gate") {
+    RelativeOptions o;
+    o.k_left = o.k_right = 1;
+    Generator gen(15);
+    GatedPositionAttention gated(1, 1, o, AttentionImpl::bucketed, true, Init{gen, DType::float64});
+    std::vector<Tensor> values = gated_example_parameters(0);
+    values.push_back(param({2}, {1, 1}));  // w_gate.weight
+    values.push_back(param({0}, {1}));     // w_gate.bias
+    gated.assign_parameters(values);
+    CHECK(sigmoid_of(2) == doctest::Approx(0.880797077978).epsilon(1e-12));
+    CHECK(sigmoid_of(-2) == doctest::Approx(0.119202922022).epsilon(1e-11));
+    const std::vector<double> xs{1, 0, -1}, dy{1, 1, 1};
+    const Tensor x = param(xs, {1, 3, 1});
+    const Tensor y = gated.forward(x, x);
+    const LoopResult loops = gated_by_loops(xs, dy, [](double xi) { return sigmoid_of(2 * xi); });
+    check_values(y, loops.y);
+    check_values(y, {0.787155998722, -0.059890727303, -0.669758726462}, 1e-11);
+    y.backward(f64(dy, {1, 3, 1}));
+    CHECK(gated.gate.grad().item() == doctest::Approx(loops.d_lambda).epsilon(1e-12));
+    // lambda and b_g both add to every token's gate logit: their gradients are equal
+    CHECK(gated.w_gate->bias.grad().item() == doctest::Approx(gated.gate.grad().item()).epsilon(1e-14));
+    CHECK(gated.gate_values() == std::vector<double>{0.5});  // the per-head part only
+    check_layer_gradients(gated, {random_input({2, 3, 1}, 12)},
+                          [&](const auto& in) { return gated.forward(in[0], in[0]); });
+}
+
+// ---------------------------------------------------------------- transformer.md
+
+namespace {
+
+TransformerOptions two_wide(PositionMode mode) {
+    TransformerOptions o;
+    o.dim = 2;
+    o.heads = 1;
+    o.ff_dim = 2;
+    o.layers = 1;
+    o.dropout = 0;
+    o.position = mode;
+    return o;
+}
+
+// identity weights, LayerNorm weights 1, every bias 0 (zero_outputs: w_o and fc2 weights 0 too)
+std::vector<Tensor> identity_parameters(const Module& layer, bool zero_outputs = false) {
+    std::vector<Tensor> values;
+    for (const auto& [name, p] : layer.named_parameters()) {
+        const bool is_weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+        const bool is_norm = name.rfind("norm", 0) == 0;
+        const bool is_output = name.find("w_o.") != std::string::npos || name.find("fc2.") != std::string::npos;
+        if (!is_weight || (zero_outputs && is_output) || name.find("rel_pos_emb") != std::string::npos) {
+            values.push_back(zeros(p.shape(), DType::float64).requires_grad_(true));
+        } else {
+            values.push_back(is_norm ? param({1, 1}, {2}) : param({1, 0, 0, 1}, {2, 2}));
+        }
+    }
+    return values;
+}
+
+}  // namespace
+
+TEST_CASE("docs/layers/transformer.md: a pre-LN encoder layer by hand") {
+    Generator gen(16);
+    EncoderLayer layer(two_wide(PositionMode::none), Init{gen, DType::float64});
+    layer.assign_parameters(identity_parameters(layer));
+    const Tensor x = param({3, 1, 0, 2}, {1, 2, 2});
+    const Tensor y = layer.forward(x, Tensor());
+    check_values(y, {4.729721366055, -0.047033509696, -1.047033509696, 3.729721366055}, 1e-11);
+    // the same by hand: norm1(x) = +-c (1, -1), z_0 = c tanh(c^2 sqrt 2) (1, -1), then norm2 and GELU
+    const double c = 1 / std::sqrt(1 + 1e-5), t = c * std::tanh(c * c * std::sqrt(2.0));
+    CHECK(c == doctest::Approx(0.999995000037).epsilon(1e-12));
+    CHECK(c * c * std::sqrt(2.0) == doctest::Approx(1.414199420379).epsilon(1e-12));
+    check_values(layer.self_attention->last_weights, {0.944191290412, 0.055808709588, 0.055808709588, 0.944191290412},
+                 1e-11);
+    CHECK(sigmoid_of(2 * c * c * std::sqrt(2.0)) == doctest::Approx(0.944191290412).epsilon(1e-11));
+    CHECK(std::tanh(c * c * std::sqrt(2.0)) == doctest::Approx(0.888382580825).epsilon(1e-11));
+    CHECK(t == doctest::Approx(0.888378138945).epsilon(1e-11));
+    CHECK(3 + t == doctest::Approx(3.888378138945).epsilon(1e-12));
+    CHECK(1 - t == doctest::Approx(0.111621861055).epsilon(1e-10));
+    const double spread = 1 + t, c2 = spread / std::sqrt(spread * spread + 1e-5);
+    auto gelu_of = [](double v) { return v * 0.5 * std::erfc(-v / std::sqrt(2.0)); };
+    CHECK(c2 == doctest::Approx(0.999998597861).epsilon(1e-11));
+    CHECK(gelu_of(c2) == doctest::Approx(0.841343227110).epsilon(1e-11));
+    CHECK(gelu_of(-c2) == doctest::Approx(-0.158655370751).epsilon(1e-11));
+    check_values(y.narrow(1, 0, 1), {3 + t + gelu_of(c2), 1 - t + gelu_of(-c2)});
+    y.backward(f64({1, 0, 0, 0}, {1, 2, 2}));
+    check_values(x.grad(), {1.000007760833, -0.000007760833, -0.000000466150, 0.000000466150}, 1e-11);
+
+    // with w_o = 0 and fc2 = 0 (and their biases) the layer is the identity, and so is its gradient
+    Generator gen2(17);
+    EncoderLayer silent(two_wide(PositionMode::relative), Init{gen2, DType::float64});
+    silent.assign_parameters(identity_parameters(silent, true));
+    const Tensor x2 = param({3, 1, 0, 2}, {1, 2, 2});
+    const Tensor y2 = silent.forward(x2, Tensor());
+    check_values(y2, {3, 1, 0, 2});
+    y2.backward(f64({1, 2, 3, 4}, {1, 2, 2}));
+    check_values(x2.grad(), {1, 2, 3, 4});
+
+    Generator gen3(18);
+    TransformerOptions o = two_wide(PositionMode::gated);
+    o.dim = 4;
+    o.heads = 2;
+    o.relative.k_left = o.relative.k_right = 1;
+    EncoderLayer gated(o, Init{gen3, DType::float64});
+    check_layer_gradients(gated, {random_input({2, 3, 4}, 13)},
+                          [&](const auto& in) { return gated.forward(in[0], causal_mask(3, 3)); });
+}
+
+TEST_CASE("docs/layers/transformer.md: what each position mode adds, in parameters") {
+    const int64_t expected[] = {225, 225, 257, 245, 287};
+    int n = 0;
+    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
+                              PositionMode::relative, PositionMode::gated}) {
+        CAPTURE(position_mode_name(mode));
+        TransformerOptions o;
+        o.dim = 4;
+        o.heads = 2;
+        o.ff_dim = 8;
+        o.layers = 1;
+        o.position = mode;
+        o.relative.k_left = o.relative.k_right = 2;
+        o.max_len = 8;
+        Generator gen(19);
+        CausalLanguageModel lm(5, o, Init{gen, DType::float64});
+        CHECK(lm.parameter_count() == expected[n++]);
+        if (mode == PositionMode::relative) {
+            o.relative.share_across_heads = false;
+            CausalLanguageModel per_head(5, o, Init{gen, DType::float64});
+            CHECK(per_head.parameter_count() == 265);
+        }
+        if (mode == PositionMode::gated) {
+            CHECK(lm.gates() == std::vector<std::vector<double>>{{0.5, 0.5}});
+            o.token_gate = true;
+            CausalLanguageModel token(5, o, Init{gen, DType::float64});
+            CHECK(token.parameter_count() == 297);
+            o.token_gate = false;
+            o.relative.share_across_heads = false;
+            CausalLanguageModel per_head(5, o, Init{gen, DType::float64});
+            CHECK(per_head.parameter_count() == 307);
+        }
+    }
+    // counted by hand: tokens 5*4, layer 2*4 + 4*(16+4) + 2*4 + (4*8+8 + 8*4+4), final norm 2*4, head 4*5+5
+    CHECK(20 + (8 + 80 + 8 + 76) + 8 + 25 == 225);
+    TransformerOptions o;
+    o.dim = 4;
+    o.heads = 2;
+    o.ff_dim = 8;
+    o.layers = 1;
+    o.dropout = 0.1;
+    o.position = PositionMode::gated;
+    o.relative.k_left = o.relative.k_right = 1;
+    Generator gen(20);
+    SequenceClassifier classifier(5, 2, o, Pooling::mean, Init{gen, DType::float64});
+    const Tensor ids = from_vector({1, 2, 3, 4, 0, 0}, {2, 3}, DType::int64);
+    check_layer_gradients(
+        classifier, {},
+        [&](const auto&) {
+            return classifier.forward(ids, {3, 1});
+        },
+        true);
+}

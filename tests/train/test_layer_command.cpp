@@ -1,0 +1,118 @@
+// `relgrad layer`: a layer run on .npy files, and the errors for bad specs and bad files.
+// (It runs layers whose gradients are checked elsewhere; here the files must carry exactly what
+// the layer computes, which the last case confirms with a gradient check of the same layer.)
+#include <filesystem>
+#include <fstream>
+
+#include "../layers/layer_check.hpp"
+#include "engine/npy.hpp"
+#include "layers/attention.hpp"
+#include "train/layer_command.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Workspace {
+    fs::path root = fs::temp_directory_path() / "relgrad_test_layer_command";
+    fs::path in = root / "in", out = root / "out", spec = root / "spec.json";
+    Workspace() {
+        fs::remove_all(root);
+        fs::create_directories(in);
+    }
+    ~Workspace() { fs::remove_all(root); }
+    void write_spec(const std::string& json) { std::ofstream(spec) << json; }
+    void save(const std::string& name, const Tensor& t) { save_npy(t, (in / name).string()); }
+    std::string error() {
+        try {
+            run_layer_command(spec.string(), in.string(), out.string());
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "no error";
+    }
+};
+
+// A relative attention layer's parameters and inputs written as relgrad layer reads them.
+void write_relative_attention(Workspace& w, RelativeMultiHeadAttention& layer, const Tensor& x, const Tensor& dy) {
+    w.save("x.npy", x);
+    w.save("dy.npy", dy);
+    for (const auto& [name, p] : layer.named_parameters()) w.save(name + ".npy", p);
+}
+
+}  // namespace
+
+TEST_CASE("relgrad layer computes what the layer computes") {
+    Workspace w;
+    w.write_spec(R"({"type": "relative_attention", "d_model": 6, "n_heads": 2, "k": 2, "impl": "reference",
+                     "causal": true, "dtype": "float64", "share_across_heads": false})");
+    Generator gen(3);
+    RelativeOptions o;
+    o.k_left = o.k_right = 2;
+    o.share_across_heads = false;
+    RelativeMultiHeadAttention layer(6, 2, o, AttentionImpl::reference, Init{gen, DType::float64});
+    const Tensor x = random_input({2, 4, 6}, 1), dy = random_input({2, 4, 6}, 2).detach();
+    write_relative_attention(w, layer, x.detach(), dy);
+    w.save("mask.npy", from_vector({1, 1, 1, 0, 1, 1, 0, 0}, {2, 4}, DType::float32));  // key padding
+    REQUIRE(w.error() == "no error");
+
+    const Tensor mask = combine_masks(key_padding_mask({3, 2}, 4), causal_mask(4, 4));
+    const Tensor y = layer.forward(x, x, mask);
+    y.backward(dy);
+    CHECK(max_difference(load_npy((w.out / "y.npy").string()), y) == 0);
+    CHECK(max_difference(load_npy((w.out / "dx.npy").string()), x.grad()) == 0);
+    for (const auto& [name, p] : layer.named_parameters()) {
+        CAPTURE(name);
+        CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) == 0);
+    }
+    check_layer_gradients(layer, {random_input({2, 4, 6}, 5)}, [&](const auto& in) { return layer.forward(in[0], in[0], mask); });
+}
+
+TEST_CASE("bad specs and files are reported with the file and what was expected") {
+    Workspace w;
+    Generator gen(4);
+    RelativeOptions o;
+    o.k_left = o.k_right = 8;
+    RelativeMultiHeadAttention layer(4, 2, o, AttentionImpl::bucketed, Init{gen});
+    write_relative_attention(w, layer, randn({1, 3, 4}, gen), randn({1, 3, 4}, gen));
+    const std::string spec = w.spec.string(), in = w.in.string();
+
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    CHECK(w.error() == "no error");
+    CHECK(fs::exists(w.out / "grad.rel_pos_emb_v.weight.npy"));
+    fs::remove_all(w.out);
+
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "heads": 2})");
+    CHECK(w.error() == spec + ": unknown key 'heads' for layer type 'relative_attention'");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": -2})");
+    CHECK(w.error() == spec + ": 'n_heads' must be an integer >= 1, got -2");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "impl": "fast"})");
+    CHECK(w.error() == "unknown attention implementation 'fast' (expected reference or bucketed)");
+    w.write_spec(R"({"type": "rotary", "d_model": 4})");
+    CHECK(w.error().find(spec + ": unknown layer type 'rotary'") == 0);
+    w.write_spec(R"({"d_model": 4})");
+    CHECK(w.error() == spec + ": 'type' is required");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "dtype": "float16"})");
+    CHECK(w.error() == spec + ": 'dtype' must be float32 or float64, got \"float16\"");
+    w.write_spec("{not json");
+    CHECK(w.error().find(spec + ": not valid JSON") == 0);
+
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    w.save("w_q.weight.npy", zeros({4, 3}));
+    CHECK(w.error() == in + "/w_q.weight.npy: expected shape [4, 4] for the parameter w_q.weight, got [4, 3]");
+    fs::remove(w.in / "w_q.weight.npy");
+    CHECK(w.error() == in + "/w_q.weight.npy: missing (the parameter w_q.weight, shape [4, 4])");
+    w.save("w_q.weight.npy", zeros({4, 4}));
+    w.save("x.npy", zeros({1, 3, 5}));
+    CHECK(w.error() == in + "/x.npy: expected shape [B, L, 4], got [1, 3, 5]");
+    w.save("x.npy", zeros({3, 3, 4}));
+    w.save("mask.npy", zeros({3, 3}));
+    CHECK(w.error().find("could be key padding [B, L] or an attention mask [L, L]") != std::string::npos);
+    w.save("mask.npy", zeros({2, 3}));
+    CHECK(w.error() == in + "/mask.npy: expected shape [B, L] = [3, 3] (key padding), [L, L] or [B, L, L] (attention), got [2, 3]");
+    fs::remove(w.in / "mask.npy");
+    CHECK(w.error() == in + "/dy.npy: expected the output's shape [3, 3, 4], got [1, 3, 4]");
+    CHECK_FALSE(fs::exists(w.out));  // nothing written on any error
+}
