@@ -150,12 +150,17 @@ RelativeMultiHeadAttention::RelativeMultiHeadAttention(int64_t d, int64_t h, con
 }
 
 // Reference: build A_K[i, j] = E_K[r(i, j)] ([H or 1, Lq, Lk, Dh]) and contract over Dh, one
-// query position at a time as a batched matmul: [H, Lq, B, Dh] @ [H, Lq, Dh, Lk] -> [H, Lq, B, Lk].
+// query position i at a time as in Shaw et al.: a shared table is one [B*H, Dh] @ [Dh, Lk] product
+// per i, a per-head table one [B, Dh] @ [Dh, Lk] product per (h, i).
 // Bucketed: Q E_K^T ([B, H, Lq, K]) holds every q_i . E_K[r] there is; gather picks r(i, j).
 Tensor RelativeMultiHeadAttention::relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const {
     const int64_t B = q.size(0), Lq = q.size(2);
     if (impl == AttentionImpl::reference) {
         const Tensor table = rel_pos_emb_k.lookup(Lq, key_len, query_offset);
+        if (rel_pos_emb_k.shared) {
+            const Tensor rows = q.permute({2, 0, 1, 3}).reshape({Lq, B * heads, head_dim});
+            return matmul(rows, table.squeeze(0).transpose(-1, -2)).reshape({Lq, B, heads, key_len}).permute({1, 2, 0, 3});
+        }
         return matmul(q.permute({1, 2, 0, 3}), table.transpose(-1, -2)).permute({2, 0, 1, 3});
     }
     const Tensor q_dot_table = matmul(q, rel_pos_emb_k.table().transpose(-1, -2));  // [B, H, Lq, K]
@@ -163,12 +168,16 @@ Tensor RelativeMultiHeadAttention::relative_scores(const Tensor& q, int64_t key_
     return gather(q_dot_table, -1, r);
 }
 
-// Reference: sum_j a_ij A_V[i, j] as [H, Lq, B, Lk] @ [H, Lq, Lk, Dh].
+// Reference: sum_j a_ij A_V[i, j], laid out as the scores above.
 // Bucketed: sum the weights that share a bucket (scatter_add into [B, H, Lq, K]), then times E_V.
 Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t query_offset) const {
     const int64_t B = a.size(0), Lq = a.size(2), Lk = a.size(3);
     if (impl == AttentionImpl::reference) {
         const Tensor table = rel_pos_emb_v.lookup(Lq, Lk, query_offset);
+        if (rel_pos_emb_v.shared) {
+            const Tensor rows = a.permute({2, 0, 1, 3}).reshape({Lq, B * heads, Lk});
+            return matmul(rows, table.squeeze(0)).reshape({Lq, B, heads, head_dim}).permute({1, 2, 0, 3});
+        }
         return matmul(a.permute({1, 2, 0, 3}), table).permute({2, 0, 1, 3});
     }
     const Tensor r = rel_pos_emb_v.index(Lq, Lk, query_offset).expand({B, heads, Lq, Lk});
@@ -206,7 +215,9 @@ GatedPositionAttention::GatedPositionAttention(int64_t d, int64_t h, const Relat
     register_module("w_pk", w_pk);
     register_parameter("gate", gate, zeros({h}, init.dtype));
     if (token_gate) {
-        w_gate = std::make_unique<Linear>(d, h, init);
+        // no bias (lambda is the per-head offset) and zero weights: every gate starts at 0.5
+        w_gate = std::make_unique<Linear>(d, h, init, /*bias=*/false);
+        w_gate->assign_parameters({zeros({h, d}, init.dtype).requires_grad_(true)});
         register_module("w_gate", *w_gate);
     }
 }
@@ -219,7 +230,7 @@ std::vector<double> GatedPositionAttention::gate_values() const {
 Tensor GatedPositionAttention::gate_for(const Tensor& query_input) const {
     const Tensor lambda = gate.reshape({1, heads, 1, 1});
     if (!token_gate) return sigmoid(lambda);
-    // per token and head: [B, Lq, H] -> [B, H, Lq, 1]
+    // per token and head: lambda_h + x_i W_g^T, [B, Lq, H] -> [B, H, Lq, 1]
     return sigmoid(add(lambda, w_gate->forward(query_input).transpose(1, 2).unsqueeze(-1)));
 }
 
@@ -244,7 +255,9 @@ Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q
 }
 
 Tensor GatedPositionAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
-    return add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
+    Tensor z = add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
+    current_gate_ = Tensor();  // the graph keeps what the backward needs; the layer keeps nothing
+    return z;
 }
 
 }  // namespace relgrad

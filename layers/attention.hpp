@@ -10,7 +10,7 @@
 //
 // Relative (Shaw), with r = r(i, j) the clipped distance bucket (position.hpp):
 //   e_ij += q_i . E_K[r] / sqrt(Dh)        z_i += sum_j a_ij E_V[r]
-// Gated, per head h with g_h = sigmoid(lambda_h) (or a token-dependent gate):
+// Gated, per head h with g_h = sigmoid(lambda_h) (or a token-dependent gate, sigmoid(lambda_h + x_i W_g^T)):
 //   e_ij += g_h q_i . E_K[r] / sqrt(Dh) + (1 - g_h) (P_i U_q) . (P_j U_k) / sqrt(Dh)
 //   z_i  += g_h sum_j a_ij E_V[r]
 // so g = 1 is Shaw's relative attention and g = 0 attention with an untied absolute term built
@@ -93,14 +93,15 @@ public:
     GatedPositionAttention(int64_t dim, int64_t heads, const RelativeOptions& options, AttentionImpl impl,
                            bool token_gate, const Init& init);
 
-    // g per head, sigmoid(gate): 1 = relative, 0 = absolute (the per-head part of a token gate)
+    // g per head, sigmoid(lambda): 1 = relative, 0 = absolute (with a token gate: the gate of a
+    // token whose x_i W_g^T is 0, the per-head part)
     std::vector<double> gate_values() const;
 
     SinusoidalPositionalEncoding positions;
     Linear w_pq, w_pk;  // project the sinusoidal positions P per layer
     Tensor gate;        // lambda [H], initialised to 0 (g = 0.5)
     bool token_gate;
-    std::unique_ptr<Linear> w_gate;  // token gate: g = sigmoid(lambda_h + (x_i W_g^T + b_g)_h)
+    std::unique_ptr<Linear> w_gate;  // token gate: g = sigmoid(lambda_h + (x_i W_g^T)_h), W_g [H, D] from 0
 
 protected:
     Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
@@ -110,7 +111,7 @@ protected:
 
 private:
     Tensor gate_for(const Tensor& query_input) const;  // [1, H, 1, 1] or [B, H, Lq, 1]
-    Tensor current_gate_;                              // set by scores(), used by values()
+    Tensor current_gate_;                              // set by scores(), used and cleared by values()
 };
 
 }  // namespace relgrad

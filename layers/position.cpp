@@ -74,8 +74,10 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
 }
 
 Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    if (query_offset == 0 && precomputed_.defined() && query_len <= precomputed_.size(0) && key_len <= precomputed_.size(1)) {
-        return precomputed_.narrow(0, 0, query_len).narrow(1, 0, key_len);  // r depends on j - i only
+    if (query_offset >= 0 && precomputed_.defined() && query_offset + query_len <= precomputed_.size(0) &&
+        key_len <= precomputed_.size(1)) {
+        // rows query_offset.. of the precomputed index are the queries at those positions
+        return precomputed_.narrow(0, query_offset, query_len).narrow(1, 0, key_len);
     }
     std::vector<double> r(query_len * key_len);
     for (int64_t i = 0; i < query_len; ++i) {

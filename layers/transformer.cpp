@@ -1,5 +1,6 @@
 #include "layers/transformer.hpp"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -93,7 +94,9 @@ TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const
 
 Tensor TokenEmbedding::forward(const Tensor& ids) {
     if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
-    Tensor x = tokens.forward(ids);
+    // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 would otherwise be
+    // about sqrt(D) times shorter than the sinusoids (norm sqrt(D/2)) added to them
+    Tensor x = mul(tokens.forward(ids), scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype()));
     if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x);
     if (position == PositionMode::learned) x = learned->forward(x);
     return dropout.forward(x);

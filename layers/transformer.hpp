@@ -58,7 +58,7 @@ public:
     Dropout dropout;
 };
 
-// Token embeddings plus the absolute position encoding the mode asks for, then dropout.
+// Token embeddings times sqrt(D), plus the absolute position encoding the mode asks for, then dropout.
 class TokenEmbedding : public Module {
 public:
     TokenEmbedding(int64_t vocab, const TransformerOptions& options, const Init& init);

@@ -176,9 +176,13 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         o.ff_dim = spec.integer("ff_dim", 1, 4 * o.dim);
         o.dropout = 0;
         o.position = parse_position_mode(spec.text("position", "relative"));
-        o.relative = parse_relative(spec);
-        o.impl = parse_attention_impl(spec.text("impl", "bucketed"));
-        o.token_gate = spec.flag("token_gate", false);
+        if (o.position == PositionMode::sinusoidal || o.position == PositionMode::learned) {
+            spec.fail("'position' of an encoder_layer must be none, relative or gated (sinusoidal and learned "
+                      "positions are added to the embeddings, outside the layer)");
+        }
+        if (o.position != PositionMode::none) o.relative = parse_relative(spec);
+        if (o.position != PositionMode::none) o.impl = parse_attention_impl(spec.text("impl", "bucketed"));
+        if (o.position == PositionMode::gated) o.token_gate = spec.flag("token_gate", false);
         run.causal = spec.flag("causal", false);
         run.takes_mask = true;
         run.model_dim = o.dim;
@@ -247,7 +251,7 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     LayerRun layer = build_layer(spec, gen);
     const std::string mask_type = layer.takes_mask ? spec.text("mask_type", "auto") : "auto";
     if (mask_type != "auto" && mask_type != "key_padding" && mask_type != "attention") {
-        spec.fail("'mask_type' must be key_padding or attention, got \"" + mask_type + "\"");
+        spec.fail("'mask_type' must be auto, key_padding or attention, got \"" + mask_type + "\"");
     }
     spec.check_all_read();
 

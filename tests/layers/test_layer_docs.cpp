@@ -182,14 +182,23 @@ TEST_CASE("docs/layers/sinusoidal.md: the sinusoidal table for D = 4, L = 3") {
     y.backward(ones_like(y));
     check_values(x.grad(), std::vector<double>(24, 1.0));
     CHECK(pe.parameter_count() == 0);
-    // every row has norm sqrt(D/2); token embeddings (std 0.02, unscaled) are about 40 times shorter
+    // every row has norm sqrt(D/2); token embeddings (std 0.02) are about 40 times shorter unscaled,
+    // about 40 / sqrt(D) = 5 times shorter once TokenEmbedding scales them by sqrt(D) (D = 64)
     CHECK(sum(mul(row(2), row(2))).item() == doctest::Approx(2.0).epsilon(1e-14));
     Generator gen(21);
-    Embedding tokens(4000, 64, Init{gen, DType::float64});
-    const double mean_square = sum(mul(tokens.weight, tokens.weight)).item() / 4000;
-    const double ratio = std::sqrt(64.0 / 2) / std::sqrt(mean_square);
-    CHECK(ratio > 38);
-    CHECK(ratio < 42);
+    TransformerOptions o;
+    o.dim = 64;
+    o.dropout = 0;
+    o.position = PositionMode::none;
+    TokenEmbedding tokens(4000, o, Init{gen, DType::float64});
+    std::vector<double> all_ids(4000);
+    for (int i = 0; i < 4000; ++i) all_ids[i] = i;
+    const Tensor scaled = tokens.forward(from_vector(all_ids, {1, 4000}, DType::int64));
+    const double unscaled_ratio = std::sqrt(64.0 / 2) / std::sqrt(sum(mul(tokens.tokens.weight, tokens.tokens.weight)).item() / 4000);
+    const double scaled_ratio = std::sqrt(64.0 / 2) / std::sqrt(sum(mul(scaled, scaled)).item() / 4000);
+    CHECK(unscaled_ratio > 38);
+    CHECK(unscaled_ratio < 42);
+    CHECK(scaled_ratio == doctest::Approx(unscaled_ratio / 8).epsilon(1e-12));
     check_layer_gradients(pe, {random_input({2, 3, 4}, 5)}, [&](const auto& in) { return pe.forward(in[0]); });
 }
 
@@ -547,8 +556,8 @@ TEST_CASE("docs/layers/gated.md: the token gate") {
     Generator gen(15);
     GatedPositionAttention gated(1, 1, o, AttentionImpl::bucketed, true, Init{gen, DType::float64});
     std::vector<Tensor> values = gated_example_parameters(0);
+    CHECK(gated.w_gate->weight.to_vector() == std::vector<double>{0});  // token gates start at 0.5
     values.push_back(param({2}, {1, 1}));  // w_gate.weight
-    values.push_back(param({0}, {1}));     // w_gate.bias
     gated.assign_parameters(values);
     CHECK(sigmoid_of(2) == doctest::Approx(0.880797077978).epsilon(1e-12));
     CHECK(sigmoid_of(-2) == doctest::Approx(0.119202922022).epsilon(1e-11));
@@ -560,8 +569,6 @@ TEST_CASE("docs/layers/gated.md: the token gate") {
     check_values(y, {0.787155998722, -0.059890727303, -0.669758726462}, 1e-11);
     y.backward(f64(dy, {1, 3, 1}));
     CHECK(gated.gate.grad().item() == doctest::Approx(loops.d_lambda).epsilon(1e-12));
-    // lambda and b_g both add to every token's gate logit: their gradients are equal
-    CHECK(gated.w_gate->bias.grad().item() == doctest::Approx(gated.gate.grad().item()).epsilon(1e-14));
     CHECK(gated.gate_values() == std::vector<double>{0.5});  // the per-head part only
     check_layer_gradients(gated, {random_input({2, 3, 1}, 12)},
                           [&](const auto& in) { return gated.forward(in[0], in[0]); });
@@ -673,7 +680,7 @@ TEST_CASE("docs/layers/transformer.md: what each position mode adds, in paramete
             CHECK(lm.gates() == std::vector<std::vector<double>>{{0.5, 0.5}});
             o.token_gate = true;
             CausalLanguageModel token(5, o, Init{gen, DType::float64});
-            CHECK(token.parameter_count() == 297);
+            CHECK(token.parameter_count() == 295);
             o.token_gate = false;
             o.relative.share_across_heads = false;
             CausalLanguageModel per_head(5, o, Init{gen, DType::float64});
