@@ -41,6 +41,8 @@ Tensor operator-(const Tensor& a, double b);
 Tensor operator*(const Tensor& a, double b);
 Tensor operator/(const Tensor& a, double b);
 Tensor operator*(double a, const Tensor& b);
+Tensor mul(const Tensor& a, double b);  // a * b with b as a 0-d tensor of a's dtype
+Tensor add(const Tensor& a, double b);
 
 // Broadcasting helpers (no autograd of their own)
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);

@@ -226,5 +226,7 @@ Tensor operator-(const Tensor& a, double b) { return sub(a, like_scalar(b, a)); 
 Tensor operator*(const Tensor& a, double b) { return mul(a, like_scalar(b, a)); }
 Tensor operator/(const Tensor& a, double b) { return div(a, like_scalar(b, a)); }
 Tensor operator*(double a, const Tensor& b) { return mul(like_scalar(a, b), b); }
+Tensor mul(const Tensor& a, double b) { return mul(a, like_scalar(b, a)); }
+Tensor add(const Tensor& a, double b) { return add(a, like_scalar(b, a)); }
 
 }  // namespace relgrad

@@ -1,0 +1,102 @@
+// AdamW, the learning-rate schedule and gradient clipping. (No gradient check: nothing here is
+// differentiated; the updates are checked against the formulas written out by hand.)
+#include <filesystem>
+
+#include "check.hpp"
+#include "engine/optim.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+TEST_CASE("AdamW follows its formula step by step") {
+    Tensor p = f64({1.0, -2.0}, {2}).requires_grad_(true);
+    AdamWOptions o;
+    o.beta1 = 0.9;
+    o.beta2 = 0.99;
+    o.eps = 1e-8;
+    o.weight_decay = 0.1;
+    AdamW adam({p}, o);
+    // step 1, g = 2p = (2, -4): m = 0.1 g, v = 0.01 g^2, m_hat = g, v_hat = g^2, update = g/|g| = (1, -1)
+    sum(mul(p, p)).backward();
+    adam.step(0.5);
+    const double p0 = 1.0 * (1 - 0.05) - 0.5 * (2.0 / (2.0 + 1e-8));
+    const double p1 = -2.0 * (1 - 0.05) - 0.5 * (-4.0 / (4.0 + 1e-8));
+    check_values(p, {p0, p1}, 1e-15);
+    // step 2 with g = 2p again
+    p.zero_grad();
+    sum(mul(p, p)).backward();
+    adam.step(0.5);
+    std::vector<double> expected;
+    for (double x : {p0, p1}) {
+        const double g1 = 2 * (x == p0 ? 1.0 : -2.0), g2 = 2 * x;
+        const double m = 0.9 * 0.1 * g1 + 0.1 * g2, v = 0.99 * 0.01 * g1 * g1 + 0.01 * g2 * g2;
+        const double m_hat = m / (1 - 0.81), v_hat = v / (1 - 0.9801);
+        expected.push_back(x * (1 - 0.05) - 0.5 * m_hat / (std::sqrt(v_hat) + 1e-8));
+    }
+    check_values(p, expected, 1e-14);
+    CHECK(adam.steps() == 2);
+}
+
+TEST_CASE("AdamW minimises a quadratic and leaves gradient-free parameters alone") {
+    Tensor target = f64({3, -1, 0.5}, {3});
+    Tensor x = zeros({3}, DType::float64).requires_grad_(true);
+    Tensor frozen = f64({7}, {1}).requires_grad_(true);
+    AdamWOptions o;
+    o.weight_decay = 0;
+    AdamW adam({x, frozen}, o);
+    for (int i = 0; i < 500; ++i) {
+        x.zero_grad();
+        const Tensor d = sub(x, target);
+        sum(mul(d, d)).backward();
+        adam.step(0.05);
+    }
+    check_values(x, target.to_vector(), 1e-3);
+    check_values(frozen, {7});
+}
+
+TEST_CASE("saving and loading the optimizer continues the same trajectory") {
+    const auto dir = (std::filesystem::temp_directory_path() / "relgrad_test_adamw").string();
+    auto run = [&](bool interrupt) {
+        Tensor x = f64({1, 2}, {2}).requires_grad_(true);
+        auto adam = std::make_unique<AdamW>(std::vector<Tensor>{x}, AdamWOptions{});
+        for (int i = 0; i < 6; ++i) {
+            if (interrupt && i == 3) {
+                adam->save(dir);
+                adam = std::make_unique<AdamW>(std::vector<Tensor>{x}, AdamWOptions{});
+                adam->load(dir);
+            }
+            x.zero_grad();
+            sum(exp(x)).backward();
+            adam->step(0.1);
+        }
+        return x.to_vector();
+    };
+    CHECK(run(true) == run(false));
+    Tensor wrong = zeros({3}, DType::float64).requires_grad_(true);
+    AdamW other({wrong}, AdamWOptions{});
+    CHECK_THROWS_AS(other.load(dir), std::runtime_error);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("learning-rate schedules") {
+    CHECK(learning_rate(Schedule::cosine, 1.0, 0, 10, 110) == doctest::Approx(0.1));  // warmup: (step + 1) / 10
+    CHECK(learning_rate(Schedule::cosine, 1.0, 9, 10, 110) == doctest::Approx(1.0));
+    CHECK(learning_rate(Schedule::cosine, 1.0, 10, 10, 110) == doctest::Approx(1.0));
+    CHECK(learning_rate(Schedule::cosine, 1.0, 60, 10, 110) == doctest::Approx(0.5));   // halfway down the cosine
+    CHECK(learning_rate(Schedule::cosine, 1.0, 110, 10, 110) == doctest::Approx(0.0));
+    CHECK(learning_rate(Schedule::linear, 2.0, 35, 10, 110) == doctest::Approx(1.5));
+    CHECK(learning_rate(Schedule::constant, 2.0, 100, 10, 110) == doctest::Approx(2.0));
+    CHECK(parse_schedule("linear") == Schedule::linear);
+    CHECK_THROWS_WITH_AS(parse_schedule("step"), "unknown schedule 'step' (expected constant, linear or cosine)",
+                         std::invalid_argument);
+}
+
+TEST_CASE("clipping scales all gradients together") {
+    Tensor a = f64({1}, {1}).requires_grad_(true), b = f64({1}, {1}).requires_grad_(true);
+    sum(add(mul(a, 3.0), mul(b, 4.0))).backward();  // gradients 3 and 4: norm 5
+    CHECK(clip_grad_norm({a, b}, 10.0) == doctest::Approx(5.0));
+    check_values(a.grad(), {3});
+    CHECK(clip_grad_norm({a, b}, 1.0) == doctest::Approx(5.0));
+    check_values(a.grad(), {0.6}, 1e-15);
+    check_values(b.grad(), {0.8}, 1e-15);
+}
