@@ -42,6 +42,7 @@ class Dropout : public Module {
 public:
     Dropout(double p, uint64_t seed);
     Tensor forward(const Tensor& x);  // draws a new mask on every call in training mode
+    void reseed(uint64_t seed) override { gen_ = Generator(seed); }
 
     double p;
 

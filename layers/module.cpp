@@ -71,6 +71,11 @@ void Module::train(bool training) {
     for (const auto& child : children_) child.second->train(training);
 }
 
+void Module::reseed(uint64_t seed) {
+    Generator derive(seed);
+    for (const auto& child : children_) child.second->reseed(derive.next_u64());
+}
+
 void Module::zero_grad() {
     for (Tensor p : parameters()) p.zero_grad();
 }

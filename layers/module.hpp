@@ -38,6 +38,9 @@ public:
     int64_t parameter_count() const;  // number of scalar parameters
 
     void train(bool training = true);  // also sets every child
+    // Restart every random stream (dropout masks) from `seed`, each child from its own seed
+    // derived from it: a trainer that reseeds at every step draws the same masks after a resume.
+    virtual void reseed(uint64_t seed);
     void eval() { train(false); }
     bool is_training() const { return training_; }
     void zero_grad();

@@ -1,18 +1,26 @@
 // relgrad: the command-line program.
 //
+//   relgrad train [CONFIG] [--set a.b=v ...] [--out DIR] [--resume]   train (the quickstart by default)
+//   relgrad validate CONFIG [--set a.b=v ...]       check a config without training
 //   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
 //
-// Exit codes: 0 success, 1 a check failed, 2 bad input (one line on stderr).
+// Exit codes: 0 success, 1 a gradient check failed or training diverged, 2 bad input (one line
+// on stderr).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <string>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include "engine/op_checks.hpp"
+#include "train/config.hpp"
 #include "train/layer_command.hpp"
+#include "train/trainer.hpp"
 
 namespace {
 
@@ -35,6 +43,40 @@ int run_gradcheck(const std::string& filter) {
     return failed == 0 ? 0 : 1;
 }
 
+// The config a command reads: a file or the built-in quickstart, then --set overrides.
+relgrad::Config load_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& out) {
+    nlohmann::json document = path.empty() ? relgrad::quickstart_config() : relgrad::read_config_file(path);
+    for (const std::string& assignment : overrides) relgrad::apply_override(document, assignment);
+    if (!out.empty()) relgrad::apply_override(document, "output.dir=\"" + out + "\"");
+    return relgrad::Config::parse(document, path.empty() ? "quickstart" : path);
+}
+
+int run_train(const relgrad::Config& config, const relgrad::TrainOptions& options) {
+    const nlohmann::json summary = relgrad::train(config, options);
+    if (summary.contains("stopped_at")) {
+        std::printf("stopped after step %lld; continue with --resume\n", summary["stopped_at"].get<long long>());
+        return 0;
+    }
+    const nlohmann::json& final = summary["final"];
+    std::printf("%s with %s positions: test accuracy", summary["task"].get<std::string>().c_str(),
+                summary["position"].get<std::string>().c_str());
+    if (summary.contains("initial")) std::printf(" %.3f before training ->", summary["initial"]["accuracy"].get<double>());
+    std::printf(" %.3f after %lld steps (%.0f s)\nby length:", final["accuracy"].get<double>(),
+                summary["steps"].get<long long>(), summary["train_seconds"].get<double>());
+    // buckets in length order ("1-8", "9-16", ..., ">48"), not the JSON object's alphabetical one
+    std::vector<std::pair<long long, std::string>> buckets;
+    for (const auto& item : final["by_length"].items()) {
+        const std::string& name = item.key();
+        buckets.emplace_back(std::stoll(name.substr(name[0] == '>' ? 1 : 0)) + (name[0] == '>'), name);
+    }
+    std::sort(buckets.begin(), buckets.end());
+    for (const auto& bucket : buckets) {
+        std::printf(" %s: %.3f", bucket.second.c_str(), final["by_length"][bucket.second]["accuracy"].get<double>());
+    }
+    std::printf("\nsummary, metrics and checkpoint in %s\n", config.output.dir.c_str());
+    return 0;
+}
+
 std::string one_line(std::string message) {
     for (char& c : message) {
         if (c == '\n') c = ' ';
@@ -48,6 +90,19 @@ int main(int argc, char** argv) {
     CLI::App app{"relgrad: a reverse-mode autograd engine and relative-position Transformer layers"};
     app.require_subcommand(1);
     std::string filter;
+    std::string config_path, out_dir_override;
+    std::vector<std::string> overrides;
+    relgrad::TrainOptions train_options;
+    CLI::App* train = app.add_subcommand("train", "train a model from a JSON config (the quickstart without one)");
+    train->add_option("config", config_path, "the config file (default: the built-in quickstart)");
+    train->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
+    train->add_option("--out", out_dir_override, "the output directory (output.dir)");
+    train->add_flag("--resume", train_options.resume, "continue the run in the output directory");
+    train->add_option("--stop-after", train_options.stop_after, "stop after this step, checkpoint written");
+    CLI::App* validate = app.add_subcommand("validate", "check a config without training");
+    validate->add_option("config", config_path, "the config file")->required();
+    validate->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
+
     CLI::App* gradcheck = app.add_subcommand("gradcheck", "run the gradient check of every registered op");
     gradcheck->add_option("--filter", filter, "run only the cases of this op (e.g. matmul)");
     std::string spec, in_dir, out_dir;
@@ -58,12 +113,32 @@ int main(int argc, char** argv) {
     layer->add_option("--out", out_dir, "directory for y.npy, dx.npy and grad.<parameter>.npy")->required();
     try {
         app.parse(argc, argv);
+        if (train->parsed()) {
+            train_options.progress = isatty(fileno(stderr));
+            relgrad::Config config = load_config(config_path, overrides, out_dir_override);
+            if (config_path.empty() && out_dir_override.empty() && !train_options.resume) {
+                // the quickstart never overwrites an earlier one: runs/quickstart, runs/quickstart-2, ...
+                const std::string base = config.output.dir;
+                for (int n = 2; std::filesystem::exists(config.output.dir); ++n) config.output.dir = base + "-" + std::to_string(n);
+            }
+            return run_train(config, train_options);
+        }
+        if (validate->parsed()) {
+            const relgrad::Config config = load_config(config_path, overrides, "");
+            std::printf("%s: valid (task %s, %s positions, %lld steps)\n", config_path.c_str(),
+                        relgrad::task_kind_name(config.task.kind), relgrad::position_mode_name(config.model.transformer.position),
+                        static_cast<long long>(config.training.steps));
+            return 0;
+        }
         if (gradcheck->parsed()) return run_gradcheck(filter);
         if (layer->parsed()) relgrad::run_layer_command(spec, in_dir, out_dir);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help
         std::cerr << "relgrad: " << one_line(e.what()) << " (run 'relgrad --help')\n";
         return 2;
+    } catch (const relgrad::TrainingDiverged& e) {
+        std::cerr << "relgrad: " << one_line(e.what()) << "\n";
+        return 1;
     } catch (const std::exception& e) {
         std::cerr << "relgrad: error: " << one_line(e.what()) << "\n";
         return 2;

@@ -1,0 +1,175 @@
+// no gradient check: tokenizers map text to integer ids, nothing here is differentiable.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <stdexcept>
+
+#include "train/tokenizer.hpp"
+
+using namespace relgrad;
+
+namespace {
+
+using Ids = std::vector<int64_t>;
+using Pieces = std::vector<std::string>;
+
+std::string error_of(const std::function<void()>& run) {
+    try {
+        run();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("characters are code points: multi-byte UTF-8 round-trips") {
+    // "ü" is C3 BC, "ß" C3 9F, "€" E2 82 AC, "𝄞" F0 9D 84 9E: one character each.
+    CHECK(split_utf8("Grüße €𝄞") == Pieces{"G", "r", "ü", "ß", "e", " ", "€", "𝄞"});
+    const std::vector<std::string> texts = {"Grüße aus Köln", "Äpfel und Öl", "Maß €𝄞"};
+    const Tokenizer t = Tokenizer::build(Tokenizer::Kind::character, texts);
+    CHECK(t.kind() == Tokenizer::Kind::character);
+    for (const std::string& text : texts) {
+        CAPTURE(text);
+        const Ids ids = t.encode(text);
+        CHECK(ids.size() == split_utf8(text).size());
+        CHECK(t.decode(ids) == text);
+        CHECK(t.tokens(text) == split_utf8(text));
+    }
+    CHECK(t.encode("ü") == Ids{t.encode("Grüße")[2]});  // one id for the two bytes
+}
+
+TEST_CASE("character ids: reserved 0..3, then by decreasing count, ties by bytes") {
+    // counts: a 3, b 3, c 1, ä 1 (C3 A4 sorts after c, 63); a and b tie and go by bytes.
+    const Tokenizer t = Tokenizer::build(Tokenizer::Kind::character, {"abba", "cab", "ä"});
+    CHECK(t.vocab_size() == 8);
+    CHECK(t.encode("abcä") == Ids{4, 5, 6, 7});
+    CHECK(Tokenizer::build(Tokenizer::Kind::character, {"ä", "cab", "abba"}).encode("abcä") == Ids{4, 5, 6, 7});
+    CHECK(Tokenizer::pad == 0);
+    CHECK(Tokenizer::unk == 1);
+    CHECK(Tokenizer::bos == 2);
+    CHECK(Tokenizer::eos == 3);
+    CHECK(t.encode("") == Ids{});
+    CHECK(t.encode("axb") == Ids{4, Tokenizer::unk, 5});
+    CHECK(t.decode({Tokenizer::bos, 4, Tokenizer::unk, 5, Tokenizer::eos, Tokenizer::pad}) == "a<unk>b");
+    CHECK(t.decode({}) == "");
+}
+
+TEST_CASE("words: whitespace-separated, min_frequency and <unk>") {
+    const std::vector<std::string> texts = {"der Hund  und die Katze", "die Katze\tund\nder Fuß", "der Fuß"};
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, texts).tokens(texts[1]) ==
+          Pieces{"die", "Katze", "und", "der", "Fuß"});
+    // counts: der 3; die 2, Fuß 2, Katze 2, und 2 (by bytes: "F" < "K" < "d" < "u"); Hund 1.
+    const Tokenizer t = Tokenizer::build(Tokenizer::Kind::word, texts, 2);
+    CHECK(t.kind() == Tokenizer::Kind::word);
+    CHECK(t.vocab_size() == 9);
+    CHECK(t.encode("der Fuß Katze die und Hund") == Ids{4, 5, 6, 7, 8, Tokenizer::unk});
+    CHECK(t.encode("  \n ") == Ids{});
+    CHECK(t.decode(t.encode(" die  Katze\tund der Hund ")) == "die Katze und der <unk>");
+    CHECK(t.decode({Tokenizer::bos, 7, 6, Tokenizer::eos, Tokenizer::pad}) == "die Katze");
+
+    const Tokenizer all = Tokenizer::build(Tokenizer::Kind::word, texts);
+    CHECK(all.vocab_size() == 10);
+    CHECK(all.decode(all.encode(texts[0])) == "der Hund und die Katze");
+
+    // The reserved names are not words of the vocabulary: a literal "<pad>" in text is unknown.
+    CHECK(t.encode("<pad> <unk>") == Ids{Tokenizer::unk, Tokenizer::unk});
+}
+
+TEST_CASE("bad arguments to build and decode") {
+    CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::word, {"a"}, 0),
+                         "Tokenizer::build: min_frequency must be >= 1, got 0", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::word, {"a b", "b"}, 3),
+                         "Tokenizer::build: no word occurs at least 3 times in the 2 texts", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::character, {}),
+                         "Tokenizer::build: no character occurs at least 1 times in the 0 texts",
+                         std::invalid_argument);
+    const Tokenizer t = Tokenizer::build(Tokenizer::Kind::character, {"ab"});
+    CHECK_THROWS_WITH_AS(t.decode({4, 6}), "Tokenizer::decode: id 6 is out of range [0, 6)", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(t.decode({-1}), "Tokenizer::decode: id -1 is out of range [0, 6)", std::invalid_argument);
+}
+
+TEST_CASE("tokenizer kinds by name") {
+    CHECK(parse_tokenizer_kind("char") == Tokenizer::Kind::character);
+    CHECK(parse_tokenizer_kind("word") == Tokenizer::Kind::word);
+    CHECK(tokenizer_kind_name(Tokenizer::Kind::character) == "char");
+    CHECK(tokenizer_kind_name(Tokenizer::Kind::word) == "word");
+    CHECK_THROWS_WITH_AS(parse_tokenizer_kind("bpe"), "unknown tokenizer kind 'bpe' (expected char or word)",
+                         std::invalid_argument);
+}
+
+TEST_CASE("invalid UTF-8 is an error naming the byte offset") {
+    const Tokenizer chars = Tokenizer::build(Tokenizer::Kind::character, {"ab"});
+    const Tokenizer words = Tokenizer::build(Tokenizer::Kind::word, {"ab"});
+    // Latin-1 "Grüß": "ü" is FC where UTF-8 needs C3 BC.
+    CHECK_THROWS_WITH_AS(chars.encode("Gr\xFC\xDF"),
+                         "invalid UTF-8 at byte offset 2: byte 0xFC cannot start a character", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(words.encode("ok \x80"), "invalid UTF-8 at byte offset 3: byte 0x80 cannot start a character",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(words.tokens("ab \xC3("),
+                         "invalid UTF-8 at byte offset 3: 0xC3 starts a 2-byte character but byte 2 is 0x28",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::character, {"ok", "x\xE2\x82"}),
+                         "invalid UTF-8 at byte offset 1: 0xE2 starts a 3-byte character but the text ends",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(split_utf8("\xC0\xAF"), "invalid UTF-8 at byte offset 0: byte 0xC0 cannot start a character",
+                         std::invalid_argument);  // an overlong "/"
+    CHECK_THROWS_WITH_AS(split_utf8("\xED\xA0\x80"),
+                         "invalid UTF-8 at byte offset 0: 0xED starts a 3-byte character but byte 2 is 0xA0",
+                         std::invalid_argument);  // the surrogate U+D800
+    CHECK_THROWS_WITH_AS(split_utf8("\xF4\x90\x80\x80"),
+                         "invalid UTF-8 at byte offset 0: 0xF4 starts a 4-byte character but byte 2 is 0x90",
+                         std::invalid_argument);  // U+110000, past the last code point
+    CHECK_THROWS_WITH_AS(split_utf8("\xF0\x9D\x84("),
+                         "invalid UTF-8 at byte offset 0: 0xF0 starts a 4-byte character but byte 4 is 0x28",
+                         std::invalid_argument);
+    CHECK_FALSE(find_utf8_error("\x7F\xDF\xBF\xEF\xBF\xBF\xF4\x8F\xBF\xBF").has_value());  // the largest of each length
+}
+
+TEST_CASE("JSON round trip") {
+    const std::vector<std::string> texts = {"Grüße aus Köln", "Straße"};
+    for (const auto kind : {Tokenizer::Kind::character, Tokenizer::Kind::word}) {
+        const Tokenizer t = Tokenizer::build(kind, texts);
+        const Tokenizer back = Tokenizer::from_json(t.to_json());
+        CHECK(back.kind() == kind);
+        CHECK(back.vocab_size() == t.vocab_size());
+        CHECK(back.to_json() == t.to_json());
+        for (const std::string& text : {texts[0], texts[1], std::string("Köln unbekannt")}) {
+            CHECK(back.encode(text) == t.encode(text));
+        }
+    }
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"b a b"}).to_json() ==
+          R"({"kind":"word","tokens":["<pad>","<unk>","<bos>","<eos>","b","a"]})");
+}
+
+TEST_CASE("a bad tokenizer document is a clear error") {
+    const auto error = [](const std::string& json) { return error_of([&] { Tokenizer::from_json(json); }); };
+    const std::string reserved = R"("<pad>", "<unk>", "<bos>", "<eos>")";
+    CHECK(error("{\"kind\": \"char\"").find("tokenizer JSON: not valid JSON: ") == 0);
+    CHECK(error("[1]") == R"(tokenizer JSON: expected an object {"kind": ..., "tokens": [...]}, got [1])");
+    CHECK(error(R"({"tokens": []})") == "tokenizer JSON: 'kind' is required");
+    CHECK(error(R"({"kind": "char"})") == "tokenizer JSON: 'tokens' is required");
+    CHECK(error(R"({"kind": "char", "tokens": [], "size": 4})") ==
+          "tokenizer JSON: unknown key 'size' (expected kind and tokens)");
+    CHECK(error(R"({"kind": "bpe", "tokens": []})") == R"(tokenizer JSON: 'kind' must be "char" or "word", got "bpe")");
+    CHECK(error(R"({"kind": "char", "tokens": "abc"})") ==
+          R"(tokenizer JSON: 'tokens' must be an array of strings, got "abc")");
+    CHECK(
+        error(R"({"kind": "char", "tokens": ["<pad>", "<unk>"]})") ==
+        R"(tokenizer JSON: 'tokens' must start with the 4 reserved tokens "<pad>", "<unk>", "<bos>", "<eos>", got 2 tokens)");
+    CHECK(error(R"({"kind": "char", "tokens": ["<pad>", "<bos>", "<unk>", "<eos>"]})") ==
+          R"(tokenizer JSON: tokens[1] must be "<unk>" (reserved id 1), got "<bos>")");
+    CHECK(error(R"({"kind": "char", "tokens": [)" + reserved + R"(, "a", 5]})") ==
+          "tokenizer JSON: tokens[5] must be a string, got 5");
+    CHECK(error(R"({"kind": "char", "tokens": [)" + reserved + R"(, "ab"]})") ==
+          R"(tokenizer JSON: tokens[4] must be a single character, got "ab")");
+    CHECK(error(R"({"kind": "word", "tokens": [)" + reserved + R"(, "a b"]})") ==
+          R"(tokenizer JSON: tokens[4] must be a single word without whitespace, got "a b")");
+    CHECK(error(R"({"kind": "word", "tokens": [)" + reserved + R"(, ""]})") ==
+          R"(tokenizer JSON: tokens[4] must be a single word without whitespace, got "")");
+    CHECK(error(R"({"kind": "word", "tokens": [)" + reserved + R"(, "ß", "a", "ß"]})") ==
+          R"(tokenizer JSON: tokens[6] repeats tokens[4] "ß")");
+    CHECK_THROWS_AS(Tokenizer::from_json("[1]"), std::runtime_error);
+    CHECK(Tokenizer::from_json(R"({"kind": "word", "tokens": [)" + reserved + "]}").vocab_size() == 4);
+}

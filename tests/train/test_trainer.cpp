@@ -1,0 +1,182 @@
+// Configs and the trainer: validation of every kind of bad value, overrides, a short run whose
+// loss falls, determinism, resume, divergence. (No gradient check: the models trained here are
+// gradient-checked in tests/layers/; this file checks the training loop around them.)
+#include <filesystem>
+#include <fstream>
+
+#include "../engine/check.hpp"
+#include "train/config.hpp"
+#include "train/trainer.hpp"
+
+using namespace relgrad;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const nlohmann::json& document) {
+    try {
+        Config::parse(document, "c.json");
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+// A run small enough for a test: a few seconds on two cores.
+nlohmann::json tiny_run(const fs::path& out) {
+    nlohmann::json c = quickstart_config();
+    c["model"] = {{"layers", 1}, {"dim", 16}, {"heads", 2}, {"ff_dim", 32}, {"dropout", 0.1}, {"position", "relative"}, {"k", 4}};
+    c["task"]["train_examples"] = 400;
+    c["task"]["test_examples"] = 64;
+    c["task"]["train_lengths"] = {6, 12};
+    c["task"]["test_lengths"] = {6, 16};
+    c["training"] = {{"steps", 12}, {"batch_size", 16}, {"learning_rate", 3e-3}, {"warmup_steps", 2}, {"log_every", 1}};
+    c["evaluation"] = {{"every", 6}, {"length_buckets", {8, 16}}};
+    c["output"] = {{"dir", out.string()}, {"checkpoint_every", 4}};
+    return c;
+}
+
+std::vector<nlohmann::json> read_lines(const fs::path& path) {
+    std::ifstream in(path);
+    std::vector<nlohmann::json> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+}
+
+struct TempDir {
+    fs::path path;
+    explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / name) { fs::remove_all(path); }
+    ~TempDir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("the quickstart and its resolved form are valid configs") {
+    const Config c = Config::parse(quickstart_config(), "quickstart");
+    CHECK(c.task.kind == TaskKind::relative_order);
+    CHECK(c.model.transformer.position == PositionMode::relative);
+    const Config again = Config::parse(c.resolved(), "resolved");
+    CHECK(again.resolved() == c.resolved());
+}
+
+TEST_CASE("every kind of bad value is reported with its JSON path, what came and what was expected") {
+    CHECK(error_of({{"training", {{"lr", 0.1}}}}).find("c.json: /training/lr: unknown key (expected one of:") == 0);
+    CHECK(error_of({{"trainin", {{"steps", 1}}}}).find("c.json: /trainin: unknown key") == 0);
+    CHECK(error_of({{"training", {{"steps", "ten"}}}}) ==
+          "c.json: /training/steps: got \"ten\", expected an integer in [1, 1099511627776]");
+    CHECK(error_of({{"training", {{"learning_rate", -1}}}}) ==
+          "c.json: /training/learning_rate: got -1, expected a number in (0, 10]");
+    CHECK(error_of({{"training", {{"learning_rate", 0}}}}) ==
+          "c.json: /training/learning_rate: got 0, expected a number in (0, 10]");
+    CHECK(error_of({{"model", {{"position", "rotary"}}}}) ==
+          "c.json: /model/position: got \"rotary\", expected one of \"none\", \"sinusoidal\", \"learned\", "
+          "\"relative\", \"gated\"");
+    CHECK(error_of({{"model", {{"dim", 10}, {"heads", 4}}}}) == "c.json: /model/heads: got 4, expected a divisor of /model/dim = 10");
+    CHECK(error_of({{"model", {{"token_gate", 1}}}}) == "c.json: /model/token_gate: got 1, expected true or false");
+    CHECK(error_of({{"model", 3}}) == "c.json: /model: got 3, expected an object");
+    CHECK(error_of({{"task", {{"train_lengths", {9, 4}}}}}) ==
+          "c.json: /task/train_lengths: got [9,4], expected [min, max] with min <= max");
+    CHECK(error_of({{"task", {{"train_lengths", {4}}}}}) ==
+          "c.json: /task/train_lengths: got [4], expected a list of 2 integers in [1, 1048576]");
+    CHECK(error_of({{"task", {{"distance", 8}}}}) ==
+          "c.json: /task/train_lengths: got nothing, expected lengths above /task/distance = 8");
+    CHECK(error_of({{"task", {{"distance", 3}, {"test_lengths", {2, 9}}}}}) ==
+          "c.json: /task/test_lengths: got [2,9], expected lengths above /task/distance = 3");
+    CHECK(error_of({{"evaluation", {{"length_buckets", {8, 8}}}}}) ==
+          "c.json: /evaluation/length_buckets: got [8,8], expected increasing bounds");
+    CHECK(error_of(nlohmann::json::array()) == "c.json: /: got [], expected an object");
+}
+
+TEST_CASE("overrides set values by path, read as JSON when they parse") {
+    nlohmann::json c = quickstart_config();
+    apply_override(c, "training.steps=7");
+    apply_override(c, "task.kind=reverse");
+    apply_override(c, "task.test_lengths=[3,9]");
+    apply_override(c, "model.token_gate=true");
+    const Config parsed = Config::parse(c, "c");
+    CHECK(parsed.training.steps == 7);
+    CHECK(parsed.task.kind == TaskKind::reverse);
+    CHECK(parsed.task.test_lengths == std::vector<int64_t>{3, 9});
+    CHECK(parsed.model.transformer.token_gate);
+    CHECK_THROWS_WITH_AS(apply_override(c, "steps"), "--set steps: expected path.to.key=value", std::invalid_argument);
+    CHECK_THROWS_AS(apply_override(c, "training.steps.x=1"), std::invalid_argument);
+}
+
+TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives the same run") {
+    TempDir a("relgrad_test_train_a"), b("relgrad_test_train_b");
+    const nlohmann::json summary = train(Config::parse(tiny_run(a.path), "tiny"), TrainOptions{});
+    for (const char* file : {"config.json", "metrics.jsonl", "summary.json", "checkpoint/state.json",
+                             "checkpoint/model/manifest.json", "checkpoint/optimizer/step.txt"}) {
+        CHECK_MESSAGE(fs::exists(a.path / file), file);
+    }
+    for (const char* key : {"task", "position", "final", "train_seconds", "tokens_per_second", "peak_rss_mib"}) {
+        CHECK_MESSAGE(summary.contains(key), key);
+    }
+    CHECK(summary["final"].contains("by_length"));
+    REQUIRE(read_lines(a.path / "metrics.jsonl").size() == 12 + 3);  // 12 steps, 3 evaluations (0, 6, 12)
+
+    train(Config::parse(tiny_run(b.path), "tiny"), TrainOptions{});
+    auto without_timing = [](std::vector<nlohmann::json> lines) {
+        for (auto& line : lines) line.erase("tokens_per_second");
+        return lines;
+    };
+    CHECK(without_timing(read_lines(a.path / "metrics.jsonl")) == without_timing(read_lines(b.path / "metrics.jsonl")));
+    CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(a.path), "tiny"), TrainOptions{}),
+                         doctest::Contains("already holds a run; pass --resume"), std::invalid_argument);
+}
+
+TEST_CASE("the loss falls: copying short sequences") {
+    TempDir out("relgrad_test_train_copy");
+    nlohmann::json c = tiny_run(out.path);
+    c["task"] = {{"kind", "copy"}, {"vocab", 10}, {"train_lengths", {3, 6}}, {"test_lengths", {3, 6}},
+                 {"train_examples", 400}, {"test_examples", 32}};
+    c["training"] = {{"steps", 40}, {"batch_size", 16}, {"learning_rate", 5e-3}, {"warmup_steps", 4}, {"log_every", 1}};
+    c["evaluation"] = {{"every", 40}, {"length_buckets", {4, 6}}};
+    const nlohmann::json summary = train(Config::parse(c, "copy"), TrainOptions{});
+    std::vector<double> losses;
+    for (const auto& line : read_lines(out.path / "metrics.jsonl")) {
+        if (line.contains("loss")) losses.push_back(line["loss"].get<double>());
+    }
+    REQUIRE(losses.size() == 40);
+    const double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[37] + losses[38] + losses[39]) / 3;
+    CHECK(last < 0.8 * first);
+    for (const char* key : {"accuracy", "token_accuracy", "bleu", "by_length"}) CHECK_MESSAGE(summary["final"].contains(key), key);
+}
+
+TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
+    TempDir whole("relgrad_test_train_whole"), parts("relgrad_test_train_parts");
+    train(Config::parse(tiny_run(whole.path), "tiny"), TrainOptions{});
+    TrainOptions first_half;
+    first_half.stop_after = 5;  // between two checkpoints of checkpoint_every = 4: resumes from 5
+    CHECK(train(Config::parse(tiny_run(parts.path), "tiny"), first_half)["stopped_at"] == 5);
+    TrainOptions resume;
+    resume.resume = true;
+    train(Config::parse(tiny_run(parts.path), "tiny"), resume);
+    auto weights = [](const fs::path& run) {
+        std::ifstream in(run / "checkpoint" / "model" / "manifest.json");
+        return nlohmann::json::parse(in);
+    };
+    CHECK(weights(whole.path) == weights(parts.path));
+    std::ifstream sa(whole.path / "summary.json"), sb(parts.path / "summary.json");
+    const nlohmann::json a = nlohmann::json::parse(sa), b = nlohmann::json::parse(sb);
+    CHECK(a["final"] == b["final"]);
+    nlohmann::json changed = tiny_run(parts.path);
+    changed["training"]["steps"] = 13;
+    CHECK_THROWS_WITH_AS(train(Config::parse(changed, "tiny"), resume), doctest::Contains("the config differs"),
+                         std::invalid_argument);
+}
+
+TEST_CASE("a diverging run stops with the step it diverged at") {
+    TempDir out("relgrad_test_train_nan");
+    nlohmann::json c = tiny_run(out.path);
+    c["training"] = {{"steps", 60}, {"batch_size", 8}, {"learning_rate", 10}, {"weight_decay", 10}, {"warmup_steps", 0},
+                     {"schedule", "constant"}};  // every step multiplies the weights by 1 - 100
+    std::string message;
+    try {
+        train(Config::parse(c, "nan"), TrainOptions{});
+    } catch (const TrainingDiverged& e) {
+        message = e.what();
+    }
+    CHECK(message.find("training diverged: the loss is") == 0);
+    CHECK(message.find(" at step ") != std::string::npos);
+}

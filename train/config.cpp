@@ -1,0 +1,183 @@
+#include "train/config.hpp"
+
+#include <fstream>
+#include <stdexcept>
+
+#include "train/json_reader.hpp"
+
+namespace relgrad {
+
+const char* task_kind_name(TaskKind kind) {
+    switch (kind) {
+        case TaskKind::copy: return "copy";
+        case TaskKind::reverse: return "reverse";
+        case TaskKind::relative_order: return "relative_order";
+    }
+    return "";
+}
+
+static const char* schedule_name(Schedule s) {
+    return s == Schedule::constant ? "constant" : s == Schedule::linear ? "linear" : "cosine";
+}
+
+Config Config::parse(const nlohmann::json& document, const std::string& file) {
+    Config c;
+    JsonReader root(document, "", file);
+
+    JsonReader model = root.section("model");
+    TransformerOptions& t = c.model.transformer;
+    t.layers = model.integer("layers", 1, 64, 2);
+    t.dim = model.integer("dim", 1, 8192, 64);
+    t.heads = model.integer("heads", 1, 256, 4);
+    if (t.dim % t.heads != 0) model.fail("heads", "a divisor of /model/dim = " + std::to_string(t.dim));
+    t.ff_dim = model.integer("ff_dim", 1, 65536, 4 * t.dim);
+    t.dropout = model.number("dropout", 0, 0.99, 0.1);
+    t.position = parse_position_mode(model.text("position", "relative", {"none", "sinusoidal", "learned", "relative", "gated"}));
+    const int64_t k = model.integer("k", 0, 4096, 8);
+    t.relative.k_left = model.integer("k_left", 0, 4096, k);
+    t.relative.k_right = model.integer("k_right", 0, 4096, k);
+    t.relative.share_across_heads = model.flag("share_across_heads", true);
+    t.impl = parse_attention_impl(model.text("attention", "bucketed", {"reference", "bucketed"}));
+    t.token_gate = model.flag("token_gate", false);
+    c.model.pooling = model.text("pooling", "mean", {"mean", "first"}) == "mean" ? Pooling::mean : Pooling::first;
+    model.finish();
+
+    JsonReader task = root.section("task");
+    const std::string kind = task.text("kind", "relative_order", {"copy", "reverse", "relative_order"});
+    c.task.kind = kind == "copy" ? TaskKind::copy : kind == "reverse" ? TaskKind::reverse : TaskKind::relative_order;
+    c.task.vocab = task.integer("vocab", 7, 1 << 20, 16);
+    c.task.train_lengths = task.integers("train_lengths", 1, 1 << 20, 2, c.task.train_lengths);
+    c.task.test_lengths = task.integers("test_lengths", 1, 1 << 20, 2, c.task.test_lengths);
+    for (const char* key : {"train_lengths", "test_lengths"}) {
+        const auto& range = std::string(key) == "train_lengths" ? c.task.train_lengths : c.task.test_lengths;
+        if (range[0] > range[1]) task.fail(key, "[min, max] with min <= max");
+    }
+    c.task.distance = task.integer("distance", 1, 1 << 20, 3);
+    if (c.task.kind == TaskKind::relative_order) {
+        // shorter sequences could only be negatives: their length alone would give the label away
+        for (const char* key : {"train_lengths", "test_lengths"}) {
+            const auto& range = std::string(key) == "train_lengths" ? c.task.train_lengths : c.task.test_lengths;
+            if (range[0] <= c.task.distance) {
+                task.fail(key, "lengths above /task/distance = " + std::to_string(c.task.distance));
+            }
+        }
+    }
+    c.task.train_examples = task.integer("train_examples", 1, 1 << 30, 4000);
+    c.task.test_examples = task.integer("test_examples", 1, 1 << 30, 500);
+    task.finish();
+    const int64_t longest = std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;  // room for bos/eos
+    t.max_len = longest;
+
+    JsonReader training = root.section("training");
+    TrainingConfig& tr = c.training;
+    tr.steps = training.integer("steps", 1, int64_t{1} << 40, 400);
+    tr.batch_size = training.integer("batch_size", 1, 1 << 20, 32);
+    tr.learning_rate = training.number("learning_rate", 0, 10, 1e-3, true);
+    tr.warmup_steps = training.integer("warmup_steps", 0, int64_t{1} << 40, std::min<int64_t>(40, tr.steps / 10));
+    tr.schedule = parse_schedule(training.text("schedule", "cosine", {"constant", "linear", "cosine"}));
+    tr.adamw.beta1 = training.number("beta1", 0, 0.999999, 0.9);
+    tr.adamw.beta2 = training.number("beta2", 0, 0.999999, 0.98);
+    tr.adamw.eps = training.number("eps", 0, 1, 1e-8, true);
+    tr.adamw.weight_decay = training.number("weight_decay", 0, 10, 0.01);
+    tr.clip_norm = training.number("clip_norm", 0, 1e9, 1.0, true);
+    tr.seed = static_cast<uint64_t>(training.integer("seed", 0, int64_t{1} << 53, 1));
+    tr.threads = training.integer("threads", 1, 1024, 2);
+    tr.log_every = training.integer("log_every", 1, int64_t{1} << 40, 20);
+    training.finish();
+
+    JsonReader evaluation = root.section("evaluation");
+    c.evaluation.every = evaluation.integer("every", 1, int64_t{1} << 40, 100);
+    c.evaluation.batch_size = evaluation.integer("batch_size", 1, 1 << 20, 64);
+    c.evaluation.length_buckets = evaluation.integers("length_buckets", 1, 1 << 20, 0, c.evaluation.length_buckets);
+    for (std::size_t i = 1; i < c.evaluation.length_buckets.size(); ++i) {
+        if (c.evaluation.length_buckets[i] <= c.evaluation.length_buckets[i - 1]) {
+            evaluation.fail("length_buckets", "increasing bounds");
+        }
+    }
+    evaluation.finish();
+
+    JsonReader output = root.section("output");
+    c.output.dir = output.text("dir", "runs/quickstart");
+    if (c.output.dir.empty()) output.fail("dir", "a directory name");
+    c.output.checkpoint_every = output.integer("checkpoint_every", 1, int64_t{1} << 40, 100);
+    output.finish();
+    root.finish();
+    return c;
+}
+
+nlohmann::json Config::resolved() const {
+    const TransformerOptions& t = model.transformer;
+    return {
+        {"model",
+         {{"layers", t.layers}, {"dim", t.dim}, {"heads", t.heads}, {"ff_dim", t.ff_dim}, {"dropout", t.dropout},
+          {"position", position_mode_name(t.position)}, {"k_left", t.relative.k_left}, {"k_right", t.relative.k_right},
+          {"share_across_heads", t.relative.share_across_heads},
+          {"attention", t.impl == AttentionImpl::reference ? "reference" : "bucketed"}, {"token_gate", t.token_gate},
+          {"pooling", model.pooling == Pooling::mean ? "mean" : "first"}}},
+        {"task",
+         {{"kind", task_kind_name(task.kind)}, {"vocab", task.vocab}, {"train_lengths", task.train_lengths},
+          {"test_lengths", task.test_lengths}, {"distance", task.distance}, {"train_examples", task.train_examples},
+          {"test_examples", task.test_examples}}},
+        {"training",
+         {{"steps", training.steps}, {"batch_size", training.batch_size}, {"learning_rate", training.learning_rate},
+          {"warmup_steps", training.warmup_steps}, {"schedule", schedule_name(training.schedule)},
+          {"beta1", training.adamw.beta1}, {"beta2", training.adamw.beta2}, {"eps", training.adamw.eps},
+          {"weight_decay", training.adamw.weight_decay}, {"clip_norm", training.clip_norm}, {"seed", training.seed},
+          {"threads", training.threads}, {"log_every", training.log_every}}},
+        {"evaluation",
+         {{"every", evaluation.every}, {"batch_size", evaluation.batch_size}, {"length_buckets", evaluation.length_buckets}}},
+        {"output", {{"dir", output.dir}, {"checkpoint_every", output.checkpoint_every}}},
+    };
+}
+
+nlohmann::json quickstart_config() {
+    return {
+        {"model", {{"layers", 2}, {"dim", 64}, {"heads", 4}, {"ff_dim", 128}, {"dropout", 0.0}, {"position", "relative"}, {"k", 8}}},
+        {"task", {{"kind", "relative_order"}, {"vocab", 16}, {"train_lengths", {8, 24}}, {"test_lengths", {8, 48}},
+                  {"distance", 3}, {"train_examples", 4000}, {"test_examples", 500}}},
+        {"training", {{"steps", 400}, {"batch_size", 32}, {"learning_rate", 2e-3}, {"warmup_steps", 40}, {"seed", 1}}},
+        {"evaluation", {{"every", 100}, {"length_buckets", {8, 16, 24, 32, 48}}}},
+        {"output", {{"dir", "runs/quickstart"}}},
+    };
+}
+
+nlohmann::json read_config_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw std::invalid_argument(path + ": cannot open the config");
+    try {
+        return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+        throw std::invalid_argument(path + ": not valid JSON (" + e.what() + ")");
+    }
+}
+
+void apply_override(nlohmann::json& document, const std::string& assignment) {
+    const std::size_t equals = assignment.find('=');
+    if (equals == std::string::npos || equals == 0) {
+        throw std::invalid_argument("--set " + assignment + ": expected path.to.key=value");
+    }
+    const std::string path = assignment.substr(0, equals), text = assignment.substr(equals + 1);
+    nlohmann::json value;
+    try {
+        value = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error&) {
+        value = text;  // not JSON: a plain string such as reverse or runs/x
+    }
+    nlohmann::json* node = &document;
+    std::size_t start = 0;
+    while (true) {
+        const std::size_t dot = path.find('.', start);
+        const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (key.empty()) throw std::invalid_argument("--set " + assignment + ": empty key in '" + path + "'");
+        if (dot == std::string::npos) {
+            (*node)[key] = value;
+            return;
+        }
+        if (!node->contains(key)) (*node)[key] = nlohmann::json::object();
+        node = &(*node)[key];
+        if (!node->is_object()) throw std::invalid_argument("--set " + assignment + ": '" + key + "' is not a section");
+        start = dot + 1;
+    }
+}
+
+}  // namespace relgrad

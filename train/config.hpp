@@ -1,0 +1,80 @@
+// relgrad: the training configuration, one JSON document with six sections. Every value has a
+// default; every value given is checked (type, range, names), and unknown keys are errors.
+// docs/training.md lists every key.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/optim.hpp"
+#include "layers/transformer.hpp"
+
+namespace relgrad {
+
+struct ModelConfig {
+    TransformerOptions transformer;  // layers, dim, heads, ff_dim, dropout, position, k, impl, ...
+    Pooling pooling = Pooling::mean;  // classification
+};
+
+// The task decides the model: classification tasks train a SequenceClassifier, sequence-pair
+// tasks an EncoderDecoder, language modelling a CausalLanguageModel.
+enum class TaskKind { copy, reverse, relative_order };
+struct TaskConfig {
+    TaskKind kind = TaskKind::relative_order;
+    int64_t vocab = 16;                      // synthetic symbols, reserved ids included
+    std::vector<int64_t> train_lengths{8, 24};  // [min, max] sequence length for training
+    std::vector<int64_t> test_lengths{8, 48};   // [min, max] for evaluation: longer probes generalization
+    int64_t distance = 3;                    // relative_order: A stands this many positions before B
+    int64_t train_examples = 4000;
+    int64_t test_examples = 500;
+};
+
+struct TrainingConfig {
+    int64_t steps = 400;
+    int64_t batch_size = 32;
+    double learning_rate = 1e-3;
+    int64_t warmup_steps = 40;
+    Schedule schedule = Schedule::cosine;
+    AdamWOptions adamw{0.9, 0.98, 1e-8, 0.01};
+    double clip_norm = 1.0;
+    uint64_t seed = 1;
+    int64_t threads = 2;
+    int64_t log_every = 20;
+};
+
+struct EvaluationConfig {
+    int64_t every = 100;  // steps between evaluations (and at the end)
+    int64_t batch_size = 64;
+    std::vector<int64_t> length_buckets{8, 16, 24, 32, 48};
+};
+
+struct OutputConfig {
+    std::string dir = "runs/quickstart";
+    int64_t checkpoint_every = 100;
+};
+
+struct Config {
+    ModelConfig model;
+    TaskConfig task;
+    TrainingConfig training;
+    EvaluationConfig evaluation;
+    OutputConfig output;
+
+    // Reads and checks a document; `file` names it in errors.
+    static Config parse(const nlohmann::json& document, const std::string& file);
+    // The configuration with every default filled in, as it would be written.
+    nlohmann::json resolved() const;
+};
+
+// The quickstart: relative-order classification with relative positions, about two minutes here.
+nlohmann::json quickstart_config();
+// Reads a config file (JSON errors with line and column); throws std::invalid_argument.
+nlohmann::json read_config_file(const std::string& path);
+// Applies "--set a.b.c=value" overrides: the value is read as JSON when it parses (numbers,
+// true/false, lists), else as a string. The key path must name a known section.
+void apply_override(nlohmann::json& document, const std::string& assignment);
+
+const char* task_kind_name(TaskKind kind);
+
+}  // namespace relgrad

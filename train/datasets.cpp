@@ -1,0 +1,300 @@
+#include "train/datasets.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/tensor.hpp"
+#include "train/tokenizer.hpp"
+
+namespace relgrad {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// ---- files -------------------------------------------------------------------------------------
+
+std::ifstream open_file(const std::string& path) {
+    if (!fs::exists(path)) throw std::runtime_error(path + ": no such file");
+    if (fs::is_directory(path)) throw std::runtime_error(path + ": is a directory, expected a file");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error(path + ": cannot open (permission denied?)");
+    return in;
+}
+
+// One line of a file, for reading it and for naming it in an error.
+struct Line {
+    const std::string& path;
+    int64_t number;  // from 1
+    std::string text;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw std::runtime_error(path + ":line " + std::to_string(number) + ": " + what);
+    }
+};
+
+void check_utf8(const Line& line) {
+    if (const auto error = find_utf8_error(line.text)) {
+        line.fail("invalid UTF-8 at byte offset " + std::to_string(error->offset) + " of the line: " + error->reason);
+    }
+}
+
+// The lines of a file that are not blank, without their \n or \r\n, each checked to be UTF-8.
+std::vector<Line> read_lines(const std::string& path) {
+    std::ifstream in = open_file(path);
+    std::vector<Line> lines;
+    std::string text;
+    for (int64_t number = 1; std::getline(in, text); ++number) {
+        if (!text.empty() && text.back() == '\r') text.pop_back();
+        if (text.find_first_not_of(" \t") == std::string::npos) continue;
+        lines.push_back(Line{path, number, text});
+        check_utf8(lines.back());
+    }
+    if (lines.empty()) throw std::runtime_error(path + ": no examples (the file is empty or only blank lines)");
+    return lines;
+}
+
+enum class Format { tsv, jsonl };
+
+Format format_of(const std::string& path) {
+    const std::string extension = fs::path(path).extension().string();
+    if (extension == ".tsv") return Format::tsv;
+    if (extension == ".jsonl") return Format::jsonl;
+    throw std::runtime_error(path + ": the extension must be .tsv or .jsonl, got '" + extension + "'");
+}
+
+// A text field of an example; a classification label may also be a JSON integer.
+struct Field {
+    std::string name;
+    bool integer_allowed;
+};
+
+// The two fields of one example: TSV columns "first<TAB>second", or the JSON object's keys.
+std::array<std::string, 2> parse_example(Format format, const Line& line, const std::array<Field, 2>& fields) {
+    std::array<std::string, 2> values;
+    if (format == Format::tsv) {
+        const auto tabs = std::count(line.text.begin(), line.text.end(), '\t');
+        if (tabs != 1) {
+            line.fail("expected " + fields[0].name + "<TAB>" + fields[1].name + " with exactly one tab, found " +
+                      std::to_string(tabs) + " tabs");
+        }
+        const size_t tab = line.text.find('\t');
+        values = {line.text.substr(0, tab), line.text.substr(tab + 1)};
+    } else {
+        json object;
+        try {
+            object = json::parse(line.text);
+        } catch (const json::parse_error& e) {
+            line.fail(std::string("not valid JSON: ") + e.what());
+        }
+        if (!object.is_object()) {
+            line.fail("expected a JSON object {\"" + fields[0].name + "\": ..., \"" + fields[1].name +
+                      "\": ...}, got " + object.dump());
+        }
+        for (size_t i = 0; i < 2; ++i) {
+            const Field& field = fields[i];
+            if (!object.contains(field.name)) line.fail("missing key '" + field.name + "'");
+            const json& value = object[field.name];
+            if (value.is_string()) {
+                values[i] = value.get<std::string>();
+            } else if (field.integer_allowed && value.is_number_integer()) {
+                values[i] = value.dump();  // 7 -> "7"
+            } else {
+                line.fail("'" + field.name + "' must be a string" + (field.integer_allowed ? " or an integer" : "") +
+                          ", got " + value.dump());
+            }
+        }
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        if (values[i].empty()) line.fail("'" + fields[i].name + "' is empty");
+    }
+    return values;
+}
+
+// ---- randomness --------------------------------------------------------------------------------
+
+// A uniform integer in [low, high]. (next_u64() % span is biased by at most span / 2^64: negligible.)
+int64_t uniform_int(Generator& gen, int64_t low, int64_t high) {
+    const uint64_t span = static_cast<uint64_t>(high - low) + 1;
+    return low + static_cast<int64_t>(gen.next_u64() % span);
+}
+
+// Fisher-Yates: for i from the end, swap item i with a uniform pick among items 0..i.
+template <class T>
+void shuffle(std::vector<T>& items, Generator& gen) {
+    for (size_t i = items.size(); i > 1; --i) {
+        std::swap(items[i - 1], items[uniform_int(gen, 0, static_cast<int64_t>(i) - 1)]);
+    }
+}
+
+// ---- synthetic tasks ---------------------------------------------------------------------------
+
+constexpr int64_t first_symbol = Tokenizer::eos + 1;                     // 4: ids below are reserved
+constexpr int64_t marker_a = first_symbol, marker_b = first_symbol + 1;  // the relative-order markers
+constexpr int64_t first_filler = marker_b + 1;                           // 6
+
+// "task: name must be >= bound, got value", where bound spells out low and why.
+void require_at_least(const std::string& task, const std::string& name, int64_t value, int64_t low,
+                      const std::string& bound) {
+    if (value < low) {
+        throw std::invalid_argument(task + ": " + name + " must be >= " + bound + ", got " + std::to_string(value));
+    }
+}
+
+// count >= 1 and shortest <= min_length <= max_length.
+void check_sizes(const std::string& task, int64_t count, int64_t min_length, int64_t max_length, int64_t shortest,
+                 const std::string& shortest_bound) {
+    require_at_least(task, "count", count, 1, "1");
+    require_at_least(task, "min_length", min_length, shortest, shortest_bound);
+    require_at_least(task, "max_length", max_length, min_length, "min_length = " + std::to_string(min_length));
+}
+
+std::vector<int64_t> random_symbols(Generator& gen, int64_t length, int64_t first, int64_t vocab) {
+    std::vector<int64_t> symbols(length);
+    for (int64_t& s : symbols) s = uniform_int(gen, first, vocab - 1);
+    return symbols;
+}
+
+std::vector<TokenPair> make_sequence_task(const std::string& task, int64_t count, int64_t min_length,
+                                          int64_t max_length, int64_t vocab, uint64_t seed, bool reversed) {
+    check_sizes(task, count, min_length, max_length, 1, "1");
+    require_at_least(task, "vocab", vocab, first_symbol + 1, "5 (ids 0..3 are reserved, symbols are 4 .. vocab-1)");
+    Generator gen(seed);
+    std::vector<TokenPair> examples;
+    for (int64_t i = 0; i < count; ++i) {
+        TokenPair pair;
+        pair.source = random_symbols(gen, uniform_int(gen, min_length, max_length), first_symbol, vocab);
+        pair.target = pair.source;
+        if (reversed) std::reverse(pair.target.begin(), pair.target.end());
+        examples.push_back(std::move(pair));
+    }
+    return examples;
+}
+
+}  // namespace
+
+// ---- files -------------------------------------------------------------------------------------
+
+std::vector<LabeledText> read_classification(const std::string& path) {
+    const Format format = format_of(path);
+    std::vector<LabeledText> examples;
+    for (const Line& line : read_lines(path)) {
+        const auto [label, text] = parse_example(format, line, {Field{"label", true}, Field{"text", false}});
+        examples.push_back({text, label});
+    }
+    return examples;
+}
+
+std::vector<TextPair> read_pairs(const std::string& path) {
+    const Format format = format_of(path);
+    std::vector<TextPair> examples;
+    for (const Line& line : read_lines(path)) {
+        const auto [source, target] = parse_example(format, line, {Field{"source", false}, Field{"target", false}});
+        examples.push_back({source, target});
+    }
+    return examples;
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream in = open_file(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.empty()) throw std::runtime_error(path + ": the file is empty, expected UTF-8 text");
+    if (const auto error = find_utf8_error(text)) {
+        // Name the line as an editor would: lines counted from 1, bytes from the line's start.
+        const size_t previous_newline = text.rfind('\n', error->offset);
+        const size_t line_start = previous_newline == std::string::npos ? 0 : previous_newline + 1;
+        const auto number =
+            1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(error->offset), '\n');
+        Line{path, number, ""}.fail("invalid UTF-8 at byte offset " + std::to_string(error->offset - line_start) +
+                                    " of the line: " + error->reason);
+    }
+    return text;
+}
+
+// ---- held-out split ----------------------------------------------------------------------------
+
+std::vector<size_t> seeded_permutation(size_t n, uint64_t seed) {
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    Generator gen(seed);
+    shuffle(order, gen);
+    return order;
+}
+
+size_t held_out_count(size_t n, double fraction) {
+    if (!(fraction > 0 && fraction < 1)) {  // also rejects NaN
+        std::ostringstream message;
+        message << "split_held_out: fraction must be in (0, 1), got " << fraction;
+        throw std::invalid_argument(message.str());
+    }
+    const auto held_out = static_cast<size_t>(std::llround(fraction * static_cast<double>(n)));
+    if (held_out == 0 || held_out == n) {
+        std::ostringstream message;
+        message << "split_held_out: a fraction of " << fraction << " of " << n << " examples holds out " << held_out
+                << "; both the training and the held-out part must be non-empty";
+        throw std::invalid_argument(message.str());
+    }
+    return held_out;
+}
+
+// ---- synthetic tasks ---------------------------------------------------------------------------
+
+std::vector<TokenPair> make_copy_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                      uint64_t seed) {
+    return make_sequence_task("make_copy_task", count, min_length, max_length, vocab, seed, false);
+}
+
+std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                         uint64_t seed) {
+    return make_sequence_task("make_reverse_task", count, min_length, max_length, vocab, seed, true);
+}
+
+std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_length, int64_t max_length,
+                                                    int64_t vocab, int64_t distance, uint64_t seed) {
+    const std::string task = "make_relative_order_task";
+    check_sizes(task, count, min_length, max_length, 2, "2 (room for both markers)");
+    require_at_least(task, "vocab", vocab, first_filler + 1,
+                     "7 (ids 0..3 are reserved, 4 and 5 are the markers, symbols are 6 .. vocab-1)");
+    require_at_least(task, "distance", distance, 1, "1");
+    require_at_least(task, "max_length", max_length, distance + 1,
+                     "distance + 1 = " + std::to_string(distance + 1) + " (room for A distance positions before B)");
+
+    Generator gen(seed);
+    std::vector<int64_t> labels(count, 0);
+    std::fill(labels.begin(), labels.begin() + count / 2, 1);
+    shuffle(labels, gen);
+
+    std::vector<LabeledTokens> examples;
+    for (const int64_t label : labels) {
+        int64_t length = 0, a = 0, b = 0;  // a, b: the positions of the markers
+        if (label == 1) {
+            length = uniform_int(gen, std::max(min_length, distance + 1), max_length);
+            a = uniform_int(gen, 0, length - 1 - distance);
+            b = a + distance;
+        } else {
+            // Uniform over all ordered pairs of distinct positions except the positive ones; a
+            // negative always exists (B before A), so this ends.
+            length = uniform_int(gen, min_length, max_length);
+            do {
+                a = uniform_int(gen, 0, length - 1);
+                b = uniform_int(gen, 0, length - 1);
+            } while (a == b || b - a == distance);
+        }
+        std::vector<int64_t> tokens = random_symbols(gen, length, first_filler, vocab);
+        tokens[a] = marker_a;
+        tokens[b] = marker_b;
+        examples.push_back({std::move(tokens), label});
+    }
+    return examples;
+}
+
+}  // namespace relgrad

@@ -1,0 +1,86 @@
+// Datasets: the generic text formats every task reads (any corpus is converted to one of them
+// first), a held-out split, and the synthetic tasks that probe what a model knows about positions.
+//
+// File errors are std::runtime_error "path:line N: what was wrong, what was expected"; bad
+// arguments are std::invalid_argument naming the argument, its value and the allowed range.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace relgrad {
+
+// ---- files -------------------------------------------------------------------------------------
+// Lines may end in \n or \r\n; blank lines (only spaces and tabs) are skipped; every other line
+// must be one example, valid UTF-8, with non-empty fields. A file without examples is an error.
+
+struct LabeledText {
+    std::string text;
+    std::string label;
+};
+struct TextPair {
+    std::string source, target;
+};
+
+// classification, by extension: .tsv lines "label<TAB>text" (exactly one tab), or .jsonl lines
+// {"text": "...", "label": "..."} where the label may be an integer, kept as its decimal string
+// (other keys are ignored).
+std::vector<LabeledText> read_classification(const std::string& path);
+// sequence pairs: .tsv "source<TAB>target" or .jsonl {"source": "...", "target": "..."}
+std::vector<TextPair> read_pairs(const std::string& path);
+// plain UTF-8 text for language modelling, returned byte for byte
+std::string read_text(const std::string& path);
+
+// ---- held-out split ----------------------------------------------------------------------------
+
+// A permutation of 0..n-1 (Fisher-Yates driven by relgrad::Generator), the same on every machine.
+std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
+// round(fraction * n), checked: 0 < fraction < 1 and both parts non-empty, else std::invalid_argument.
+size_t held_out_count(size_t n, double fraction);
+
+// A seeded shuffle, then the last round(fraction * n) examples as held-out: {training, held-out}.
+template <class T>
+std::pair<std::vector<T>, std::vector<T>> split_held_out(std::vector<T> examples, double fraction, uint64_t seed) {
+    const size_t n = examples.size(), training_count = n - held_out_count(n, fraction);
+    const std::vector<size_t> order = seeded_permutation(n, seed);
+    std::pair<std::vector<T>, std::vector<T>> parts;
+    for (size_t i = 0; i < n; ++i) {
+        (i < training_count ? parts.first : parts.second).push_back(std::move(examples[order[i]]));
+    }
+    return parts;
+}
+
+// ---- synthetic tasks ---------------------------------------------------------------------------
+// Generated from a seed with relgrad::Generator, so the same seed gives the same data everywhere.
+// Ids 0..3 are Tokenizer's reserved ids; symbols are 4 .. vocab-1; each length is uniform in
+// [min_length, max_length].
+
+struct TokenPair {
+    std::vector<int64_t> source, target;
+};
+struct LabeledTokens {
+    std::vector<int64_t> tokens;
+    int64_t label;
+};
+
+// target = source (vocab >= 5)
+std::vector<TokenPair> make_copy_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                      uint64_t seed);
+// target = the source reversed (vocab >= 5)
+std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                         uint64_t seed);
+
+// Relative order: random symbols from 6 .. vocab-1 (vocab >= 7) plus exactly one marker A (id 4)
+// and one marker B (id 5); label 1 when A stands exactly `distance` positions before B
+// (pos(B) - pos(A) = distance), else 0. count / 2 examples are positive (the odd one out is
+// negative), in shuffled order; negatives place A and B uniformly among all other position pairs.
+// A positive needs length > distance, so positives draw their length from
+// [max(min_length, distance + 1), max_length]: keep min_length > distance, or length alone gives
+// some negatives away.
+std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_length, int64_t max_length,
+                                                    int64_t vocab, int64_t distance, uint64_t seed);
+
+}  // namespace relgrad

@@ -1,0 +1,124 @@
+#include "train/json_reader.hpp"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+namespace relgrad {
+
+const nlohmann::json JsonReader::empty_object_ = nlohmann::json::object();
+
+static std::string number_text(double x) {
+    std::ostringstream out;
+    out << x;
+    return out.str();
+}
+
+JsonReader::JsonReader(const nlohmann::json& object, std::string path, std::string file)
+    : object_(object), path_(std::move(path)), file_(std::move(file)) {
+    if (!object_.is_object()) {
+        throw std::invalid_argument(file_ + ": " + (path_.empty() ? "/" : path_) + ": got " + object_.dump() +
+                                    ", expected an object");
+    }
+}
+
+void JsonReader::fail(const std::string& key, const std::string& expected) const {
+    const std::string got = object_.contains(key) ? object_.at(key).dump() : "nothing";
+    throw std::invalid_argument(file_ + ": " + path_of(key) + ": got " + got + ", expected " + expected);
+}
+
+const nlohmann::json* JsonReader::value(const std::string& key) {
+    read_.insert(key);
+    return object_.contains(key) ? &object_.at(key) : nullptr;
+}
+
+std::string JsonReader::text(const std::string& key, const std::optional<std::string>& fallback,
+                             const std::vector<std::string>& allowed) {
+    std::string expected = "a string";
+    if (!allowed.empty()) {
+        expected = "one of";
+        for (std::size_t i = 0; i < allowed.size(); ++i) expected += (i ? ", \"" : " \"") + allowed[i] + "\"";
+    }
+    const nlohmann::json* v = value(key);
+    if (!v) {
+        if (!fallback) fail(key, expected);
+        return *fallback;
+    }
+    if (!v->is_string()) fail(key, expected);
+    const std::string s = v->get<std::string>();
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) fail(key, expected);
+    return s;
+}
+
+int64_t JsonReader::integer(const std::string& key, int64_t low, int64_t high, std::optional<int64_t> fallback) {
+    const std::string expected = "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    const nlohmann::json* v = value(key);
+    if (!v) {
+        if (!fallback) fail(key, expected);
+        return *fallback;
+    }
+    if (!v->is_number_integer()) fail(key, expected);
+    const int64_t x = v->get<int64_t>();
+    if (x < low || x > high) fail(key, expected);
+    return x;
+}
+
+double JsonReader::number(const std::string& key, double low, double high, std::optional<double> fallback,
+                          bool above_low) {
+    const std::string expected = "a number in " + std::string(above_low ? "(" : "[") + number_text(low) + ", " +
+                                 number_text(high) + "]";
+    const nlohmann::json* v = value(key);
+    if (!v) {
+        if (!fallback) fail(key, expected);
+        return *fallback;
+    }
+    if (!v->is_number()) fail(key, expected);
+    const double x = v->get<double>();
+    if (!(above_low ? x > low : x >= low) || !(x <= high)) fail(key, expected);
+    return x;
+}
+
+bool JsonReader::flag(const std::string& key, std::optional<bool> fallback) {
+    const nlohmann::json* v = value(key);
+    if (!v) {
+        if (!fallback) fail(key, "true or false");
+        return *fallback;
+    }
+    if (!v->is_boolean()) fail(key, "true or false");
+    return v->get<bool>();
+}
+
+std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, int64_t high, std::size_t count,
+                                          const std::optional<std::vector<int64_t>>& fallback) {
+    const std::string expected = (count > 0 ? "a list of " + std::to_string(count) + " integers" : "a list of integers") +
+                                 " in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    const nlohmann::json* v = value(key);
+    if (!v) {
+        if (!fallback) fail(key, expected);
+        return *fallback;
+    }
+    if (!v->is_array() || (count > 0 && v->size() != count) || v->empty()) fail(key, expected);
+    std::vector<int64_t> out;
+    for (const auto& item : *v) {
+        if (!item.is_number_integer() || item.get<int64_t>() < low || item.get<int64_t>() > high) fail(key, expected);
+        out.push_back(item.get<int64_t>());
+    }
+    return out;
+}
+
+JsonReader JsonReader::section(const std::string& key) {
+    const nlohmann::json* v = value(key);
+    if (v && !v->is_object()) fail(key, "an object");
+    return JsonReader(v ? *v : empty_object_, path_of(key), file_);
+}
+
+void JsonReader::finish() const {
+    for (const auto& item : object_.items()) {
+        if (read_.count(item.key())) continue;
+        std::string known;
+        for (const std::string& key : read_) known += (known.empty() ? "" : ", ") + key;
+        throw std::invalid_argument(file_ + ": " + path_of(item.key()) + ": unknown key (expected one of: " + known + ")");
+    }
+}
+
+}  // namespace relgrad

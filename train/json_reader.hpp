@@ -1,0 +1,48 @@
+// Reading JSON objects with every value checked: type, range, allowed names, unknown keys. Each
+// error names the file, the JSON path of the value, what it got and what was expected:
+//     quick.json: /training/learning_rate: got -1, expected a number > 0
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace relgrad {
+
+class JsonReader {
+public:
+    // object: the JSON object to read; path: its JSON path ("" for the document, "/training")
+    JsonReader(const nlohmann::json& object, std::string path, std::string file);
+
+    // A missing key takes the fallback; without one, the key is required.
+    std::string text(const std::string& key, const std::optional<std::string>& fallback = std::nullopt,
+                     const std::vector<std::string>& allowed = {});
+    int64_t integer(const std::string& key, int64_t low, int64_t high, std::optional<int64_t> fallback = std::nullopt);
+    double number(const std::string& key, double low, double high, std::optional<double> fallback = std::nullopt,
+                  bool above_low = false);  // above_low: low itself is not allowed
+    bool flag(const std::string& key, std::optional<bool> fallback = std::nullopt);
+    // A list of integers in [low, high]; `count` (if > 0) is the exact length required.
+    std::vector<int64_t> integers(const std::string& key, int64_t low, int64_t high, std::size_t count,
+                                  const std::optional<std::vector<int64_t>>& fallback = std::nullopt);
+    bool has(const std::string& key) const { return object_.contains(key); }
+    // A nested object (an empty one when missing); read it with its own reader.
+    JsonReader section(const std::string& key);
+    // Every key of the object must have been read.
+    void finish() const;
+
+    [[noreturn]] void fail(const std::string& key, const std::string& expected) const;
+    std::string path_of(const std::string& key) const { return path_ + "/" + key; }
+
+private:
+    const nlohmann::json* value(const std::string& key);
+
+    const nlohmann::json& object_;
+    std::string path_, file_;
+    std::set<std::string> read_;
+    static const nlohmann::json empty_object_;
+};
+
+}  // namespace relgrad

@@ -1,0 +1,127 @@
+#include "train/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace relgrad {
+
+namespace {
+
+using NgramCounts = std::map<std::vector<std::string>, int64_t>;
+
+// How often each n-gram (n consecutive tokens) occurs in a sentence.
+NgramCounts count_ngrams(const std::vector<std::string>& sentence, size_t n) {
+    NgramCounts counts;
+    for (size_t start = 0; start + n <= sentence.size(); ++start) {
+        ++counts[std::vector<std::string>(sentence.begin() + start, sentence.begin() + start + n)];
+    }
+    return counts;
+}
+
+void require_total(const char* function, const char* name, double value) {
+    if (!(std::isfinite(value) && value >= 0)) {
+        std::ostringstream message;
+        message << function << ": " << name << " must be a finite number >= 0, got " << value;
+        throw std::invalid_argument(message.str());
+    }
+}
+
+void require_positive_count(const char* function, const char* name, int64_t value) {
+    if (value < 1) {
+        throw std::invalid_argument(std::string(function) + ": " + name + " must be >= 1, got " +
+                                    std::to_string(value));
+    }
+}
+
+}  // namespace
+
+double accuracy(const std::vector<int64_t>& predicted, const std::vector<int64_t>& expected) {
+    if (predicted.size() != expected.size()) {
+        throw std::invalid_argument("accuracy: " + std::to_string(predicted.size()) + " predictions for " +
+                                    std::to_string(expected.size()) + " expected labels");
+    }
+    if (predicted.empty()) throw std::invalid_argument("accuracy: no predictions");
+    int64_t correct = 0;
+    for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == expected[i];
+    return static_cast<double>(correct) / static_cast<double>(predicted.size());
+}
+
+double corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
+                   const std::vector<std::vector<std::string>>& references) {
+    if (hypotheses.size() != references.size()) {
+        throw std::invalid_argument("corpus_bleu: " + std::to_string(hypotheses.size()) + " hypotheses for " +
+                                    std::to_string(references.size()) + " references");
+    }
+    if (hypotheses.empty()) throw std::invalid_argument("corpus_bleu: no hypotheses");
+
+    constexpr size_t max_order = 4;
+    double log_precision_sum = 0;
+    for (size_t n = 1; n <= max_order; ++n) {
+        int64_t matches = 0, total = 0;
+        for (size_t s = 0; s < hypotheses.size(); ++s) {
+            const NgramCounts reference = count_ngrams(references[s], n);
+            for (const auto& [ngram, count] : count_ngrams(hypotheses[s], n)) {
+                const auto found = reference.find(ngram);
+                matches += std::min(count, found == reference.end() ? int64_t{0} : found->second);  // clipped
+                total += count;
+            }
+        }
+        if (matches == 0) return 0;  // p_n = 0 (or no n-grams at all): the geometric mean is 0
+        log_precision_sum += std::log(static_cast<double>(matches) / static_cast<double>(total));
+    }
+
+    double c = 0, r = 0;
+    for (size_t s = 0; s < hypotheses.size(); ++s) {
+        c += static_cast<double>(hypotheses[s].size());
+        r += static_cast<double>(references[s].size());
+    }
+    const double brevity_penalty = c >= r ? 1.0 : std::exp(1.0 - r / c);  // c > 0: some 1-gram matched
+    return brevity_penalty * std::exp(log_precision_sum / max_order);
+}
+
+double perplexity(double total_nll_nats, int64_t tokens) {
+    require_total("perplexity", "total_nll_nats", total_nll_nats);
+    require_positive_count("perplexity", "tokens", tokens);
+    return std::exp(total_nll_nats / static_cast<double>(tokens));
+}
+
+double bits_per_char(double total_nll_nats, int64_t characters) {
+    require_total("bits_per_char", "total_nll_nats", total_nll_nats);
+    require_positive_count("bits_per_char", "characters", characters);
+    return total_nll_nats / (static_cast<double>(characters) * std::log(2.0));
+}
+
+LengthBuckets::LengthBuckets(std::vector<int64_t> upper_bounds) : upper_bounds_(std::move(upper_bounds)) {
+    if (upper_bounds_.empty()) throw std::invalid_argument("LengthBuckets: needs at least one upper bound");
+    for (size_t i = 0; i < upper_bounds_.size(); ++i) {
+        const int64_t low = i == 0 ? 1 : upper_bounds_[i - 1] + 1;  // positive, and above the bound before
+        if (upper_bounds_[i] < low) {
+            throw std::invalid_argument("LengthBuckets: upper bounds must be positive and increasing; bound " +
+                                        std::to_string(i) + " is " + std::to_string(upper_bounds_[i]) +
+                                        ", expected >= " + std::to_string(low));
+        }
+    }
+}
+
+int64_t LengthBuckets::bucket_of(int64_t length) const {
+    if (length < 1)
+        throw std::invalid_argument("LengthBuckets::bucket_of: length must be >= 1, got " + std::to_string(length));
+    // The first bucket whose upper bound is >= length; past the last bound, the open bucket.
+    return std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), length) - upper_bounds_.begin();
+}
+
+std::string LengthBuckets::name(int64_t bucket) const {
+    if (bucket < 0 || bucket >= count()) {
+        throw std::invalid_argument("LengthBuckets::name: bucket " + std::to_string(bucket) + " is out of range [0, " +
+                                    std::to_string(count()) + ")");
+    }
+    const auto b = static_cast<size_t>(bucket);
+    if (b == upper_bounds_.size()) return ">" + std::to_string(upper_bounds_.back());
+    const int64_t low = b == 0 ? 1 : upper_bounds_[b - 1] + 1, high = upper_bounds_[b];
+    return low == high ? std::to_string(low) : std::to_string(low) + "-" + std::to_string(high);
+}
+
+}  // namespace relgrad

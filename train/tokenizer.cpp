@@ -1,0 +1,229 @@
+#include "train/tokenizer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace relgrad {
+
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> reserved_names = {"<pad>", "<unk>", "<bos>", "<eos>"};  // ids 0..3
+
+std::string hex(unsigned char byte) {
+    char text[5];
+    std::snprintf(text, sizeof text, "0x%02X", byte);
+    return text;
+}
+
+// What a lead byte says: how many bytes its character has (0 when it cannot start one), and the
+// range its second byte must lie in. The narrowed ranges rule out the overlong forms (E0 80..9F,
+// F0 80..8F), the UTF-16 surrogates (ED A0..BF) and code points above U+10FFFF (F4 90..BF).
+struct LeadByte {
+    size_t length;
+    unsigned char second_low, second_high;
+};
+
+LeadByte lead_byte(unsigned char b) {
+    if (b <= 0x7F) return {1, 0, 0};
+    if (b >= 0xC2 && b <= 0xDF) return {2, 0x80, 0xBF};
+    if (b == 0xE0) return {3, 0xA0, 0xBF};
+    if (b == 0xED) return {3, 0x80, 0x9F};
+    if (b >= 0xE1 && b <= 0xEF) return {3, 0x80, 0xBF};
+    if (b == 0xF0) return {4, 0x90, 0xBF};
+    if (b >= 0xF1 && b <= 0xF3) return {4, 0x80, 0xBF};
+    if (b == 0xF4) return {4, 0x80, 0x8F};
+    return {0, 0, 0};  // 80..BF (a continuation byte), C0 C1 (overlong), F5..FF (beyond U+10FFFF)
+}
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+void require_utf8(const std::string& text) {
+    if (const auto error = find_utf8_error(text)) {
+        throw std::invalid_argument("invalid UTF-8 at byte offset " + std::to_string(error->offset) + ": " +
+                                    error->reason);
+    }
+}
+
+// The words of text: maximal runs of non-whitespace bytes.
+std::vector<std::string> split_words(const std::string& text) {
+    require_utf8(text);
+    std::vector<std::string> words;
+    size_t i = 0;
+    while (i < text.size()) {
+        while (i < text.size() && is_ascii_space(text[i])) ++i;
+        const size_t start = i;
+        while (i < text.size() && !is_ascii_space(text[i])) ++i;
+        if (i > start) words.push_back(text.substr(start, i - start));
+    }
+    return words;
+}
+
+std::vector<std::string> pieces(Tokenizer::Kind kind, const std::string& text) {
+    return kind == Tokenizer::Kind::character ? split_utf8(text) : split_words(text);
+}
+
+}  // namespace
+
+std::optional<Utf8Error> find_utf8_error(const std::string& text) {
+    size_t i = 0;
+    while (i < text.size()) {
+        const auto first = static_cast<unsigned char>(text[i]);
+        const LeadByte lead = lead_byte(first);
+        if (lead.length == 0) return Utf8Error{i, "byte " + hex(first) + " cannot start a character"};
+        const std::string starts = hex(first) + " starts a " + std::to_string(lead.length) + "-byte character";
+        for (size_t k = 1; k < lead.length; ++k) {
+            if (i + k == text.size()) return Utf8Error{i, starts + " but the text ends"};
+            const auto next = static_cast<unsigned char>(text[i + k]);
+            const unsigned char low = k == 1 ? lead.second_low : 0x80, high = k == 1 ? lead.second_high : 0xBF;
+            if (next < low || next > high) {
+                return Utf8Error{i, starts + " but byte " + std::to_string(k + 1) + " is " + hex(next)};
+            }
+        }
+        i += lead.length;
+    }
+    return std::nullopt;
+}
+
+std::vector<std::string> split_utf8(const std::string& text) {
+    require_utf8(text);
+    std::vector<std::string> characters;
+    for (size_t i = 0; i < text.size();) {
+        const size_t length = lead_byte(static_cast<unsigned char>(text[i])).length;
+        characters.push_back(text.substr(i, length));
+        i += length;
+    }
+    return characters;
+}
+
+Tokenizer::Kind parse_tokenizer_kind(const std::string& name) {
+    if (name == "char") return Tokenizer::Kind::character;
+    if (name == "word") return Tokenizer::Kind::word;
+    throw std::invalid_argument("unknown tokenizer kind '" + name + "' (expected char or word)");
+}
+
+std::string tokenizer_kind_name(Tokenizer::Kind kind) { return kind == Tokenizer::Kind::character ? "char" : "word"; }
+
+Tokenizer::Tokenizer(Kind kind, std::vector<std::string> vocabulary) : kind_(kind), vocabulary_(std::move(vocabulary)) {
+    for (size_t id = reserved_names.size(); id < vocabulary_.size(); ++id) {
+        ids_.emplace(vocabulary_[id], static_cast<int64_t>(id));
+    }
+}
+
+Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency) {
+    if (min_frequency < 1) {
+        throw std::invalid_argument("Tokenizer::build: min_frequency must be >= 1, got " +
+                                    std::to_string(min_frequency));
+    }
+    std::map<std::string, int64_t> counts;
+    for (const std::string& text : texts) {
+        for (const std::string& piece : pieces(kind, text)) ++counts[piece];
+    }
+    std::vector<std::pair<std::string, int64_t>> kept;
+    for (const auto& [piece, count] : counts) {
+        if (count >= min_frequency) kept.emplace_back(piece, count);
+    }
+    if (kept.empty()) {
+        throw std::invalid_argument("Tokenizer::build: no " +
+                                    std::string(kind == Kind::character ? "character" : "word") + " occurs at least " +
+                                    std::to_string(min_frequency) + " times in the " + std::to_string(texts.size()) +
+                                    " texts");
+    }
+    // Most frequent first; equal counts in byte order (std::string compares bytes as unsigned char).
+    std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    std::vector<std::string> vocabulary = reserved_names;
+    for (const auto& entry : kept) vocabulary.push_back(entry.first);
+    return Tokenizer(kind, std::move(vocabulary));
+}
+
+std::vector<std::string> Tokenizer::tokens(const std::string& text) const { return pieces(kind_, text); }
+
+std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
+    std::vector<int64_t> ids;
+    for (const std::string& piece : pieces(kind_, text)) {
+        const auto found = ids_.find(piece);
+        ids.push_back(found == ids_.end() ? unk : found->second);
+    }
+    return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
+    std::string text;
+    bool first = true;
+    for (const int64_t id : ids) {
+        if (id < 0 || id >= vocab_size()) {
+            throw std::invalid_argument("Tokenizer::decode: id " + std::to_string(id) + " is out of range [0, " +
+                                        std::to_string(vocab_size()) + ")");
+        }
+        if (id == pad || id == bos || id == eos) continue;
+        if (kind_ == Kind::word && !first) text += ' ';
+        text += vocabulary_[id];  // unk's entry is "<unk>"
+        first = false;
+    }
+    return text;
+}
+
+std::string Tokenizer::to_json() const {
+    return json{{"kind", tokenizer_kind_name(kind_)}, {"tokens", vocabulary_}}.dump();
+}
+
+Tokenizer Tokenizer::from_json(const std::string& text) {
+    const auto fail = [](const std::string& what) { throw std::runtime_error("tokenizer JSON: " + what); };
+    json document;
+    try {
+        document = json::parse(text);
+    } catch (const json::parse_error& e) {
+        fail(std::string("not valid JSON: ") + e.what());
+    }
+    if (!document.is_object()) fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + document.dump());
+    for (const auto& item : document.items()) {
+        if (item.key() != "kind" && item.key() != "tokens")
+            fail("unknown key '" + item.key() + "' (expected kind and tokens)");
+    }
+    if (!document.contains("kind")) fail("'kind' is required");
+    if (!document.contains("tokens")) fail("'tokens' is required");
+    const json& kind_value = document["kind"];
+    if (kind_value != "char" && kind_value != "word")
+        fail("'kind' must be \"char\" or \"word\", got " + kind_value.dump());
+    const Kind kind = parse_tokenizer_kind(kind_value.get<std::string>());
+
+    const json& token_list = document["tokens"];
+    if (!token_list.is_array()) fail("'tokens' must be an array of strings, got " + token_list.dump());
+    std::vector<std::string> vocabulary;
+    std::map<std::string, size_t> seen;
+    for (size_t id = 0; id < token_list.size(); ++id) {
+        const json& token = token_list[id];
+        const std::string where = "tokens[" + std::to_string(id) + "]";
+        if (!token.is_string()) fail(where + " must be a string, got " + token.dump());
+        const std::string piece = token.get<std::string>();
+        if (id < reserved_names.size()) {
+            if (piece != reserved_names[id]) {
+                fail(where + " must be \"" + reserved_names[id] + "\" (reserved id " + std::to_string(id) + "), got " +
+                     token.dump());
+            }
+        } else {
+            // A learned token must be exactly one piece of its kind, or encode() could never produce it.
+            const std::vector<std::string> split = pieces(kind, piece);
+            if (split.size() != 1 || split[0] != piece) {
+                fail(where + " must be a single " +
+                     (kind == Kind::character ? "character" : "word without whitespace") + ", got " + token.dump());
+            }
+            if (const auto earlier = seen.find(piece); earlier != seen.end()) {
+                fail(where + " repeats tokens[" + std::to_string(earlier->second) + "] " + token.dump());
+            }
+            seen.emplace(piece, id);
+        }
+        vocabulary.push_back(piece);
+    }
+    if (vocabulary.size() < reserved_names.size()) {
+        fail("'tokens' must start with the 4 reserved tokens \"<pad>\", \"<unk>\", \"<bos>\", \"<eos>\", got " +
+             std::to_string(vocabulary.size()) + " tokens");
+    }
+    return Tokenizer(kind, std::move(vocabulary));
+}
+
+}  // namespace relgrad

@@ -1,0 +1,33 @@
+// relgrad: training a model from a Config, with evaluation, checkpoints and a summary.
+//
+// The output directory receives config.json (the resolved config), metrics.jsonl (a line per
+// logged step and per evaluation), checkpoint/ (model, optimizer, step; replaced atomically) and
+// summary.json. A resumed run reaches the same result as an uninterrupted one: batches and
+// dropout masks are drawn from (seed, step), not from a stream that a restart would lose.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "train/config.hpp"
+
+namespace relgrad {
+
+struct TrainOptions {
+    bool resume = false;    // continue from <output.dir>/checkpoint
+    bool progress = false;  // a live progress line on stderr (for terminals)
+    int64_t stop_after = -1;  // end this run after that step, checkpoint written (a planned interruption)
+};
+
+// Training produced a NaN or infinite loss; the message names the step.
+struct TrainingDiverged : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Trains, evaluates and writes the output directory; returns summary.json's content (or, when
+// stopped by stop_after, {"stopped_at": step} and no summary). Throws
+// std::invalid_argument for an unusable config or output directory and TrainingDiverged.
+nlohmann::json train(const Config& config, const TrainOptions& options);
+
+}  // namespace relgrad
