@@ -12,8 +12,15 @@ const char* task_kind_name(TaskKind kind) {
         case TaskKind::copy: return "copy";
         case TaskKind::reverse: return "reverse";
         case TaskKind::relative_order: return "relative_order";
+        case TaskKind::classification: return "classification";
+        case TaskKind::pairs: return "pairs";
+        case TaskKind::language_model: return "language_model";
     }
     return "";
+}
+
+bool reads_files(TaskKind kind) {
+    return kind == TaskKind::classification || kind == TaskKind::pairs || kind == TaskKind::language_model;
 }
 
 static const char* schedule_name(Schedule s) {
@@ -43,8 +50,12 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     model.finish();
 
     JsonReader task = root.section("task");
-    const std::string kind = task.text("kind", "relative_order", {"copy", "reverse", "relative_order"});
-    c.task.kind = kind == "copy" ? TaskKind::copy : kind == "reverse" ? TaskKind::reverse : TaskKind::relative_order;
+    const std::string kind = task.text("kind", "relative_order",
+                                       {"copy", "reverse", "relative_order", "classification", "pairs", "language_model"});
+    for (TaskKind k : {TaskKind::copy, TaskKind::reverse, TaskKind::relative_order, TaskKind::classification,
+                       TaskKind::pairs, TaskKind::language_model}) {
+        if (kind == task_kind_name(k)) c.task.kind = k;
+    }
     c.task.vocab = task.integer("vocab", 7, 1 << 20, 16);
     c.task.train_lengths = task.integers("train_lengths", 1, 1 << 20, 2, c.task.train_lengths);
     c.task.test_lengths = task.integers("test_lengths", 1, 1 << 20, 2, c.task.test_lengths);
@@ -65,8 +76,22 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     c.task.train_examples = task.integer("train_examples", 1, 1 << 30, 4000);
     c.task.test_examples = task.integer("test_examples", 1, 1 << 30, 500);
     task.finish();
-    const int64_t longest = std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;  // room for bos/eos
-    t.max_len = longest;
+
+    JsonReader data = root.section("data");
+    c.data.train = data.text("train", "");
+    if (reads_files(c.task.kind) && c.data.train.empty()) {
+        data.fail("train", "the training file of a " + kind + " task");
+    }
+    c.data.test = data.text("test", "");
+    c.data.held_out = data.number("held_out", 0, 0.9, 0.1, true);
+    c.data.tokenizer = data.text("tokenizer", "char", {"char", "word"});
+    c.data.min_frequency = data.integer("min_frequency", 1, 1 << 30, 1);
+    c.data.max_length = data.integer("max_length", 1, 1 << 20, 128);
+    data.finish();
+
+    // learned positions need a vector for the longest input (+2: bos/eos)
+    t.max_len = reads_files(c.task.kind) ? c.data.max_length + 2
+                                         : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
 
     JsonReader training = root.section("training");
     TrainingConfig& tr = c.training;
@@ -118,6 +143,9 @@ nlohmann::json Config::resolved() const {
          {{"kind", task_kind_name(task.kind)}, {"vocab", task.vocab}, {"train_lengths", task.train_lengths},
           {"test_lengths", task.test_lengths}, {"distance", task.distance}, {"train_examples", task.train_examples},
           {"test_examples", task.test_examples}}},
+        {"data",
+         {{"train", data.train}, {"test", data.test}, {"held_out", data.held_out}, {"tokenizer", data.tokenizer},
+          {"min_frequency", data.min_frequency}, {"max_length", data.max_length}}},
         {"training",
          {{"steps", training.steps}, {"batch_size", training.batch_size}, {"learning_rate", training.learning_rate},
           {"warmup_steps", training.warmup_steps}, {"schedule", schedule_name(training.schedule)},

@@ -18,8 +18,10 @@ struct ModelConfig {
 };
 
 // The task decides the model: classification tasks train a SequenceClassifier, sequence-pair
-// tasks an EncoderDecoder, language modelling a CausalLanguageModel.
-enum class TaskKind { copy, reverse, relative_order };
+// tasks an EncoderDecoder, language modelling a CausalLanguageModel. copy, reverse and
+// relative_order are generated from the seed; the others read the files of the data section.
+enum class TaskKind { copy, reverse, relative_order, classification, pairs, language_model };
+bool reads_files(TaskKind kind);
 struct TaskConfig {
     TaskKind kind = TaskKind::relative_order;
     int64_t vocab = 16;                      // synthetic symbols, reserved ids included
@@ -28,6 +30,17 @@ struct TaskConfig {
     int64_t distance = 3;                    // relative_order: A stands this many positions before B
     int64_t train_examples = 4000;
     int64_t test_examples = 500;
+};
+
+// Files for classification (TSV label<TAB>text or JSONL {"text", "label"}), pairs (TSV
+// source<TAB>target or JSONL {"source", "target"}) and language_model (plain text).
+struct DataConfig {
+    std::string train;         // required for the file tasks
+    std::string test;          // or, when empty, a held-out part of train
+    double held_out = 0.1;
+    std::string tokenizer = "char";  // char | word
+    int64_t min_frequency = 1;       // word: rarer words become <unk>
+    int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
 };
 
 struct TrainingConfig {
@@ -57,6 +70,7 @@ struct OutputConfig {
 struct Config {
     ModelConfig model;
     TaskConfig task;
+    DataConfig data;
     TrainingConfig training;
     EvaluationConfig evaluation;
     OutputConfig output;
@@ -67,7 +81,7 @@ struct Config {
     nlohmann::json resolved() const;
 };
 
-// The quickstart: relative-order classification with relative positions, about two minutes here.
+// The quickstart: relative-order classification with relative positions, about half a minute here.
 nlohmann::json quickstart_config();
 // Reads a config file (JSON errors with line and column); throws std::invalid_argument.
 nlohmann::json read_config_file(const std::string& path);

@@ -58,10 +58,11 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
         return 0;
     }
     const nlohmann::json& final = summary["final"];
-    std::printf("%s with %s positions: test accuracy", summary["task"].get<std::string>().c_str(),
-                summary["position"].get<std::string>().c_str());
-    if (summary.contains("initial")) std::printf(" %.3f before training ->", summary["initial"]["accuracy"].get<double>());
-    std::printf(" %.3f after %lld steps (%.0f s)\nby length:", final["accuracy"].get<double>(),
+    const std::string metric = summary["metric"].get<std::string>();
+    std::printf("%s with %s positions: test %s", summary["task"].get<std::string>().c_str(),
+                summary["position"].get<std::string>().c_str(), metric.c_str());
+    if (summary.contains("initial")) std::printf(" %.4g before training ->", summary["initial"][metric].get<double>());
+    std::printf(" %.4g after %lld steps (%.0f s)\nby length:", final[metric].get<double>(),
                 summary["steps"].get<long long>(), summary["train_seconds"].get<double>());
     // buckets in length order ("1-8", "9-16", ..., ">48"), not the JSON object's alphabetical one
     std::vector<std::pair<long long, std::string>> buckets;
@@ -71,7 +72,8 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
     }
     std::sort(buckets.begin(), buckets.end());
     for (const auto& bucket : buckets) {
-        std::printf(" %s: %.3f", bucket.second.c_str(), final["by_length"][bucket.second]["accuracy"].get<double>());
+        const nlohmann::json& result = final["by_length"][bucket.second];
+        std::printf(" %s: %.4g", bucket.second.c_str(), result[result.contains("accuracy") ? "accuracy" : metric].get<double>());
     }
     std::printf("\nsummary, metrics and checkpoint in %s\n", config.output.dir.c_str());
     return 0;

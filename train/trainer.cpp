@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
@@ -70,6 +71,7 @@ public:
     // Metrics on the test set: {"accuracy": ..., "by_length": {...}, ...}
     virtual json evaluate(int64_t batch_size, const LengthBuckets& buckets) = 0;
     virtual std::vector<std::vector<double>> gates() const = 0;
+    virtual const char* metric() const = 0;  // the headline number of evaluate()
 };
 
 json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, const std::vector<int64_t>& counts) {
@@ -83,16 +85,16 @@ json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, c
     return out;
 }
 
-// relative_order: a SequenceClassifier over the token sequence, two classes.
+// relative_order and classification: a SequenceClassifier over the token sequence.
 class ClassificationTask : public Task {
 public:
-    ClassificationTask(const Config& c, const Init& init)
-        : model_(c.task.vocab, 2, c.model.transformer, c.model.pooling, init),
-          train_(make_relative_order_task(c.task.train_examples, c.task.train_lengths[0], c.task.train_lengths[1],
-                                          c.task.vocab, c.task.distance, c.training.seed)),
-          test_(make_relative_order_task(c.task.test_examples, c.task.test_lengths[0], c.task.test_lengths[1],
-                                         c.task.vocab, c.task.distance, c.training.seed + 1)) {}
+    ClassificationTask(const Config& c, int64_t vocab, int64_t classes, std::vector<LabeledTokens> train,
+                       std::vector<LabeledTokens> test, const Init& init)
+        : model_(vocab, classes, c.model.transformer, c.model.pooling, init),
+          train_(std::move(train)),
+          test_(std::move(test)) {}
 
+    const char* metric() const override { return "accuracy"; }
     Module& model() override { return model_; }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
@@ -137,14 +139,15 @@ private:
     std::vector<LabeledTokens> train_, test_;
 };
 
-// copy and reverse: an EncoderDecoder; the decoder reads bos + target and predicts target + eos.
+// copy, reverse and pairs: an EncoderDecoder; the decoder reads bos + target and predicts
+// target + eos.
 class SequencePairTask : public Task {
 public:
-    SequencePairTask(const Config& c, const Init& init)
-        : model_(c.task.vocab, c.task.vocab, c.model.transformer, init),
-          train_(make(c, c.task.train_examples, c.task.train_lengths, c.training.seed)),
-          test_(make(c, c.task.test_examples, c.task.test_lengths, c.training.seed + 1)) {}
+    SequencePairTask(const Config& c, int64_t vocab, std::vector<TokenPair> train, std::vector<TokenPair> test,
+                     const Init& init)
+        : model_(vocab, vocab, c.model.transformer, init), train_(std::move(train)), test_(std::move(test)) {}
 
+    const char* metric() const override { return "bleu"; }
     Module& model() override { return model_; }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
@@ -200,10 +203,6 @@ public:
     }
 
 private:
-    static std::vector<TokenPair> make(const Config& c, int64_t count, const std::vector<int64_t>& lengths, uint64_t seed) {
-        return c.task.kind == TaskKind::copy ? make_copy_task(count, lengths[0], lengths[1], c.task.vocab, seed)
-                                             : make_reverse_task(count, lengths[0], lengths[1], c.task.vocab, seed);
-    }
     static std::vector<int64_t> with_bos(std::vector<int64_t> t) {
         t.insert(t.begin(), Tokenizer::bos);
         return t;
@@ -252,9 +251,188 @@ private:
     std::vector<TokenPair> train_, test_;
 };
 
-std::unique_ptr<Task> make_task(const Config& c, const Init& init) {
-    if (c.task.kind == TaskKind::relative_order) return std::make_unique<ClassificationTask>(c, init);
-    return std::make_unique<SequencePairTask>(c, init);
+// language_model: a CausalLanguageModel over chunks of the token stream, each position
+// predicting the next token.
+class LanguageModelTask : public Task {
+public:
+    LanguageModelTask(const Config& c, int64_t vocab, std::vector<std::vector<int64_t>> train,
+                      std::vector<std::vector<int64_t>> test, bool characters, const Init& init)
+        : model_(vocab, c.model.transformer, init), train_(std::move(train)), test_(std::move(test)), characters_(characters) {}
+
+    const char* metric() const override { return "perplexity"; }
+    Module& model() override { return model_; }
+    int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    std::vector<std::vector<double>> gates() const override { return model_.gates(); }
+
+    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override {
+        std::vector<std::vector<int64_t>> chunks;
+        for (int64_t i : indices) chunks.push_back(train_[i]);
+        Tensor labels;
+        const Tensor logits = forward(chunks, labels, tokens);
+        return cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}), Tokenizer::pad);
+    }
+
+    // perplexity (and bits per character for a character tokenizer) over the test stream, and
+    // per position bucket: how well a position predicts its next token, by how far in it is
+    json evaluate(int64_t batch_size, const LengthBuckets& buckets) override {
+        NoGradGuard no_grad;
+        std::vector<double> nll(buckets.count());
+        std::vector<int64_t> counts(buckets.count());
+        double total = 0;
+        int64_t total_tokens = 0;
+        for (std::size_t start = 0; start < test_.size(); start += batch_size) {
+            const std::vector<std::vector<int64_t>> chunks(test_.begin() + start,
+                                                           test_.begin() + std::min(test_.size(), start + batch_size));
+            Tensor labels;
+            int64_t tokens = 0;
+            const Tensor logits = forward(chunks, labels, tokens);
+            // log p(label) at every position (padding is id 0, a valid index, skipped below)
+            const std::vector<double> picked = gather(log_softmax(logits, -1), 2, labels.unsqueeze(-1)).to_vector();
+            const std::vector<double> label_values = labels.to_vector();
+            const int64_t L = labels.size(1);
+            for (std::size_t n = 0; n < picked.size(); ++n) {
+                if (label_values[n] == Tokenizer::pad) continue;
+                const int64_t bucket = buckets.bucket_of(static_cast<int64_t>(n % L) + 1);
+                nll[bucket] -= picked[n];
+                counts[bucket] += 1;
+                total -= picked[n];
+                total_tokens += 1;
+            }
+        }
+        json by_length = json::object();
+        for (int64_t b = 0; b < buckets.count(); ++b) {
+            if (counts[b] > 0) by_length[buckets.name(b)] = {{"perplexity", perplexity(nll[b], counts[b])}, {"tokens", counts[b]}};
+        }
+        json result = {{"perplexity", perplexity(total, total_tokens)}, {"tokens", total_tokens}, {"by_length", by_length}};
+        if (characters_) result["bits_per_char"] = bits_per_char(total, total_tokens);
+        return result;
+    }
+
+private:
+    // inputs chunk[:-1], labels chunk[1:] (pad beyond a chunk's end)
+    Tensor forward(const std::vector<std::vector<int64_t>>& chunks, Tensor& labels, int64_t& tokens) {
+        std::vector<std::vector<int64_t>> inputs, targets;
+        tokens = 0;
+        for (const auto& chunk : chunks) {
+            inputs.emplace_back(chunk.begin(), chunk.end() - 1);
+            targets.emplace_back(chunk.begin() + 1, chunk.end());
+            tokens += static_cast<int64_t>(chunk.size()) - 1;
+        }
+        const Padded input = pad_rows(inputs);
+        labels = pad_rows(targets).ids;
+        return model_.forward(input.ids, input.lengths);
+    }
+
+    CausalLanguageModel model_;
+    std::vector<std::vector<int64_t>> train_, test_;
+    bool characters_;
+};
+
+// ---------------------------------------------------------------- data
+
+std::vector<int64_t> truncated(std::vector<int64_t> ids, int64_t max_length) {
+    if (static_cast<int64_t>(ids.size()) > max_length) ids.resize(max_length);
+    if (ids.empty()) ids.push_back(Tokenizer::unk);  // an empty text still needs a position
+    return ids;
+}
+
+// Training and test examples from the data section: the test file, or a held-out part of train.
+template <class T, class Read>
+std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
+    std::vector<T> train = read(d.train);
+    if (!d.test.empty()) return {std::move(train), read(d.test)};
+    return split_held_out(std::move(train), d.held_out, seed);
+}
+
+// The task and, for the file tasks, the tokenizer built from its training texts.
+std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
+    const TaskConfig& t = c.task;
+    const uint64_t seed = c.training.seed;
+    switch (t.kind) {
+        case TaskKind::relative_order:
+            return std::make_unique<ClassificationTask>(
+                c, t.vocab, 2,
+                make_relative_order_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.distance, seed),
+                make_relative_order_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.distance, seed + 1),
+                init);
+        case TaskKind::copy:
+        case TaskKind::reverse: {
+            const auto make = t.kind == TaskKind::copy ? make_copy_task : make_reverse_task;
+            return std::make_unique<SequencePairTask>(
+                c, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
+                make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
+        }
+        default: break;
+    }
+    const DataConfig& d = c.data;
+    const Tokenizer::Kind kind = parse_tokenizer_kind(d.tokenizer);
+    if (t.kind == TaskKind::classification) {
+        auto [train, test] = read_split<LabeledText>(d, seed, read_classification);
+        std::vector<std::string> texts, labels;
+        for (const auto& example : train) texts.push_back(example.text);
+        for (const auto& example : train) labels.push_back(example.label);
+        std::sort(labels.begin(), labels.end());
+        labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+        tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
+            std::vector<LabeledTokens> out;
+            for (const auto& example : examples) {
+                const auto found = std::lower_bound(labels.begin(), labels.end(), example.label);
+                if (found == labels.end() || *found != example.label) {
+                    throw std::invalid_argument(where + ": label '" + example.label + "' does not occur in the training data");
+                }
+                out.push_back({truncated(tokenizer->encode(example.text), d.max_length), found - labels.begin()});
+            }
+            return out;
+        };
+        return std::make_unique<ClassificationTask>(c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()),
+                                                    encode(train, d.train), encode(test, d.test.empty() ? d.train : d.test),
+                                                    init);
+    }
+    if (t.kind == TaskKind::pairs) {
+        auto [train, test] = read_split<TextPair>(d, seed, read_pairs);
+        std::vector<std::string> texts;
+        for (const auto& pair : train) {
+            texts.push_back(pair.source);
+            texts.push_back(pair.target);
+        }
+        tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        auto encode = [&](const std::vector<TextPair>& pairs) {
+            std::vector<TokenPair> out;
+            for (const auto& pair : pairs) {
+                out.push_back({truncated(tokenizer->encode(pair.source), d.max_length),
+                               truncated(tokenizer->encode(pair.target), d.max_length)});
+            }
+            return out;
+        };
+        return std::make_unique<SequencePairTask>(c, tokenizer->vocab_size(), encode(train), encode(test), init);
+    }
+    // language_model: one token stream, the last held_out part (or the test file) for evaluation,
+    // cut into chunks of max_length + 1 tokens that overlap by one (each token is a target once)
+    std::string train_text = read_text(d.train), test_text;
+    if (d.test.empty()) {
+        const std::size_t cut = train_text.size() - static_cast<std::size_t>(d.held_out * static_cast<double>(train_text.size()));
+        std::size_t boundary = cut;
+        while (boundary < train_text.size() && (static_cast<unsigned char>(train_text[boundary]) & 0xC0) == 0x80) ++boundary;
+        test_text = train_text.substr(boundary);  // cut at a UTF-8 character boundary
+        train_text.resize(boundary);
+    } else {
+        test_text = read_text(d.test);
+    }
+    tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency);
+    auto chunks = [&](const std::string& text, const std::string& where) {
+        const std::vector<int64_t> ids = tokenizer->encode(text);
+        if (ids.size() < 2) throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
+        std::vector<std::vector<int64_t>> out;
+        for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
+            const std::size_t end = std::min(ids.size(), start + d.max_length + 1);
+            out.emplace_back(ids.begin() + start, ids.begin() + end);
+        }
+        return out;
+    };
+    return std::make_unique<LanguageModelTask>(c, tokenizer->vocab_size(), chunks(train_text, d.train),
+                                               chunks(test_text, d.test.empty() ? d.train + " (held out)" : d.test),
+                                               kind == Tokenizer::Kind::character, init);
 }
 
 // ---------------------------------------------------------------- files
@@ -320,7 +498,8 @@ json train(const Config& config, const TrainOptions& options) {
     omp_set_num_threads(static_cast<int>(config.training.threads));
 
     Generator init_gen(config.training.seed);
-    std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32});
+    std::optional<Tokenizer> tokenizer;
+    std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32}, tokenizer);
     Module& model = task->model();
     AdamW optimizer(model.parameters(), config.training.adamw);
     const LengthBuckets buckets(config.evaluation.length_buckets);
@@ -331,6 +510,7 @@ json train(const Config& config, const TrainOptions& options) {
         step = load_checkpoint(out / "checkpoint", model, optimizer);
     } else {
         write_json(out / "config.json", resolved);
+        if (tokenizer) write_json(out / "tokenizer.json", json::parse(tokenizer->to_json()));
         std::ofstream(out / "metrics.jsonl", std::ios::trunc);
     }
     std::ofstream metrics(out / "metrics.jsonl", std::ios::app);
@@ -387,7 +567,8 @@ json train(const Config& config, const TrainOptions& options) {
         if (done % config.evaluation.every == 0 || done == config.training.steps) {
             last_eval = evaluate(done);
             if (options.progress) std::fprintf(stderr, "\n");
-            std::printf("step %lld: test accuracy %.3f\n", static_cast<long long>(done), last_eval["accuracy"].get<double>());
+            std::printf("step %lld: test %s %.4g\n", static_cast<long long>(done), task->metric(),
+                        last_eval[task->metric()].get<double>());
             std::fflush(stdout);
         }
         if (done % config.output.checkpoint_every == 0 || done == config.training.steps || done == options.stop_after) {
@@ -402,6 +583,7 @@ json train(const Config& config, const TrainOptions& options) {
 
     const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     json summary = {{"task", task_kind_name(config.task.kind)},
+                    {"metric", task->metric()},
                     {"position", position_mode_name(config.model.transformer.position)},
                     {"steps", config.training.steps},
                     {"parameters", model.parameter_count()},

@@ -180,3 +180,50 @@ TEST_CASE("a diverging run stops with the step it diverged at") {
     CHECK(message.find("training diverged: the loss is") == 0);
     CHECK(message.find(" at step ") != std::string::npos);
 }
+
+TEST_CASE("file tasks: classification, sequence pairs and language modelling train from the user's files") {
+    TempDir dir("relgrad_test_train_files");
+    fs::create_directories(dir.path);
+    {
+        std::ofstream tsv(dir.path / "reviews.tsv");
+        for (int i = 0; i < 60; ++i) tsv << (i % 2 ? "pos\tgut und schön\n" : "neg\tschlecht, gar nicht gut\n");
+        std::ofstream pairs(dir.path / "pairs.jsonl");
+        for (int i = 0; i < 40; ++i) pairs << R"({"source": "abc d", "target": "d cba"})" << "\n";
+        std::ofstream text(dir.path / "text.txt");
+        for (int i = 0; i < 80; ++i) text << "the cat sat on the mat. ";
+        std::ofstream other(dir.path / "other.tsv");
+        other << "maybe\tgut\n";
+    }
+    auto run = [&](const std::string& kind, const std::string& file, const std::string& name) {
+        nlohmann::json c = tiny_run(dir.path / name);
+        c["task"] = {{"kind", kind}};
+        c["data"] = {{"train", (dir.path / file).string()}, {"held_out", 0.25}, {"max_length", 24}};
+        c["training"] = {{"steps", 6}, {"batch_size", 8}, {"log_every", 3}};
+        c["evaluation"] = {{"every", 6}, {"length_buckets", {8, 16}}};
+        return train(Config::parse(c, kind), TrainOptions{});
+    };
+    const nlohmann::json classification = run("classification", "reviews.tsv", "cls");
+    CHECK(classification["metric"] == "accuracy");
+    CHECK(classification["final"]["accuracy"].get<double>() >= 0);
+    CHECK(fs::exists(dir.path / "cls" / "tokenizer.json"));
+    const nlohmann::json pairs = run("pairs", "pairs.jsonl", "pairs");
+    CHECK(pairs["metric"] == "bleu");
+    CHECK(pairs["final"].contains("token_accuracy"));
+    const nlohmann::json lm = run("language_model", "text.txt", "lm");
+    CHECK(lm["metric"] == "perplexity");
+    CHECK(lm["final"]["perplexity"].get<double>() > 1);
+    CHECK(lm["final"]["bits_per_char"].get<double>() ==
+          doctest::Approx(std::log2(lm["final"]["perplexity"].get<double>())).epsilon(1e-9));  // char tokens: bpc = log2 ppl
+    CHECK(lm["final"]["by_length"].contains("1-8"));
+
+    nlohmann::json c = tiny_run(dir.path / "bad");
+    c["task"] = {{"kind", "classification"}};
+    c["data"] = {{"train", (dir.path / "reviews.tsv").string()}, {"test", (dir.path / "other.tsv").string()}};
+    CHECK_THROWS_WITH_AS(train(Config::parse(c, "c"), TrainOptions{}),
+                         ((dir.path / "other.tsv").string() + ": label 'maybe' does not occur in the training data").c_str(),
+                         std::invalid_argument);
+    c["data"] = nlohmann::json::object();
+    CHECK_THROWS_WITH_AS(Config::parse(c, "c"),
+                         "c: /data/train: got nothing, expected the training file of a classification task",
+                         std::invalid_argument);
+}
