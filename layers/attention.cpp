@@ -120,6 +120,20 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
     return w_o.forward(merge_heads(attend(query, q, k, v, mask, query_offset)));
 }
 
+Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) {
+    const int64_t offset = cache.length(), n = x.size(1);
+    const Tensor q = split_heads(w_q.forward(x));
+    Tensor k = split_heads(w_k.forward(x)), v = split_heads(w_v.forward(x));
+    if (offset > 0) {
+        k = concat({cache.k, k}, 2);
+        v = concat({cache.v, v}, 2);
+    }
+    cache.k = k;
+    cache.v = v;
+    const Tensor mask = n > 1 ? causal_mask(n, offset + n, offset) : Tensor();
+    return w_o.forward(merge_heads(attend(x, q, k, v, mask, offset)));
+}
+
 double MultiHeadAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
 Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,

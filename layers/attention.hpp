@@ -34,6 +34,13 @@ Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int
 // attend only where both masks allow; an undefined mask allows everything
 Tensor combine_masks(const Tensor& a, const Tensor& b);
 
+// The keys and values of every position decoded so far, [B, H, T, Dh] each, so that decoding one
+// token at a time computes each position's keys and values once.
+struct KVCache {
+    Tensor k, v;
+    int64_t length() const { return k.defined() ? k.size(2) : 0; }
+};
+
 enum class AttentionImpl { reference, bucketed };
 AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed"
 
@@ -45,6 +52,11 @@ public:
     // [B, H, Lq, Lk]; query_offset is the position of the first query (for incremental decoding)
     Tensor forward(const Tensor& query, const Tensor& key_value, const Tensor& mask = Tensor(),
                    int64_t query_offset = 0);
+
+    // Self-attention of new positions x [B, n, D], at positions cache.length() ... onward, to every
+    // position so far (causal among the new ones); appends their keys and values to the cache. The
+    // queries get query_offset = cache.length(), so relative distances are those of a full pass.
+    Tensor forward_incremental(const Tensor& x, KVCache& cache);
 
     int64_t dim, heads, head_dim;
     Linear w_q, w_k, w_v, w_o;

@@ -32,9 +32,10 @@ Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype) const
     return from_vector(values, {length, dim}, dtype);
 }
 
-Tensor SinusoidalPositionalEncoding::forward(const Tensor& x) const {
+Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "SinusoidalPositionalEncoding");
-    return add(x, encoding(x.size(1), x.dtype()));
+    if (offset < 0) throw std::invalid_argument("SinusoidalPositionalEncoding: negative offset");
+    return add(x, encoding(offset + x.size(1), x.dtype()).narrow(0, offset, x.size(1)));
 }
 
 LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t d, const Init& init)
@@ -43,13 +44,13 @@ LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t
     register_parameter("weight", weight, truncated_normal({max_len, dim}, 0.02, init));
 }
 
-Tensor LearnedPositionalEmbedding::forward(const Tensor& x) const {
+Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "LearnedPositionalEmbedding");
-    if (x.size(1) > max_len) {
-        throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(x.size(1)) +
+    if (offset < 0 || offset + x.size(1) > max_len) {
+        throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(offset + x.size(1)) +
                                     " exceeds max_len " + std::to_string(max_len) + " (it has no vector for later positions)");
     }
-    return add(x, weight.narrow(0, 0, x.size(1)));
+    return add(x, weight.narrow(0, offset, x.size(1)));
 }
 
 static RelativeOptions checked(const RelativeOptions& o) {

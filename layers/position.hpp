@@ -17,7 +17,7 @@ class SinusoidalPositionalEncoding : public Module {
 public:
     explicit SinusoidalPositionalEncoding(int64_t dim);
     Tensor encoding(int64_t length, DType dtype) const;  // [L, D], positions 0..L-1
-    Tensor forward(const Tensor& x) const;               // x [B, L, D] + PE[:L]
+    Tensor forward(const Tensor& x, int64_t offset = 0) const;  // x [B, L, D] + PE[offset : offset + L]
 
     int64_t dim;
 };
@@ -25,7 +25,7 @@ public:
 class LearnedPositionalEmbedding : public Module {
 public:
     LearnedPositionalEmbedding(int64_t max_len, int64_t dim, const Init& init);
-    Tensor forward(const Tensor& x) const;  // x [B, L, D] + weight[:L], L <= max_len
+    Tensor forward(const Tensor& x, int64_t offset = 0) const;  // x + weight[offset : offset + L], within max_len
 
     int64_t max_len, dim;
     Tensor weight;

@@ -58,6 +58,11 @@ Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask, int64_t query_
     return add(x1, dropout.forward(feed_forward.forward(norm2.forward(x1))));
 }
 
+Tensor EncoderLayer::forward_incremental(const Tensor& x, KVCache& cache) {
+    const Tensor x1 = add(x, dropout.forward(self_attention->forward_incremental(norm1.forward(x), cache)));
+    return add(x1, dropout.forward(feed_forward.forward(norm2.forward(x1))));
+}
+
 DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
     : norm1(o.dim, init),
       self_attention(make_self_attention(o, init)),
@@ -82,6 +87,13 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor
     return add(x2, dropout.forward(feed_forward.forward(norm3.forward(x2))));
 }
 
+Tensor DecoderLayer::forward_incremental(const Tensor& x, KVCache& cache, const Tensor& memory,
+                                         const Tensor& memory_mask) {
+    const Tensor x1 = add(x, dropout.forward(self_attention->forward_incremental(norm1.forward(x), cache)));
+    const Tensor x2 = add(x1, dropout.forward(cross_attention.forward(norm2.forward(x1), memory, memory_mask)));
+    return add(x2, dropout.forward(feed_forward.forward(norm3.forward(x2))));
+}
+
 TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const Init& init)
     : tokens(vocab, o.dim, init), position(o.position), sinusoidal(o.dim), dropout(o.dropout, init.gen.next_u64()) {
     register_module("tokens", tokens);
@@ -92,13 +104,13 @@ TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const
     register_module("dropout", dropout);
 }
 
-Tensor TokenEmbedding::forward(const Tensor& ids) {
+Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
     if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
     // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 would otherwise be
     // about sqrt(D) times shorter than the sinusoids (norm sqrt(D/2)) added to them
     Tensor x = mul(tokens.forward(ids), scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype()));
-    if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x);
-    if (position == PositionMode::learned) x = learned->forward(x);
+    if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x, offset);
+    if (position == PositionMode::learned) x = learned->forward(x, offset);
     return dropout.forward(x);
 }
 
@@ -114,6 +126,13 @@ Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.d
 Tensor Encoder::forward(const Tensor& x, const Tensor& mask) {
     Tensor h = x;
     for (auto& layer : layers) h = layer->forward(h, mask);
+    return final_norm.forward(h);
+}
+
+Tensor Encoder::forward_incremental(const Tensor& x, std::vector<KVCache>& caches) {
+    caches.resize(layers.size());
+    Tensor h = x;
+    for (std::size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward_incremental(h, caches[i]);
     return final_norm.forward(h);
 }
 
@@ -179,6 +198,11 @@ Tensor CausalLanguageModel::forward(const Tensor& ids, const std::vector<int64_t
     return lm_head.forward(decoder.forward(embed.forward(ids), mask));
 }
 
+Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<KVCache>& caches) {
+    const int64_t offset = caches.empty() ? 0 : caches[0].length();
+    return lm_head.forward(decoder.forward_incremental(embed.forward(ids, offset), caches));
+}
+
 std::vector<std::vector<double>> CausalLanguageModel::gates() const { return attention_gates(self_attentions(decoder)); }
 
 EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const TransformerOptions& o,
@@ -212,6 +236,18 @@ Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& 
     const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
     Tensor h = target_embed.forward(target);
     for (auto& layer : decoder_layers) h = layer->forward(h, memory, self_mask, memory_mask);
+    return output.forward(decoder_norm.forward(h));
+}
+
+Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCache>& caches, const Tensor& memory,
+                                          const std::vector<int64_t>& source_lengths) {
+    caches.resize(decoder_layers.size());
+    const int64_t offset = caches[0].length();
+    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
+    Tensor h = target_embed.forward(target, offset);
+    for (std::size_t i = 0; i < decoder_layers.size(); ++i) {
+        h = decoder_layers[i]->forward_incremental(h, caches[i], memory, memory_mask);
+    }
     return output.forward(decoder_norm.forward(h));
 }
 

@@ -36,6 +36,8 @@ class EncoderLayer : public Module {
 public:
     EncoderLayer(const TransformerOptions& options, const Init& init);
     Tensor forward(const Tensor& x, const Tensor& mask, int64_t query_offset = 0);
+    // x [B, n, D]: new positions under a causal mask, attending to the cached ones (see KVCache)
+    Tensor forward_incremental(const Tensor& x, KVCache& cache);
 
     LayerNorm norm1;
     std::unique_ptr<MultiHeadAttention> self_attention;
@@ -48,6 +50,7 @@ class DecoderLayer : public Module {
 public:
     DecoderLayer(const TransformerOptions& options, const Init& init);
     Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask);
+    Tensor forward_incremental(const Tensor& x, KVCache& cache, const Tensor& memory, const Tensor& memory_mask);
 
     LayerNorm norm1;
     std::unique_ptr<MultiHeadAttention> self_attention;
@@ -62,7 +65,7 @@ public:
 class TokenEmbedding : public Module {
 public:
     TokenEmbedding(int64_t vocab, const TransformerOptions& options, const Init& init);
-    Tensor forward(const Tensor& ids);  // int64 [B, L] -> [B, L, D]
+    Tensor forward(const Tensor& ids, int64_t offset = 0);  // int64 [B, L] at positions offset.. -> [B, L, D]
 
     Embedding tokens;
     PositionMode position;
@@ -76,6 +79,8 @@ class Encoder : public Module {
 public:
     Encoder(const TransformerOptions& options, const Init& init);
     Tensor forward(const Tensor& x, const Tensor& mask);
+    // causal, one cache per layer (created on the first call)
+    Tensor forward_incremental(const Tensor& x, std::vector<KVCache>& caches);
 
     std::vector<std::unique_ptr<EncoderLayer>> layers;
     LayerNorm final_norm;
@@ -105,6 +110,9 @@ class CausalLanguageModel : public Module {
 public:
     CausalLanguageModel(int64_t vocab, const TransformerOptions& options, const Init& init);
     Tensor forward(const Tensor& ids, const std::vector<int64_t>& lengths);
+    // Logits for new tokens ids [B, n] that continue the positions in `caches` (which receive
+    // their keys and values): decoding token by token gives what forward() gives for the whole.
+    Tensor forward_incremental(const Tensor& ids, std::vector<KVCache>& caches);
     std::vector<std::vector<double>> gates() const;
 
     TokenEmbedding embed;
@@ -119,6 +127,9 @@ public:
     Tensor encode(const Tensor& source, const std::vector<int64_t>& source_lengths);
     Tensor decode(const Tensor& target, const std::vector<int64_t>& target_lengths, const Tensor& memory,
                   const std::vector<int64_t>& source_lengths);
+    // the decoder's logits for new target tokens [B, n] continuing the positions in `caches`
+    Tensor decode_incremental(const Tensor& target, std::vector<KVCache>& caches, const Tensor& memory,
+                              const std::vector<int64_t>& source_lengths);
     Tensor forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,
                    const std::vector<int64_t>& target_lengths);
     std::vector<std::vector<double>> gates() const;

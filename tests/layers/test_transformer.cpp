@@ -1,5 +1,6 @@
 // Transformer blocks and models in every position mode.
 #include "layer_check.hpp"
+#include "engine/autograd.hpp"
 #include "layers/transformer.hpp"
 
 using namespace relgrad;
@@ -36,7 +37,8 @@ TEST_CASE("position modes by name") {
 
 TEST_CASE("encoder and decoder layers pass their gradient checks in every position mode") {
     for (PositionMode mode : all_modes) {
-        CAPTURE(position_mode_name(mode));
+        const std::string mode_name = position_mode_name(mode);
+        CAPTURE(mode_name);
         Generator gen(1);
         const Init init{gen, DType::float64};
         EncoderLayer encoder(tiny(mode), init);
@@ -51,7 +53,8 @@ TEST_CASE("encoder and decoder layers pass their gradient checks in every positi
 
 TEST_CASE("models pass their gradient checks in every position mode") {
     for (PositionMode mode : all_modes) {
-        CAPTURE(position_mode_name(mode));
+        const std::string mode_name = position_mode_name(mode);
+        CAPTURE(mode_name);
         Generator gen(5);
         const Init init{gen, DType::float64};
         SequenceClassifier classifier(7, 3, tiny(mode), Pooling::mean, init);
@@ -80,7 +83,8 @@ TEST_CASE("small models gradient-check element by element too") {
 
 TEST_CASE("masks do their job inside the models") {
     for (PositionMode mode : all_modes) {
-        CAPTURE(position_mode_name(mode));
+        const std::string mode_name = position_mode_name(mode);
+        CAPTURE(mode_name);
         Generator gen(7);
         SequenceClassifier classifier(9, 2, tiny(mode), Pooling::mean, Init{gen, DType::float64});
         classifier.eval();
@@ -114,4 +118,40 @@ TEST_CASE("gates are reported per layer and head; bad inputs are errors") {
     TransformerOptions none = tiny(PositionMode::none);
     none.layers = 0;
     CHECK_THROWS_AS(CausalLanguageModel(5, none, Init{gen}), std::invalid_argument);
+}
+
+TEST_CASE("incremental decoding sees the same relative distances as full recomputation") {
+    // Decoding with a key/value cache must give each new query its true position: relative
+    // distances j - i and absolute positions both come from the cache length. A cache that
+    // restarted positions at 0 would change every logit after the first.
+    for (PositionMode mode : all_modes) {
+        const std::string mode_name = position_mode_name(mode);
+        CAPTURE(mode_name);
+        TransformerOptions o = tiny(mode);
+        o.token_gate = mode == PositionMode::gated;
+        Generator gen(9);
+        CausalLanguageModel lm(9, o, Init{gen, DType::float64});
+        lm.eval();
+        const Tensor tokens = ids({1, 5, 2, 8, 3, 3, 7}, {1, 7});
+        const Tensor full = lm.forward(tokens, {7});
+        NoGradGuard no_grad;
+        std::vector<KVCache> caches;
+        std::vector<Tensor> pieces = {lm.forward_incremental(tokens.narrow(1, 0, 3), caches)};  // a prompt of 3
+        for (int64_t t = 3; t < 7; ++t) pieces.push_back(lm.forward_incremental(tokens.narrow(1, t, 1), caches));
+        CHECK(caches[0].length() == 7);
+        CHECK(max_difference(concat(pieces, 1), full) <= 1e-12);
+
+        EncoderDecoder seq2seq(9, 9, o, Init{gen, DType::float64});
+        seq2seq.eval();
+        const Tensor source = ids({4, 5, 6, 7, 8, 0}, {2, 3});
+        const Tensor target = ids({2, 6, 5, 4, 2, 8, 7, 6}, {2, 4});
+        const Tensor memory = seq2seq.encode(source, {3, 2});
+        const Tensor whole = seq2seq.decode(target, {4, 4}, memory, {3, 2});
+        std::vector<KVCache> decoder_caches;
+        std::vector<Tensor> steps;
+        for (int64_t t = 0; t < 4; ++t) {
+            steps.push_back(seq2seq.decode_incremental(target.narrow(1, t, 1), decoder_caches, memory, {3, 2}));
+        }
+        CHECK(max_difference(concat(steps, 1), whole) <= 1e-12);
+    }
 }
