@@ -19,6 +19,15 @@ const char* task_kind_name(TaskKind kind) {
     return "";
 }
 
+TaskKind parse_task_kind(const nlohmann::json& document) {
+    const std::string kind = document.value("task", nlohmann::json::object()).value("kind", "relative_order");
+    for (TaskKind k : {TaskKind::copy, TaskKind::reverse, TaskKind::relative_order, TaskKind::classification,
+                       TaskKind::pairs, TaskKind::language_model}) {
+        if (kind == task_kind_name(k)) return k;
+    }
+    throw std::invalid_argument("unknown task kind '" + kind + "'");
+}
+
 bool reads_files(TaskKind kind) {
     return kind == TaskKind::classification || kind == TaskKind::pairs || kind == TaskKind::language_model;
 }

@@ -22,6 +22,8 @@ struct ModelConfig {
 // relative_order are generated from the seed; the others read the files of the data section.
 enum class TaskKind { copy, reverse, relative_order, classification, pairs, language_model };
 bool reads_files(TaskKind kind);
+// The task kind a config document names (the default when it names none); throws on an unknown one.
+TaskKind parse_task_kind(const nlohmann::json& document);
 struct TaskConfig {
     TaskKind kind = TaskKind::relative_order;
     int64_t vocab = 16;                      // synthetic symbols, reserved ids included

@@ -2,6 +2,9 @@
 //
 //   relgrad train [CONFIG] [--set a.b=v ...] [--out DIR] [--resume]   train (the quickstart by default)
 //   relgrad validate CONFIG [--set a.b=v ...]       check a config without training
+//   relgrad eval RUN_DIR [--data FILE]              metrics of a trained run on its test data (or FILE)
+//   relgrad generate RUN_DIR --prompt TEXT          greedy continuation (language model) or target (pairs)
+//   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
 //   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
 //
@@ -19,6 +22,7 @@
 
 #include "engine/op_checks.hpp"
 #include "train/config.hpp"
+#include "train/fetch.hpp"
 #include "train/layer_command.hpp"
 #include "train/trainer.hpp"
 
@@ -105,6 +109,21 @@ int main(int argc, char** argv) {
     validate->add_option("config", config_path, "the config file")->required();
     validate->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
 
+    std::string run_dir, data_file, prompt, dataset, data_dir;
+    int64_t max_tokens = 64;
+    CLI::App* eval = app.add_subcommand("eval", "evaluate a trained run");
+    eval->add_option("run", run_dir, "the run's output directory")->required();
+    eval->add_option("--data", data_file, "a test file to use instead of the run's own test data");
+    CLI::App* generate = app.add_subcommand("generate", "greedy output of a trained run for a prompt");
+    generate->add_option("run", run_dir, "the run's output directory")->required();
+    generate->add_option("--prompt", prompt, "the text to continue or translate")->required();
+    generate->add_option("--max-tokens", max_tokens, "the most tokens to produce (default 64)");
+    CLI::App* data = app.add_subcommand("data", "real data sets");
+    CLI::App* fetch = data->add_subcommand("fetch", "download, verify and convert a data set into the cache");
+    fetch->add_option("name", dataset, "sentiment, de-en or brown")->required();
+    fetch->add_option("--dir", data_dir, "the cache (default $RELGRAD_DATA, else ~/.cache/relgrad)");
+    data->require_subcommand(1);
+
     CLI::App* gradcheck = app.add_subcommand("gradcheck", "run the gradient check of every registered op");
     gradcheck->add_option("--filter", filter, "run only the cases of this op (e.g. matmul)");
     std::string spec, in_dir, out_dir;
@@ -130,6 +149,20 @@ int main(int argc, char** argv) {
             std::printf("%s: valid (task %s, %s positions, %lld steps)\n", config_path.c_str(),
                         relgrad::task_kind_name(config.task.kind), relgrad::position_mode_name(config.model.transformer.position),
                         static_cast<long long>(config.training.steps));
+            return 0;
+        }
+        if (eval->parsed()) {
+            std::printf("%s\n", relgrad::evaluate_run(run_dir, data_file).dump(2).c_str());
+            return 0;
+        }
+        if (generate->parsed()) {
+            std::printf("%s\n", relgrad::generate(run_dir, prompt, max_tokens).c_str());
+            return 0;
+        }
+        if (fetch->parsed()) {
+            const std::string written =
+                relgrad::fetch_dataset(dataset, data_dir.empty() ? relgrad::default_data_dir() : data_dir, std::cout);
+            std::printf("%s\n", written.c_str());
             return 0;
         }
         if (gradcheck->parsed()) return run_gradcheck(filter);

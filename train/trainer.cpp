@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
@@ -72,6 +73,12 @@ public:
     virtual json evaluate(int64_t batch_size, const LengthBuckets& buckets) = 0;
     virtual std::vector<std::vector<double>> gates() const = 0;
     virtual const char* metric() const = 0;  // the headline number of evaluate()
+    // Greedy output for one prompt: a continuation (language model) or a target (pairs).
+    virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+        (void)prompt;
+        (void)max_tokens;
+        throw std::invalid_argument("generate: a classifier generates nothing; use relgrad eval");
+    }
 };
 
 json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, const std::vector<int64_t>& counts) {
@@ -217,36 +224,39 @@ private:
         return words;
     }
 
-    // Greedy decoding: feed bos, append the most likely next token, until eos or max_steps. The
-    // decoder is run on the whole prefix each step (no cache), so every position sees exactly the
-    // relative distances it saw in training.
+public:
+    // Greedy decoding: feed bos, append the most likely next token, until eos or max_steps. One
+    // token at a time with a key/value cache; each new query gets its true position, so the
+    // relative distances are those of a full pass (tests/layers/test_transformer.cpp checks it).
     std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps) {
+        NoGradGuard no_grad;
         const Padded source = pad_rows(sources);
         const Tensor memory = model_.encode(source.ids, source.lengths);
         const std::size_t B = sources.size();
-        std::vector<std::vector<int64_t>> prefixes(B, std::vector<int64_t>{Tokenizer::bos});
+        std::vector<std::vector<int64_t>> out(B);
         std::vector<bool> done(B, false);
+        std::vector<KVCache> caches;
+        std::vector<double> last(B, static_cast<double>(Tokenizer::bos));
         for (int64_t step = 0; step < max_steps; ++step) {
-            const Padded input = pad_rows(prefixes);
-            const Tensor logits = model_.decode(input.ids, input.lengths, memory, source.lengths);
-            const std::vector<int64_t> next = argmax_rows(logits.narrow(1, step, 1));
+            const Tensor input = from_vector(last, {static_cast<int64_t>(B), 1}, DType::int64);
+            const std::vector<int64_t> next = argmax_rows(model_.decode_incremental(input, caches, memory, source.lengths));
             bool all_done = true;
             for (std::size_t b = 0; b < B; ++b) {
                 if (!done[b] && next[b] == Tokenizer::eos) done[b] = true;
-                prefixes[b].push_back(done[b] ? Tokenizer::pad : next[b]);
+                if (!done[b]) out[b].push_back(next[b]);
+                last[b] = static_cast<double>(next[b]);
                 all_done = all_done && done[b];
             }
             if (all_done) break;
         }
-        std::vector<std::vector<int64_t>> out;
-        for (const auto& prefix : prefixes) {
-            std::vector<int64_t> tokens;
-            for (std::size_t j = 1; j < prefix.size() && prefix[j] != Tokenizer::pad; ++j) tokens.push_back(prefix[j]);
-            out.push_back(tokens);
-        }
         return out;
     }
 
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override {
+        return greedy_decode({prompt}, max_tokens)[0];
+    }
+
+private:
     EncoderDecoder model_;
     std::vector<TokenPair> train_, test_;
 };
@@ -308,6 +318,24 @@ public:
         return result;
     }
 
+    // the prompt, then one greedy token at a time with a key/value cache
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override {
+        NoGradGuard no_grad;
+        if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
+        std::vector<KVCache> caches;
+        std::vector<double> input(prompt.begin(), prompt.end());
+        std::vector<int64_t> out;
+        for (int64_t step = 0; step < max_tokens; ++step) {
+            const Tensor logits = model_.forward_incremental(
+                from_vector(input, {1, static_cast<int64_t>(input.size())}, DType::int64), caches);
+            const int64_t next = argmax_rows(logits.narrow(1, logits.size(1) - 1, 1))[0];
+            if (next == Tokenizer::eos) break;
+            out.push_back(next);
+            input = {static_cast<double>(next)};
+        }
+        return out;
+    }
+
 private:
     // inputs chunk[:-1], labels chunk[1:] (pad beyond a chunk's end)
     Tensor forward(const std::vector<std::vector<int64_t>>& chunks, Tensor& labels, int64_t& tokens) {
@@ -344,7 +372,8 @@ std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64
     return split_held_out(std::move(train), d.held_out, seed);
 }
 
-// The task and, for the file tasks, the tokenizer built from its training texts.
+// The task and, for the file tasks, the tokenizer: the one given (a trained run's), or one built
+// from the training texts.
 std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
     const TaskConfig& t = c.task;
     const uint64_t seed = c.training.seed;
@@ -373,7 +402,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
         for (const auto& example : train) labels.push_back(example.label);
         std::sort(labels.begin(), labels.end());
         labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
-        tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
         auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
             std::vector<LabeledTokens> out;
             for (const auto& example : examples) {
@@ -396,7 +425,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             texts.push_back(pair.source);
             texts.push_back(pair.target);
         }
-        tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
         auto encode = [&](const std::vector<TextPair>& pairs) {
             std::vector<TokenPair> out;
             for (const auto& pair : pairs) {
@@ -419,7 +448,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
     } else {
         test_text = read_text(d.test);
     }
-    tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency);
+    if (!tokenizer) tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency);
     auto chunks = [&](const std::string& text, const std::string& where) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
         if (ids.size() < 2) throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
@@ -595,6 +624,74 @@ json train(const Config& config, const TrainOptions& options) {
     if (config.model.transformer.position == PositionMode::gated) summary["gates"] = task->gates();
     write_json(out / "summary.json", summary);
     return summary;
+}
+
+// A trained run: its config, task (data re-read) and tokenizer, with the checkpoint's weights.
+struct LoadedRun {
+    Config config;
+    std::optional<Tokenizer> tokenizer;
+    std::unique_ptr<Task> task;
+};
+
+static LoadedRun load_run(const std::string& run_dir, const std::string& test_file) {
+    const fs::path dir(run_dir);
+    if (!fs::exists(dir / "config.json") || !fs::exists(dir / "checkpoint" / "state.json")) {
+        throw std::invalid_argument(run_dir + ": not a trained run (needs config.json and checkpoint/)");
+    }
+    LoadedRun run;
+    std::ifstream config_file(dir / "config.json");
+    nlohmann::json document = json::parse(config_file);
+    if (!test_file.empty()) {
+        if (!reads_files(parse_task_kind(document))) {
+            throw std::invalid_argument("--data: a " + document["task"]["kind"].get<std::string>() +
+                                        " run generates its own test data");
+        }
+        document["data"]["test"] = test_file;
+    }
+    run.config = Config::parse(document, (dir / "config.json").string());
+    if (fs::exists(dir / "tokenizer.json")) {
+        std::ifstream in(dir / "tokenizer.json");
+        run.tokenizer = Tokenizer::from_json(std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    Generator gen(run.config.training.seed);
+    run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
+    run.task->model().load((dir / "checkpoint" / "model").string());
+    run.task->model().eval();
+    return run;
+}
+
+json evaluate_run(const std::string& run_dir, const std::string& test_file) {
+    LoadedRun run = load_run(run_dir, test_file);
+    json result = run.task->evaluate(run.config.evaluation.batch_size, LengthBuckets(run.config.evaluation.length_buckets));
+    result["metric"] = run.task->metric();
+    return result;
+}
+
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens) {
+    if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
+    LoadedRun run = load_run(run_dir, "");
+    if (!run.tokenizer) {
+        // synthetic tasks: the prompt is the token ids themselves, space-separated
+        std::vector<int64_t> ids;
+        std::istringstream words(prompt);
+        for (std::string word; words >> word;) {
+            std::size_t used = 0;
+            int64_t id = -1;
+            try {
+                id = std::stoll(word, &used);
+            } catch (const std::exception&) {
+            }
+            if (used != word.size() || id < 4 || id >= run.config.task.vocab) {
+                throw std::invalid_argument("generate: '" + word + "' is not a symbol id in [4, " +
+                                            std::to_string(run.config.task.vocab) + ") of this synthetic task");
+            }
+            ids.push_back(id);
+        }
+        std::string out;
+        for (int64_t id : run.task->generate(ids, max_tokens)) out += (out.empty() ? "" : " ") + std::to_string(id);
+        return out;
+    }
+    return run.tokenizer->decode(run.task->generate(run.tokenizer->encode(prompt), max_tokens));
 }
 
 }  // namespace relgrad

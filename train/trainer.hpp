@@ -30,4 +30,12 @@ struct TrainingDiverged : std::runtime_error {
 // std::invalid_argument for an unusable config or output directory and TrainingDiverged.
 nlohmann::json train(const Config& config, const TrainOptions& options);
 
+// The metrics of a trained run (<run_dir>/config.json and checkpoint/) on its test data, or on
+// `test_file` (file tasks only: it replaces data.test).
+nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "");
+
+// Greedy output of a trained run for `prompt`: the continuation of a language model, the target of
+// a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids).
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens);
+
 }  // namespace relgrad

@@ -227,3 +227,28 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
                          "c: /data/train: got nothing, expected the training file of a classification task",
                          std::invalid_argument);
 }
+
+TEST_CASE("a trained run evaluates again to its summary and generates") {
+    TempDir dir("relgrad_test_train_eval");
+    const nlohmann::json summary = train(Config::parse(tiny_run(dir.path / "cls"), "tiny"), TrainOptions{});
+    const nlohmann::json again = evaluate_run((dir.path / "cls").string());
+    CHECK(again["accuracy"] == summary["final"]["accuracy"]);
+    CHECK(again["by_length"] == summary["final"]["by_length"]);
+    CHECK_THROWS_WITH_AS(generate((dir.path / "cls").string(), "4 5", 3),
+                         "generate: a classifier generates nothing; use relgrad eval", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(evaluate_run((dir.path / "cls").string(), "other.tsv"),
+                         "--data: a relative_order run generates its own test data", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(evaluate_run((dir.path / "nothing").string()),
+                         ((dir.path / "nothing").string() + ": not a trained run (needs config.json and checkpoint/)").c_str(),
+                         std::invalid_argument);
+
+    fs::create_directories(dir.path);
+    std::ofstream(dir.path / "text.txt") << std::string(2000, 'a');
+    nlohmann::json c = tiny_run(dir.path / "lm");
+    c["task"] = {{"kind", "language_model"}};
+    c["data"] = {{"train", (dir.path / "text.txt").string()}, {"max_length", 16}};
+    c["training"] = {{"steps", 30}, {"batch_size", 8}, {"learning_rate", 1e-2}};
+    c["evaluation"] = {{"every", 30}, {"length_buckets", {8, 16}}};
+    train(Config::parse(c, "lm"), TrainOptions{});
+    CHECK(generate((dir.path / "lm").string(), "aaa", 5) == "aaaaa");  // a text of a's continues with a's
+}
