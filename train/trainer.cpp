@@ -16,6 +16,7 @@
 #include "engine/autograd.hpp"
 #include "engine/ops.hpp"
 #include "train/datasets.hpp"
+#include "train/fetch.hpp"
 #include "train/metrics.hpp"
 #include "train/tokenizer.hpp"
 
@@ -364,6 +365,23 @@ std::vector<int64_t> truncated(std::vector<int64_t> ids, int64_t max_length) {
     return ids;
 }
 
+// "data:NAME/FILE" names a file of a fetched data set in the data cache (relgrad data fetch).
+std::string resolve_data_path(const std::string& path) {
+    if (path.rfind("data:", 0) != 0) return path;
+    const std::string resolved = default_data_dir() + "/" + path.substr(5);
+    if (!fs::exists(resolved)) {
+        const std::string name = path.substr(5, path.find('/', 5) - 5);
+        throw std::invalid_argument(path + ": " + resolved + " does not exist; run 'relgrad data fetch " + name + "' first");
+    }
+    return resolved;
+}
+
+DataConfig with_data_paths_resolved(DataConfig d) {
+    d.train = resolve_data_path(d.train);
+    if (!d.test.empty()) d.test = resolve_data_path(d.test);
+    return d;
+}
+
 // Training and test examples from the data section: the test file, or a held-out part of train.
 template <class T, class Read>
 std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
@@ -393,7 +411,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
         }
         default: break;
     }
-    const DataConfig& d = c.data;
+    const DataConfig d = with_data_paths_resolved(c.data);
     const Tokenizer::Kind kind = parse_tokenizer_kind(d.tokenizer);
     if (t.kind == TaskKind::classification) {
         auto [train, test] = read_split<LabeledText>(d, seed, read_classification);

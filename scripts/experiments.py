@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Runs the position-encoding experiments of docs/results.md and tabulates them.
+
+    python3 scripts/experiments.py length sentiment translation [--seeds 1 2 3] [--relgrad build/relgrad]
+
+Each run is `relgrad train CONFIG --set ... --set training.seed=S --out runs/experiments/EXP/VARIANT/seedS`
+(printed before it starts); a run whose summary.json exists is not run again, so an interrupted
+sweep continues where it stopped. Afterwards runs/experiments/EXP/results.json holds mean and
+spread over the seeds, and a markdown table is printed. scripts/plot_results.py draws the plots.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+SOURCES = ["imdb", "yelp", "amazon"]
+EXPERIMENTS = {
+    # 1. sentiment: sinusoidal vs relative k=8 vs relative k=16 vs gated, per source
+    "sentiment": {
+        "config": "configs/experiments/sentiment.json",
+        "variants": {
+            f"{source}/{name}": [f"data.train=data:sentiment/{source}.tsv"] + sets
+            for source in SOURCES
+            for name, sets in [("sinusoidal", ["model.position=sinusoidal"]), ("relative-k8", ["model.k=8"]),
+                               ("relative-k16", ["model.k=16"]), ("gated", ["model.position=gated"])]
+        },
+    },
+    # 2. German -> English: BLEU, memory and speed for k in 1..32 and sinusoidal
+    "translation": {
+        "config": "configs/experiments/translation.json",
+        "variants": dict([("sinusoidal", ["model.position=sinusoidal"])] +
+                         [(f"relative-k{k}", [f"model.k={k}"]) for k in (1, 2, 4, 8, 16, 32)]),
+    },
+    # 3. length generalization: train on lengths 8-24, test up to 64
+    "length": {
+        "config": "configs/experiments/length.json",
+        "variants": {name: [f"model.position={name}"] for name in ("sinusoidal", "learned", "relative", "gated")},
+    },
+}
+
+
+def run(relgrad, experiment, variant, sets, seed):
+    out = os.path.join("runs", "experiments", experiment, variant, f"seed{seed}")
+    summary_path = os.path.join(out, "summary.json")
+    if not os.path.exists(summary_path):
+        command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
+        for assignment in sets + [f"training.seed={seed}"]:
+            command += ["--set", assignment]
+        command += ["--out", out]
+        print("+", " ".join(command), flush=True)
+        resume = os.path.exists(os.path.join(out, "checkpoint"))
+        if resume:
+            command.append("--resume")
+        if subprocess.run(command).returncode != 0:
+            sys.exit(f"{experiment}/{variant} seed {seed} failed")
+    with open(summary_path) as f:
+        return json.load(f)
+
+
+def spread(values):
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "values": values}
+
+
+def aggregate(summaries):
+    first = summaries[0]
+    metric = first["metric"]
+    result = {"metric": metric, metric: spread([s["final"][metric] for s in summaries])}
+    for key in ("train_seconds", "tokens_per_second", "peak_rss_mib"):
+        result[key] = spread([s[key] for s in summaries])
+    inner = "accuracy" if "accuracy" in next(iter(first["final"]["by_length"].values())) else metric
+    result["by_length"] = {bucket: spread([s["final"]["by_length"][bucket][inner] for s in summaries
+                                           if bucket in s["final"]["by_length"]])
+                           for bucket in first["final"]["by_length"]}
+    if "gates" in first:
+        result["gates"] = [s["gates"] for s in summaries]
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiments", nargs="+", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--relgrad", default="build/relgrad")
+    args = parser.parse_args()
+    for experiment in args.experiments:
+        results = {}
+        for variant, sets in EXPERIMENTS[experiment]["variants"].items():
+            results[variant] = aggregate([run(args.relgrad, experiment, variant, sets, seed) for seed in args.seeds])
+            results[variant]["seeds"] = args.seeds
+            results[variant]["sets"] = sets
+        path = os.path.join("runs", "experiments", experiment, "results.json")
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        metric = next(iter(results.values()))["metric"]
+        base = next(iter(results.values()))["train_seconds"]["mean"]
+        print(f"\n{experiment}: {metric}, mean ± std over seeds {args.seeds}\n")
+        print(f"| variant | {metric} | seconds | tokens/s | peak RSS MiB |")
+        print("| --- | --- | --- | --- | --- |")
+        for variant, r in results.items():
+            print(f"| {variant} | {r[metric]['mean']:.4f} ± {r[metric]['std']:.4f} | {r['train_seconds']['mean']:.1f} | "
+                  f"{r['tokens_per_second']['mean']:.0f} | {r['peak_rss_mib']['mean']:.0f} |")
+        print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()

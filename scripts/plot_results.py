@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Plots of the experiments (scripts/experiments.py) into docs/results/, from their JSON outputs.
+
+    python3 scripts/plot_results.py
+
+- EXP_loss.png: training loss per variant (first seed), from metrics.jsonl
+- EXP_by_length.png: the metric per length bucket, mean over seeds with the spread as error bars
+- translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
+- gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
+- EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
+"""
+import glob
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+OUT = "docs/results"
+
+
+def load(experiment):
+    path = os.path.join("runs", "experiments", experiment, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def loss_curves(experiment, results):
+    plt.figure(figsize=(6, 4))
+    for variant, r in results.items():
+        path = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "metrics.jsonl")
+        steps, losses = [], []
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if "loss" in row:
+                    steps.append(row["step"])
+                    losses.append(row["loss"])
+        plt.plot(steps, losses, label=variant, linewidth=1)
+    plt.xlabel("step")
+    plt.ylabel("training loss")
+    plt.title(f"{experiment}: training loss (seed {next(iter(results.values()))['seeds'][0]})")
+    plt.legend(fontsize=7)
+    plt.tight_layout()
+    plt.savefig(os.path.join(OUT, f"{experiment}_loss.png"), dpi=120)
+    plt.close()
+
+
+def by_length(experiment, results):
+    plt.figure(figsize=(6, 4))
+    for variant, r in results.items():
+        buckets = sorted(r["by_length"], key=lambda name: int(name.split("-")[0].lstrip(">")))
+        means = [r["by_length"][b]["mean"] for b in buckets]
+        stds = [r["by_length"][b]["std"] for b in buckets]
+        plt.errorbar(range(len(buckets)), means, yerr=stds, label=variant, capsize=2, linewidth=1)
+        plt.xticks(range(len(buckets)), buckets)
+    metric = next(iter(results.values()))["metric"]
+    plt.xlabel("length bucket")
+    plt.ylabel("accuracy" if metric != "perplexity" else metric)
+    plt.title(f"{experiment}: by length (mean ± std over seeds)")
+    plt.legend(fontsize=7)
+    plt.tight_layout()
+    plt.savefig(os.path.join(OUT, f"{experiment}_by_length.png"), dpi=120)
+    plt.close()
+
+
+def bleu_vs_k(results):
+    ks, means, stds = [], [], []
+    for variant, r in results.items():
+        if variant.startswith("relative-k"):
+            ks.append(int(variant[len("relative-k"):]))
+            means.append(r["bleu"]["mean"])
+            stds.append(r["bleu"]["std"])
+    plt.figure(figsize=(5, 3.5))
+    plt.errorbar(ks, means, yerr=stds, marker="o", capsize=3, label="relative")
+    if "sinusoidal" in results:
+        plt.axhline(results["sinusoidal"]["bleu"]["mean"], color="gray", linestyle="--", label="sinusoidal")
+    plt.xscale("log", base=2)
+    plt.xlabel("clipping distance k")
+    plt.ylabel("BLEU")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(os.path.join(OUT, "translation_bleu_vs_k.png"), dpi=120)
+    plt.close()
+
+
+def gates(all_results):
+    rows, labels = [], []
+    for experiment, results in all_results.items():
+        for variant, r in results.items():
+            if "gates" in r:
+                first_seed = np.array(r["gates"][0])  # [layers, heads]
+                for layer, values in enumerate(first_seed):
+                    rows.append(values)
+                    labels.append(f"{experiment}/{variant} L{layer}")
+    if not rows:
+        return
+    plt.figure(figsize=(5, 0.35 * len(rows) + 1.2))
+    plt.imshow(np.array(rows), vmin=0, vmax=1, cmap="coolwarm", aspect="auto")
+    plt.yticks(range(len(rows)), labels, fontsize=7)
+    plt.xlabel("head")
+    plt.colorbar(label="g (1 = relative, 0 = absolute)")
+    plt.title("learned gates (first seed)")
+    plt.tight_layout()
+    plt.savefig(os.path.join(OUT, "gates.png"), dpi=120)
+    plt.close()
+
+
+def relative_table(experiment, results):
+    for variant, r in results.items():
+        pattern = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "checkpoint", "model",
+                               "*layers.0.self_attention.rel_pos_emb_k.weight.npy")
+        files = glob.glob(pattern)
+        if files:
+            table = np.load(files[0])
+            plt.figure(figsize=(5, 3.5))
+            plt.imshow(table, cmap="RdBu", aspect="auto")
+            plt.ylabel("bucket r (distance + k)")
+            plt.xlabel("head dimension")
+            plt.colorbar()
+            plt.title(f"{experiment}/{variant}: E_K of layer 0")
+            plt.tight_layout()
+            plt.savefig(os.path.join(OUT, f"{experiment}_relative_table.png"), dpi=120)
+            plt.close()
+            return
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    all_results = {}
+    for experiment in ("length", "sentiment", "translation"):
+        results = load(experiment)
+        if results is None:
+            continue
+        all_results[experiment] = results
+        loss_curves(experiment, results)
+        by_length(experiment, results)
+        relative_table(experiment, results)
+        if experiment == "translation":
+            bleu_vs_k(results)
+    gates(all_results)
+    print("plots in", OUT)
+
+
+if __name__ == "__main__":
+    main()
