@@ -97,7 +97,7 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
         if (p.grad().defined()) total += sum(mul(p.grad(), p.grad())).to(DType::float64).item();
     }
     const double norm = std::sqrt(total);
-    if (norm > max_norm) {
+    if (std::isfinite(norm) && norm > max_norm) {  // an infinite norm is the caller's to report, not to scale by 0
         const double scale = max_norm / norm;
         for (const Tensor& p : parameters) {
             if (!p.grad().defined()) continue;

@@ -46,7 +46,7 @@ Schedule parse_schedule(const std::string& name);  // "constant" | "linear" | "c
 double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmup_steps, int64_t total_steps);
 
 // Scales all gradients by min(1, max_norm / ||g||) with ||g|| the norm of all of them together;
-// returns ||g|| before clipping (NaN if a gradient holds NaN).
+// returns ||g|| before clipping. A NaN or infinite norm is returned and nothing is scaled.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
 
 }  // namespace relgrad

@@ -1,5 +1,6 @@
 #include "train/config.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -179,11 +180,12 @@ nlohmann::json quickstart_config() {
 }
 
 nlohmann::json read_config_file(const std::string& path) {
+    if (std::filesystem::is_directory(path)) throw std::invalid_argument(path + ": a directory, not a config file");
     std::ifstream in(path);
     if (!in) throw std::invalid_argument(path + ": cannot open the config");
     try {
         return nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers beyond double
         throw std::invalid_argument(path + ": not valid JSON (" + e.what() + ")");
     }
 }
@@ -197,7 +199,7 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
     nlohmann::json value;
     try {
         value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error&) {
+    } catch (const nlohmann::json::exception&) {
         value = text;  // not JSON: a plain string such as reverse or runs/x
     }
     nlohmann::json* node = &document;

@@ -51,14 +51,15 @@ int run_gradcheck(const std::string& filter) {
 relgrad::Config load_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& out) {
     nlohmann::json document = path.empty() ? relgrad::quickstart_config() : relgrad::read_config_file(path);
     for (const std::string& assignment : overrides) relgrad::apply_override(document, assignment);
-    if (!out.empty()) relgrad::apply_override(document, "output.dir=\"" + out + "\"");
+    if (!out.empty()) document["output"]["dir"] = out;  // as given, not re-read as JSON
     return relgrad::Config::parse(document, path.empty() ? "quickstart" : path);
 }
 
-int run_train(const relgrad::Config& config, const relgrad::TrainOptions& options) {
+int run_train(const relgrad::Config& config, const relgrad::TrainOptions& options, const std::string& config_hint) {
     const nlohmann::json summary = relgrad::train(config, options);
     if (summary.contains("stopped_at")) {
-        std::printf("stopped after step %lld; continue with --resume\n", summary["stopped_at"].get<long long>());
+        std::printf("stopped after step %lld; continue with: relgrad train%s --resume --out %s\n",
+                    summary["stopped_at"].get<long long>(), config_hint.c_str(), config.output.dir.c_str());
         return 0;
     }
     const nlohmann::json& final = summary["final"];
@@ -75,6 +76,7 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
         buckets.emplace_back(std::stoll(name.substr(name[0] == '>' ? 1 : 0)) + (name[0] == '>'), name);
     }
     std::sort(buckets.begin(), buckets.end());
+    if (metric == "bleu") std::printf(" (exact match)");
     for (const auto& bucket : buckets) {
         const nlohmann::json& result = final["by_length"][bucket.second];
         std::printf(" %s: %.4g", bucket.second.c_str(), result[result.contains("accuracy") ? "accuracy" : metric].get<double>());
@@ -104,7 +106,8 @@ int main(int argc, char** argv) {
     train->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
     train->add_option("--out", out_dir_override, "the output directory (output.dir)");
     train->add_flag("--resume", train_options.resume, "continue the run in the output directory");
-    train->add_option("--stop-after", train_options.stop_after, "stop after this step, checkpoint written");
+    train->add_option("--stop-after", train_options.stop_after, "stop after this step, checkpoint written")
+        ->check(CLI::PositiveNumber);
     CLI::App* validate = app.add_subcommand("validate", "check a config without training");
     validate->add_option("config", config_path, "the config file")->required();
     validate->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
@@ -137,12 +140,20 @@ int main(int argc, char** argv) {
         if (train->parsed()) {
             train_options.progress = isatty(fileno(stderr));
             relgrad::Config config = load_config(config_path, overrides, out_dir_override);
-            if (config_path.empty() && out_dir_override.empty() && !train_options.resume) {
+            if (config_path.empty() && out_dir_override.empty()) {
                 // the quickstart never overwrites an earlier one: runs/quickstart, runs/quickstart-2, ...
+                // and --resume continues the newest of them
                 const std::string base = config.output.dir;
-                for (int n = 2; std::filesystem::exists(config.output.dir); ++n) config.output.dir = base + "-" + std::to_string(n);
+                std::string newest = base;
+                for (int n = 2; std::filesystem::exists(config.output.dir); ++n) {
+                    newest = config.output.dir;
+                    config.output.dir = base + "-" + std::to_string(n);
+                }
+                if (train_options.resume) config.output.dir = newest;
             }
-            return run_train(config, train_options);
+            std::string hint = config_path.empty() ? "" : " " + config_path;
+            for (const std::string& assignment : overrides) hint += " --set " + assignment;
+            return run_train(config, train_options, hint);
         }
         if (validate->parsed()) {
             const relgrad::Config config = load_config(config_path, overrides, "");

@@ -432,9 +432,9 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             }
             return out;
         };
-        return std::make_unique<ClassificationTask>(c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()),
-                                                    encode(train, d.train), encode(test, d.test.empty() ? d.train : d.test),
-                                                    init);
+        return std::make_unique<ClassificationTask>(
+            c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), encode(train, d.train),
+            encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test), init);
     }
     if (t.kind == TaskKind::pairs) {
         auto [train, test] = read_split<TextPair>(d, seed, read_pairs);
@@ -484,6 +484,32 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
 
 // ---------------------------------------------------------------- files
 
+// A JSON file of a run; errors name the file.
+json read_json_file(const fs::path& path) {
+    std::ifstream in(path);
+    if (!in) throw std::invalid_argument(path.string() + ": cannot open");
+    try {
+        return json::parse(in);
+    } catch (const json::exception& e) {
+        throw std::invalid_argument(path.string() + ": not valid JSON (" + e.what() + ")");
+    }
+}
+
+std::optional<Tokenizer> saved_tokenizer(const fs::path& run) {
+    if (!fs::exists(run / "tokenizer.json")) return std::nullopt;
+    return Tokenizer::from_json(read_json_file(run / "tokenizer.json").dump());
+}
+
+// The first value that differs between two resolved configs, as "/section/key", or "" if none.
+std::string first_difference(const json& a, const json& b) {
+    for (const auto& [section, values] : a.items()) {
+        for (const auto& [key, value] : values.items()) {
+            if (!b.contains(section) || !b[section].contains(key) || b[section][key] != value) return "/" + section + "/" + key;
+        }
+    }
+    return a == b ? "" : "(a section)";
+}
+
 double peak_rss_mib() {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
@@ -516,8 +542,11 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer) {
     }
     model.load((dir / "model").string());
     optimizer.load((dir / "optimizer").string());
-    std::ifstream in(dir / "state.json");
-    return json::parse(in).at("step").get<int64_t>();
+    const json state = read_json_file(dir / "state.json");
+    if (!state.contains("step") || !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0) {
+        throw std::invalid_argument((dir / "state.json").string() + ": no step count");
+    }
+    return state["step"].get<int64_t>();
 }
 
 std::string duration(double seconds) {
@@ -532,12 +561,21 @@ std::string duration(double seconds) {
 json train(const Config& config, const TrainOptions& options) {
     const fs::path out(config.output.dir);
     const json resolved = config.resolved();
+    std::optional<Tokenizer> tokenizer;
     if (options.resume) {
         if (!fs::exists(out / "config.json")) throw std::invalid_argument("--resume: no run in " + out.string());
-        std::ifstream in(out / "config.json");
-        if (json::parse(in) != resolved) {
-            throw std::invalid_argument("--resume: the config differs from the one " + out.string() + " was trained with");
+        if (fs::exists(out / "summary.json")) {
+            throw std::invalid_argument("--resume: the run in " + out.string() + " is finished (it has summary.json)");
         }
+        json saved = read_json_file(out / "config.json"), wanted = resolved;
+        saved["output"].erase("dir");  // the same run, reached by another path
+        wanted["output"].erase("dir");
+        const std::string differs = first_difference(wanted, saved);
+        if (!differs.empty()) {
+            throw std::invalid_argument("--resume: " + differs + " differs from the config " + out.string() +
+                                        " was trained with");
+        }
+        tokenizer = saved_tokenizer(out);  // the ids the checkpoint was trained on
     } else if (fs::exists(out / "checkpoint")) {
         throw std::invalid_argument(out.string() + " already holds a run; pass --resume to continue it or choose "
                                     "another --out");
@@ -545,8 +583,11 @@ json train(const Config& config, const TrainOptions& options) {
     omp_set_num_threads(static_cast<int>(config.training.threads));
 
     Generator init_gen(config.training.seed);
-    std::optional<Tokenizer> tokenizer;
     std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32}, tokenizer);
+    if (config.training.batch_size > task->train_size()) {
+        throw std::invalid_argument("/training/batch_size " + std::to_string(config.training.batch_size) + " exceeds the " +
+                                    std::to_string(task->train_size()) + " training examples");
+    }
     Module& model = task->model();
     AdamW optimizer(model.parameters(), config.training.adamw);
     const LengthBuckets buckets(config.evaluation.length_buckets);
@@ -555,6 +596,10 @@ json train(const Config& config, const TrainOptions& options) {
     int64_t step = 0;
     if (options.resume) {
         step = load_checkpoint(out / "checkpoint", model, optimizer);
+        if (options.stop_after > 0 && options.stop_after <= step) {
+            throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
+                                        ": the checkpoint is already at step " + std::to_string(step));
+        }
     } else {
         write_json(out / "config.json", resolved);
         if (tokenizer) write_json(out / "tokenizer.json", json::parse(tokenizer->to_json()));
@@ -573,11 +618,13 @@ json train(const Config& config, const TrainOptions& options) {
 
     const auto start = std::chrono::steady_clock::now();
     int64_t tokens_seen = 0, steps_run = 0;
-    const int64_t batch = std::min(config.training.batch_size, task->train_size());
+    const int64_t batch = config.training.batch_size;
+    // the sampler's seeds are kept apart from those of the weights and the synthetic data
+    const uint64_t sampler_base = Generator(config.training.seed ^ 0x5851f42d4c957f2dULL).next_u64();
     json last_eval;
     for (; step < config.training.steps; ++step) {
         // the batch and the dropout masks of a step depend on (seed, step) alone
-        Generator sampler(config.training.seed * 1000003 + static_cast<uint64_t>(step));
+        Generator sampler(sampler_base + static_cast<uint64_t>(step));
         std::vector<int64_t> indices;
         for (int64_t i = 0; i < batch; ++i) indices.push_back(static_cast<int64_t>(sampler.next_u64() % task->train_size()));
         model.reseed(sampler.next_u64());
@@ -592,6 +639,10 @@ json train(const Config& config, const TrainOptions& options) {
         }
         loss.backward();
         const double grad_norm = clip_grad_norm(model.parameters(), config.training.clip_norm);
+        if (!std::isfinite(grad_norm)) {
+            throw TrainingDiverged("training diverged: the gradient norm is " + std::to_string(grad_norm) + " at step " +
+                                   std::to_string(step + 1) + " (try a lower learning rate)");
+        }
         const double lr = learning_rate(config.training.schedule, config.training.learning_rate, step,
                                         config.training.warmup_steps, config.training.steps);
         optimizer.step(lr);
@@ -657,8 +708,7 @@ static LoadedRun load_run(const std::string& run_dir, const std::string& test_fi
         throw std::invalid_argument(run_dir + ": not a trained run (needs config.json and checkpoint/)");
     }
     LoadedRun run;
-    std::ifstream config_file(dir / "config.json");
-    nlohmann::json document = json::parse(config_file);
+    json document = read_json_file(dir / "config.json");
     if (!test_file.empty()) {
         if (!reads_files(parse_task_kind(document))) {
             throw std::invalid_argument("--data: a " + document["task"]["kind"].get<std::string>() +
@@ -667,10 +717,7 @@ static LoadedRun load_run(const std::string& run_dir, const std::string& test_fi
         document["data"]["test"] = test_file;
     }
     run.config = Config::parse(document, (dir / "config.json").string());
-    if (fs::exists(dir / "tokenizer.json")) {
-        std::ifstream in(dir / "tokenizer.json");
-        run.tokenizer = Tokenizer::from_json(std::string(std::istreambuf_iterator<char>(in), {}));
-    }
+    run.tokenizer = saved_tokenizer(dir);
     Generator gen(run.config.training.seed);
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
     run.task->model().load((dir / "checkpoint" / "model").string());

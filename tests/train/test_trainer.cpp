@@ -43,6 +43,8 @@ std::vector<nlohmann::json> read_lines(const fs::path& path) {
     return lines;
 }
 
+fs::path dir_for_batch(const fs::path& base) { return base.string() + "-batch"; }
+
 struct TempDir {
     fs::path path;
     explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / name) { fs::remove_all(path); }
@@ -160,10 +162,26 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     std::ifstream sa(whole.path / "summary.json"), sb(parts.path / "summary.json");
     const nlohmann::json a = nlohmann::json::parse(sa), b = nlohmann::json::parse(sb);
     CHECK(a["final"] == b["final"]);
-    nlohmann::json changed = tiny_run(parts.path);
-    changed["training"]["steps"] = 13;
-    CHECK_THROWS_WITH_AS(train(Config::parse(changed, "tiny"), resume), doctest::Contains("the config differs"),
+    CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(parts.path), "tiny"), resume),
+                         ("--resume: the run in " + parts.path.string() + " is finished (it has summary.json)").c_str(),
                          std::invalid_argument);
+
+    TempDir again("relgrad_test_train_again");
+    TrainOptions early;
+    early.stop_after = 8;
+    train(Config::parse(tiny_run(again.path), "tiny"), early);
+    nlohmann::json changed = tiny_run(again.path);
+    changed["training"]["steps"] = 13;
+    CHECK_THROWS_WITH_AS(train(Config::parse(changed, "tiny"), resume),
+                         ("--resume: /training/steps differs from the config " + again.path.string() + " was trained with").c_str(),
+                         std::invalid_argument);
+    resume.stop_after = 4;
+    CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(again.path), "tiny"), resume),
+                         "--stop-after 4: the checkpoint is already at step 8", std::invalid_argument);
+    nlohmann::json big_batch = tiny_run(dir_for_batch(again.path));
+    big_batch["training"]["batch_size"] = 1000;
+    CHECK_THROWS_WITH_AS(train(Config::parse(big_batch, "tiny"), TrainOptions{}),
+                         "/training/batch_size 1000 exceeds the 400 training examples", std::invalid_argument);
 }
 
 TEST_CASE("a diverging run stops with the step it diverged at") {
