@@ -1,6 +1,7 @@
 // The CPU backend: elementwise kernels, broadcasting and reductions on xtensor expressions over
 // the tensors' own strided memory (xt::adapt, no copies); matrix products through xtensor-blas's
 // cxxblas layer into OpenBLAS; index kernels and softmax as plain loops.
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -145,6 +146,15 @@ BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t
     return {false, false, 0};
 }
 
+// Splits [0, n) into one contiguous chunk per thread (a single chunk when n is small, where
+// threads would cost more than they save) and calls f(begin, end) for each.
+template <class F>
+void in_chunks(int64_t n, F&& f) {
+    const int64_t threads = n >= (int64_t{1} << 15) ? omp_get_max_threads() : 1;
+#pragma omp parallel for schedule(static) if (threads > 1)
+    for (int64_t t = 0; t < threads; ++t) f(n * t / threads, n * (t + 1) / threads);
+}
+
 // The common case of a binary op, done as plain loops the compiler vectorizes: a packed output,
 // each operand packed with the output's shape, a packed suffix of it (a bias row) or a single
 // element. Returns false when the operands are laid out otherwise (xtensor handles those).
@@ -168,13 +178,19 @@ bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     const T* y = b.data<T>();
     T* o = out.data<T>();
     if (pa == n && pb == n) {
-        for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+        in_chunks(n, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) o[i] = f(x[i], y[i]);
+        });
     } else if (pb == 1) {
         const T c = y[0];
-        for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], c);
+        in_chunks(n, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) o[i] = f(x[i], c);
+        });
     } else if (pa == 1) {
         const T c = x[0];
-        for (int64_t i = 0; i < n; ++i) o[i] = f(c, y[i]);
+        in_chunks(n, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) o[i] = f(c, y[i]);
+        });
     } else if (pa == n) {  // b repeats every pb elements
         for (int64_t row = 0; row < n; row += pb)
             for (int64_t j = 0; j < pb; ++j) o[row + j] = f(x[row + j], y[j]);
@@ -293,52 +309,44 @@ public:
     void unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) override {
         dispatch_floating(x.dtype(), "unary", [&](auto tag) {
             using T = decltype(tag);
-            auto X = input<T>(x, out);
-            auto O = strided<T>(out);
             const T one(1), zero(0), half(0.5);
             const T inv_sqrt2 = T(1.0 / std::sqrt(2.0));
             const T inv_sqrt_2pi = T(1.0 / std::sqrt(2.0 * M_PI));
-            switch (op) {
-                case UnaryOp::neg:
-                    xt::noalias(O) = -X;
-                    break;
-                case UnaryOp::exp:
-                    xt::noalias(O) = xt::exp(X);
-                    break;
-                case UnaryOp::log:
-                    xt::noalias(O) = xt::log(X);
-                    break;
-                case UnaryOp::sqrt:
-                    xt::noalias(O) = xt::sqrt(X);
-                    break;
-                case UnaryOp::tanh:
-                    xt::noalias(O) = xt::tanh(X);
-                    break;
-                case UnaryOp::sigmoid:
-                    xt::noalias(O) = one / (one + xt::exp(-X));
-                    break;
-                case UnaryOp::relu:
-                    xt::noalias(O) = xt::where(X > zero, X, zero);
-                    break;
-                case UnaryOp::gelu:
-                    xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2));
-                    break;
-                case UnaryOp::relu_grad:
-                    xt::noalias(O) = xt::where(X > zero, one, zero);
-                    break;
-                case UnaryOp::gelu_grad:
-                    xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
-                    break;
-                case UnaryOp::pow_scalar:
-                    xt::noalias(O) = xt::pow(X, T(a));
-                    break;
-                case UnaryOp::clamp:
-                    xt::noalias(O) = xt::clip(X, T(a), T(b));
-                    break;
-                case UnaryOp::inside:
-                    xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero);
-                    break;
+            // O = f(X) for any xtensor views X and O of one shape
+            auto apply = [&](auto& O, const auto& X) {
+                switch (op) {
+                    case UnaryOp::neg: xt::noalias(O) = -X; break;
+                    case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
+                    case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
+                    case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
+                    case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
+                    case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
+                    case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
+                    case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
+                    case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
+                    case UnaryOp::gelu_grad:
+                        xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                        break;
+                    case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
+                    case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
+                    case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
+                }
+            };
+            if (x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape()) {
+                // packed: flat chunks, one per thread, each a plain 1-d SIMD loop in xtensor
+                const T* in = x.data<T>();
+                T* o = out.data<T>();
+                in_chunks(out.numel(), [&](int64_t begin, int64_t end) {
+                    const std::size_t n = static_cast<std::size_t>(end - begin);
+                    auto X = xt::adapt(in + begin, n, xt::no_ownership(), std::array<std::size_t, 1>{n});
+                    auto O = xt::adapt(o + begin, n, xt::no_ownership(), std::array<std::size_t, 1>{n});
+                    apply(O, X);
+                });
+                return;
             }
+            auto X = input<T>(x, out);
+            auto O = strided<T>(out);
+            apply(O, X);
         });
     }
 
@@ -385,6 +393,19 @@ public:
             using T = decltype(tag);
             dispatch_any(cond.dtype(), [&](auto cond_tag) {
                 using C = decltype(cond_tag);
+                // packed: cond of out's shape, a and b each of out's shape or a single value
+                auto fits = [&](const Tensor& t) { return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1); };
+                if (out.is_contiguous() && cond.is_contiguous() && cond.shape() == out.shape() && fits(a) && fits(b)) {
+                    const C* c = cond.data<C>();
+                    const T* pa = a.data<T>();
+                    const T* pb = b.data<T>();
+                    const int64_t step_a = a.numel() == 1 ? 0 : 1, step_b = b.numel() == 1 ? 0 : 1;
+                    T* o = out.data<T>();
+                    in_chunks(out.numel(), [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i) o[i] = c[i] != C(0) ? pa[i * step_a] : pb[i * step_b];
+                    });
+                    return;
+                }
                 auto O = strided<T>(out);
                 xt::noalias(O) =
                     xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
