@@ -84,10 +84,13 @@ def main():
     parser.add_argument("experiments", nargs="+", choices=sorted(EXPERIMENTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--relgrad", default="build/relgrad")
+    parser.add_argument("--variants", nargs="+", help="run only these variants (default: all)")
     args = parser.parse_args()
     for experiment in args.experiments:
         results = {}
         for variant, sets in EXPERIMENTS[experiment]["variants"].items():
+            if args.variants and variant not in args.variants:
+                continue
             results[variant] = aggregate([run(args.relgrad, experiment, variant, sets, seed) for seed in args.seeds])
             results[variant]["seeds"] = args.seeds
             results[variant]["sets"] = sets
