@@ -65,10 +65,11 @@ int main(int argc, char** argv) {
             if (r > 0) seconds.push_back(elapsed);
         }
         std::sort(seconds.begin(), seconds.end());
-        std::printf("{\"impl\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, "
-                    "\"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f}\n",
-                    argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k,
-                    seconds[seconds.size() / 2], peak_rss_mib(), baseline);
+        std::printf(
+            "{\"impl\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, "
+            "\"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f}\n",
+            argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, seconds[seconds.size() / 2],
+            peak_rss_mib(), baseline);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_relative_attention: %s\n", e.what());
         return 2;

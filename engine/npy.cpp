@@ -112,7 +112,8 @@ Tensor load_npy(const std::string& path) {
     if (order.rfind("True", 0) == 0) {
         throw npy_error(path, "Fortran-order arrays are not supported; save np.ascontiguousarray(a) instead");
     }
-    if (order.rfind("False", 0) != 0) throw npy_error(path, "corrupt .npy header: 'fortran_order' is not True or False");
+    if (order.rfind("False", 0) != 0)
+        throw npy_error(path, "corrupt .npy header: 'fortran_order' is not True or False");
     const Shape shape = parse_shape(header_value(header, "shape", path), path);
     int64_t count = 0;
     try {

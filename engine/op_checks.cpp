@@ -199,17 +199,19 @@ std::vector<OpCheck> build() {
     r.add("attention", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}},
           [](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 0.5); });
     r.add("attention/relative", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}},
-          [buckets](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], buckets}); });
+          [buckets](const auto& x) {
+              return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], buckets});
+          });
     r.add("attention/per_head", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 5, 4}, {2, 5, 4}},
           [buckets, keys_seen](const auto& x) {
               return attention(x[0], x[1], x[2], keys_seen, 0.5, {x[3], x[4], buckets});
           });
-    r.add("attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}},
-          [keys_seen](const auto& x) {
-              return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], keys_seen, 0.5);
-          });
-    r.add("attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
-          [](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 1.0, {x[3], x[4], index_tensor({0}, {1, 1})}); });
+    r.add("attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}}, [keys_seen](const auto& x) {
+        return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], keys_seen, 0.5);
+    });
+    r.add("attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}}, [](const auto& x) {
+        return attention(x[0], x[1], x[2], Tensor(), 1.0, {x[3], x[4], index_tensor({0}, {1, 1})});
+    });
     return r.take();
 }
 

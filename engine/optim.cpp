@@ -60,7 +60,8 @@ void AdamW::load(const std::string& dir) {
         v.push_back(load_npy(dir + "/v." + std::to_string(i) + ".npy"));
         if (m.back().shape() != parameters_[i].shape() || v.back().shape() != parameters_[i].shape()) {
             throw std::runtime_error(dir + ": optimizer state " + std::to_string(i) + " has shape " +
-                                     shape_str(m.back().shape()) + ", the parameter " + shape_str(parameters_[i].shape()));
+                                     shape_str(m.back().shape()) + ", the parameter " +
+                                     shape_str(parameters_[i].shape()));
         }
         m.back() = m.back().to(parameters_[i].dtype());
         v.back() = v.back().to(parameters_[i].dtype());
@@ -83,8 +84,8 @@ Schedule parse_schedule(const std::string& name) {
 double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmup_steps, int64_t total_steps) {
     if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
     if (schedule == Schedule::constant || total_steps <= warmup_steps) return peak;
-    const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) /
-                                              static_cast<double>(total_steps - warmup_steps));
+    const double progress =
+        std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps));
     if (schedule == Schedule::linear) return peak * (1.0 - progress);
     return peak * 0.5 * (1.0 + std::cos(M_PI * progress));
 }

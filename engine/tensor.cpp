@@ -421,7 +421,7 @@ Tensor Tensor::expand(const Shape& target) const {
     if (new_rank < rank) throw fail();
     Shape new_shape = target, new_strides(new_rank, 0);
     for (int64_t i = 0; i < new_rank; ++i) {
-        const int64_t j = i - (new_rank - rank);  // the matching input dim, if any
+        const int64_t j = i - (new_rank - rank);                   // the matching input dim, if any
         if (j >= 0 && target[i] == -1) new_shape[i] = shape()[j];  // -1 keeps the size
         if (new_shape[i] < 0) throw fail();
         if (j < 0) continue;  // a new leading dim: stride 0

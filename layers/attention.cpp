@@ -45,7 +45,8 @@ Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset) {
 }
 
 Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset) {
-    if (window < 0) throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
+    if (window < 0)
+        throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
     return position_mask(query_len, key_len,
                          [&](int64_t i, int64_t j) { return std::llabs(j - (query_offset + i)) <= window; });
 }
@@ -106,11 +107,12 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
     if (query.dim() != 3 || key_value.dim() != 3 || query.size(2) != dim || key_value.size(2) != dim ||
         query.size(0) != key_value.size(0)) {
         throw std::invalid_argument("attention: query " + shape_str(query.shape()) + " and key/value " +
-                                    shape_str(key_value.shape()) + " must be [B, Lq, D] and [B, Lk, D] with D = " +
-                                    std::to_string(dim));
+                                    shape_str(key_value.shape()) +
+                                    " must be [B, Lq, D] and [B, Lk, D] with D = " + std::to_string(dim));
     }
     const int64_t B = query.size(0), Lq = query.size(1), Lk = key_value.size(1);
-    if (mask.defined() && broadcast_shapes(mask.shape(), {B, heads, Lq, Lk}, "attention mask") != Shape{B, heads, Lq, Lk}) {
+    if (mask.defined() &&
+        broadcast_shapes(mask.shape(), {B, heads, Lq, Lk}, "attention mask") != Shape{B, heads, Lq, Lk}) {
         throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
                                     " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, heads, Lq, Lk}));
     }
@@ -142,8 +144,8 @@ Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& 
 }
 
 // e = scale * scores, masked keys -inf, a = softmax(e), z = values(a)
-Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k,
-                                           const Tensor& v, const Tensor& mask, int64_t query_offset) {
+Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& mask, int64_t query_offset) {
     Tensor e = mul(scores(query_input, q, k, query_offset), scalar(scale(), q.dtype()));
     if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype()));
     const Tensor a = softmax(e, -1);
@@ -173,7 +175,9 @@ Tensor RelativeMultiHeadAttention::relative_scores(const Tensor& q, int64_t key_
         const Tensor table = rel_pos_emb_k.lookup(Lq, key_len, query_offset);
         if (rel_pos_emb_k.shared) {
             const Tensor rows = q.permute({2, 0, 1, 3}).reshape({Lq, B * heads, head_dim});
-            return matmul(rows, table.squeeze(0).transpose(-1, -2)).reshape({Lq, B, heads, key_len}).permute({1, 2, 0, 3});
+            return matmul(rows, table.squeeze(0).transpose(-1, -2))
+                .reshape({Lq, B, heads, key_len})
+                .permute({1, 2, 0, 3});
         }
         return matmul(q.permute({1, 2, 0, 3}), table.transpose(-1, -2)).permute({2, 0, 1, 3});
     }
@@ -209,7 +213,8 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
 
 Tensor RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
                                           int64_t query_offset) {
-    return add(MultiHeadAttention::scores(query_input, q, k, query_offset), relative_scores(q, k.size(2), query_offset));
+    return add(MultiHeadAttention::scores(query_input, q, k, query_offset),
+               relative_scores(q, k.size(2), query_offset));
 }
 
 Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
@@ -269,7 +274,8 @@ Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q
 }
 
 Tensor GatedPositionAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
-    Tensor z = add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
+    Tensor z =
+        add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
     current_gate_ = Tensor();  // the graph keeps what the backward needs; the layer keeps nothing
     return z;
 }

@@ -9,7 +9,8 @@ namespace relgrad {
 
 static void check_positive(int64_t value, const char* layer, const char* what) {
     if (value <= 0) {
-        throw std::invalid_argument(std::string(layer) + ": " + what + " must be positive, got " + std::to_string(value));
+        throw std::invalid_argument(std::string(layer) + ": " + what + " must be positive, got " +
+                                    std::to_string(value));
     }
 }
 

@@ -90,8 +90,7 @@ void Module::assign_parameters(const std::vector<Tensor>& values) {
     for (std::size_t i = 0; i < slots.size(); ++i) {
         if (values[i].shape() != slots[i].second->shape()) {
             throw std::invalid_argument("assign_parameters: " + slots[i].first + " needs shape " +
-                                        shape_str(slots[i].second->shape()) + ", got " +
-                                        shape_str(values[i].shape()));
+                                        shape_str(slots[i].second->shape()) + ", got " + shape_str(values[i].shape()));
         }
         *slots[i].second = values[i];
     }
@@ -113,8 +112,10 @@ void Module::save(const std::string& dir) const {
     nlohmann::json manifest = {{"format", "relgrad-state"}, {"version", 1}, {"parameters", nlohmann::json::array()}};
     for (const auto& [name, tensor] : named_parameters()) {
         save_npy(tensor, (partial / (name + ".npy")).string());
-        manifest["parameters"].push_back(
-            {{"name", name}, {"file", name + ".npy"}, {"shape", tensor.shape()}, {"dtype", dtype_name(tensor.dtype())}});
+        manifest["parameters"].push_back({{"name", name},
+                                          {"file", name + ".npy"},
+                                          {"shape", tensor.shape()},
+                                          {"dtype", dtype_name(tensor.dtype())}});
     }
     std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
     // swap in the new directory; the old one is removed only once the new one is in place

@@ -40,7 +40,8 @@ Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t offset) co
 
 LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t d, const Init& init)
     : max_len(max_len_), dim(d) {
-    if (max_len <= 0 || d <= 0) throw std::invalid_argument("LearnedPositionalEmbedding: max_len and dim must be positive");
+    if (max_len <= 0 || d <= 0)
+        throw std::invalid_argument("LearnedPositionalEmbedding: max_len and dim must be positive");
     register_parameter("weight", weight, truncated_normal({max_len, dim}, 0.02, init));
 }
 
@@ -48,7 +49,8 @@ Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) cons
     check_sequence(x, dim, "LearnedPositionalEmbedding");
     if (offset < 0 || offset + x.size(1) > max_len) {
         throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(offset + x.size(1)) +
-                                    " exceeds max_len " + std::to_string(max_len) + " (it has no vector for later positions)");
+                                    " exceeds max_len " + std::to_string(max_len) +
+                                    " (it has no vector for later positions)");
     }
     return add(x, weight.narrow(0, offset, x.size(1)));
 }
@@ -69,8 +71,10 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
       k_left(checked(options).k_left),
       k_right(options.k_right),
       shared(options.share_across_heads) {
-    if (head_dim <= 0 || heads <= 0) throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
-    register_parameter("weight", weight, truncated_normal({buckets(), shared ? head_dim : head_dim * heads}, 0.02, init));
+    if (head_dim <= 0 || heads <= 0)
+        throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
+    register_parameter("weight", weight,
+                       truncated_normal({buckets(), shared ? head_dim : head_dim * heads}, 0.02, init));
     precomputed_ = index(options.max_len, options.max_len);
 }
 
@@ -92,8 +96,8 @@ Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int6
 
 Tensor RelativePositionEmbedding::table() const {
     const int64_t K = buckets();
-    if (shared) return weight.unsqueeze(0);                                 // [1, K, Dh]
-    return weight.reshape({K, heads, head_dim}).permute({1, 0, 2});         // [H, K, Dh]
+    if (shared) return weight.unsqueeze(0);                          // [1, K, Dh]
+    return weight.reshape({K, heads, head_dim}).permute({1, 0, 2});  // [H, K, Dh]
 }
 
 Tensor RelativePositionEmbedding::lookup(int64_t query_len, int64_t key_len, int64_t query_offset) const {

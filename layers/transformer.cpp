@@ -9,8 +9,8 @@
 namespace relgrad {
 
 PositionMode parse_position_mode(const std::string& name) {
-    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned, PositionMode::relative,
-                              PositionMode::gated}) {
+    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
+                              PositionMode::relative, PositionMode::gated}) {
         if (name == position_mode_name(mode)) return mode;
     }
     throw std::invalid_argument("unknown position mode '" + name +
@@ -19,11 +19,16 @@ PositionMode parse_position_mode(const std::string& name) {
 
 const char* position_mode_name(PositionMode mode) {
     switch (mode) {
-        case PositionMode::none: return "none";
-        case PositionMode::sinusoidal: return "sinusoidal";
-        case PositionMode::learned: return "learned";
-        case PositionMode::relative: return "relative";
-        case PositionMode::gated: return "gated";
+        case PositionMode::none:
+            return "none";
+        case PositionMode::sinusoidal:
+            return "sinusoidal";
+        case PositionMode::learned:
+            return "learned";
+        case PositionMode::relative:
+            return "relative";
+        case PositionMode::gated:
+            return "gated";
     }
     return "";
 }
@@ -35,7 +40,8 @@ static std::unique_ptr<MultiHeadAttention> make_self_attention(const Transformer
             return std::make_unique<RelativeMultiHeadAttention>(o.dim, o.heads, o.relative, o.impl, init);
         case PositionMode::gated:
             return std::make_unique<GatedPositionAttention>(o.dim, o.heads, o.relative, o.impl, o.token_gate, init);
-        default: return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
+        default:
+            return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
     }
 }
 
@@ -80,7 +86,8 @@ DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
     register_module("dropout", dropout);
 }
 
-Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask) {
+Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask,
+                             const Tensor& memory_mask) {
     const Tensor h = norm1.forward(x);
     const Tensor x1 = add(x, dropout.forward(self_attention->forward(h, h, self_mask)));
     const Tensor x2 = add(x1, dropout.forward(cross_attention.forward(norm2.forward(x1), memory, memory_mask)));
@@ -115,7 +122,8 @@ Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
 }
 
 Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.dim, init) {
-    if (o.layers <= 0) throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
+    if (o.layers <= 0)
+        throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
     for (int64_t i = 0; i < o.layers; ++i) {
         layers.push_back(std::make_unique<EncoderLayer>(o, init));
         register_module("layers." + std::to_string(i), *layers.back());
@@ -152,8 +160,8 @@ static std::vector<MultiHeadAttention*> self_attentions(const Encoder& encoder) 
 
 static void check_lengths(const Tensor& ids, const std::vector<int64_t>& lengths, const char* what) {
     if (static_cast<int64_t>(lengths.size()) != ids.size(0)) {
-        throw std::invalid_argument(std::string(what) + ": " + std::to_string(lengths.size()) + " lengths for a batch of " +
-                                    std::to_string(ids.size(0)));
+        throw std::invalid_argument(std::string(what) + ": " + std::to_string(lengths.size()) +
+                                    " lengths for a batch of " + std::to_string(ids.size(0)));
     }
 }
 
@@ -203,7 +211,9 @@ Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<K
     return lm_head.forward(decoder.forward_incremental(embed.forward(ids, offset), caches));
 }
 
-std::vector<std::vector<double>> CausalLanguageModel::gates() const { return attention_gates(self_attentions(decoder)); }
+std::vector<std::vector<double>> CausalLanguageModel::gates() const {
+    return attention_gates(self_attentions(decoder));
+}
 
 EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const TransformerOptions& o,
                                const Init& init)

@@ -10,12 +10,18 @@ namespace relgrad {
 
 const char* task_kind_name(TaskKind kind) {
     switch (kind) {
-        case TaskKind::copy: return "copy";
-        case TaskKind::reverse: return "reverse";
-        case TaskKind::relative_order: return "relative_order";
-        case TaskKind::classification: return "classification";
-        case TaskKind::pairs: return "pairs";
-        case TaskKind::language_model: return "language_model";
+        case TaskKind::copy:
+            return "copy";
+        case TaskKind::reverse:
+            return "reverse";
+        case TaskKind::relative_order:
+            return "relative_order";
+        case TaskKind::classification:
+            return "classification";
+        case TaskKind::pairs:
+            return "pairs";
+        case TaskKind::language_model:
+            return "language_model";
     }
     return "";
 }
@@ -49,7 +55,8 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     if (t.dim % t.heads != 0) model.fail("heads", "a divisor of /model/dim = " + std::to_string(t.dim));
     t.ff_dim = model.integer("ff_dim", 1, 65536, 4 * t.dim);
     t.dropout = model.number("dropout", 0, 0.99, 0.1);
-    t.position = parse_position_mode(model.text("position", "relative", {"none", "sinusoidal", "learned", "relative", "gated"}));
+    t.position =
+        parse_position_mode(model.text("position", "relative", {"none", "sinusoidal", "learned", "relative", "gated"}));
     const int64_t k = model.integer("k", 0, 4096, 8);
     t.relative.k_left = model.integer("k_left", 0, 4096, k);
     t.relative.k_right = model.integer("k_right", 0, 4096, k);
@@ -60,8 +67,8 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     model.finish();
 
     JsonReader task = root.section("task");
-    const std::string kind = task.text("kind", "relative_order",
-                                       {"copy", "reverse", "relative_order", "classification", "pairs", "language_model"});
+    const std::string kind = task.text(
+        "kind", "relative_order", {"copy", "reverse", "relative_order", "classification", "pairs", "language_model"});
     for (TaskKind k : {TaskKind::copy, TaskKind::reverse, TaskKind::relative_order, TaskKind::classification,
                        TaskKind::pairs, TaskKind::language_model}) {
         if (kind == task_kind_name(k)) c.task.kind = k;
@@ -144,35 +151,73 @@ nlohmann::json Config::resolved() const {
     const TransformerOptions& t = model.transformer;
     return {
         {"model",
-         {{"layers", t.layers}, {"dim", t.dim}, {"heads", t.heads}, {"ff_dim", t.ff_dim}, {"dropout", t.dropout},
-          {"position", position_mode_name(t.position)}, {"k_left", t.relative.k_left}, {"k_right", t.relative.k_right},
+         {{"layers", t.layers},
+          {"dim", t.dim},
+          {"heads", t.heads},
+          {"ff_dim", t.ff_dim},
+          {"dropout", t.dropout},
+          {"position", position_mode_name(t.position)},
+          {"k_left", t.relative.k_left},
+          {"k_right", t.relative.k_right},
           {"share_across_heads", t.relative.share_across_heads},
-          {"attention", t.impl == AttentionImpl::reference ? "reference" : "bucketed"}, {"token_gate", t.token_gate},
+          {"attention", t.impl == AttentionImpl::reference ? "reference" : "bucketed"},
+          {"token_gate", t.token_gate},
           {"pooling", model.pooling == Pooling::mean ? "mean" : "first"}}},
         {"task",
-         {{"kind", task_kind_name(task.kind)}, {"vocab", task.vocab}, {"train_lengths", task.train_lengths},
-          {"test_lengths", task.test_lengths}, {"distance", task.distance}, {"train_examples", task.train_examples},
+         {{"kind", task_kind_name(task.kind)},
+          {"vocab", task.vocab},
+          {"train_lengths", task.train_lengths},
+          {"test_lengths", task.test_lengths},
+          {"distance", task.distance},
+          {"train_examples", task.train_examples},
           {"test_examples", task.test_examples}}},
         {"data",
-         {{"train", data.train}, {"test", data.test}, {"held_out", data.held_out}, {"tokenizer", data.tokenizer},
-          {"min_frequency", data.min_frequency}, {"max_length", data.max_length}}},
+         {{"train", data.train},
+          {"test", data.test},
+          {"held_out", data.held_out},
+          {"tokenizer", data.tokenizer},
+          {"min_frequency", data.min_frequency},
+          {"max_length", data.max_length}}},
         {"training",
-         {{"steps", training.steps}, {"batch_size", training.batch_size}, {"learning_rate", training.learning_rate},
-          {"warmup_steps", training.warmup_steps}, {"schedule", schedule_name(training.schedule)},
-          {"beta1", training.adamw.beta1}, {"beta2", training.adamw.beta2}, {"eps", training.adamw.eps},
-          {"weight_decay", training.adamw.weight_decay}, {"clip_norm", training.clip_norm}, {"seed", training.seed},
-          {"threads", training.threads}, {"log_every", training.log_every}}},
+         {{"steps", training.steps},
+          {"batch_size", training.batch_size},
+          {"learning_rate", training.learning_rate},
+          {"warmup_steps", training.warmup_steps},
+          {"schedule", schedule_name(training.schedule)},
+          {"beta1", training.adamw.beta1},
+          {"beta2", training.adamw.beta2},
+          {"eps", training.adamw.eps},
+          {"weight_decay", training.adamw.weight_decay},
+          {"clip_norm", training.clip_norm},
+          {"seed", training.seed},
+          {"threads", training.threads},
+          {"log_every", training.log_every}}},
         {"evaluation",
-         {{"every", evaluation.every}, {"batch_size", evaluation.batch_size}, {"length_buckets", evaluation.length_buckets}}},
+         {{"every", evaluation.every},
+          {"batch_size", evaluation.batch_size},
+          {"length_buckets", evaluation.length_buckets}}},
         {"output", {{"dir", output.dir}, {"checkpoint_every", output.checkpoint_every}}},
     };
 }
 
 nlohmann::json quickstart_config() {
     return {
-        {"model", {{"layers", 2}, {"dim", 64}, {"heads", 4}, {"ff_dim", 128}, {"dropout", 0.0}, {"position", "relative"}, {"k", 8}}},
-        {"task", {{"kind", "relative_order"}, {"vocab", 16}, {"train_lengths", {8, 24}}, {"test_lengths", {8, 48}},
-                  {"distance", 3}, {"train_examples", 4000}, {"test_examples", 500}}},
+        {"model",
+         {{"layers", 2},
+          {"dim", 64},
+          {"heads", 4},
+          {"ff_dim", 128},
+          {"dropout", 0.0},
+          {"position", "relative"},
+          {"k", 8}}},
+        {"task",
+         {{"kind", "relative_order"},
+          {"vocab", 16},
+          {"train_lengths", {8, 24}},
+          {"test_lengths", {8, 48}},
+          {"distance", 3},
+          {"train_examples", 4000},
+          {"test_examples", 500}}},
         {"training", {{"steps", 400}, {"batch_size", 32}, {"learning_rate", 2e-3}, {"warmup_steps", 40}, {"seed", 1}}},
         {"evaluation", {{"every", 100}, {"length_buckets", {8, 16, 24, 32, 48}}}},
         {"output", {{"dir", "runs/quickstart"}}},

@@ -13,7 +13,7 @@
 namespace relgrad {
 
 struct ModelConfig {
-    TransformerOptions transformer;  // layers, dim, heads, ff_dim, dropout, position, k, impl, ...
+    TransformerOptions transformer;   // layers, dim, heads, ff_dim, dropout, position, k, impl, ...
     Pooling pooling = Pooling::mean;  // classification
 };
 
@@ -26,10 +26,10 @@ bool reads_files(TaskKind kind);
 TaskKind parse_task_kind(const nlohmann::json& document);
 struct TaskConfig {
     TaskKind kind = TaskKind::relative_order;
-    int64_t vocab = 16;                      // synthetic symbols, reserved ids included
+    int64_t vocab = 16;                         // synthetic symbols, reserved ids included
     std::vector<int64_t> train_lengths{8, 24};  // [min, max] sequence length for training
     std::vector<int64_t> test_lengths{8, 48};   // [min, max] for evaluation: longer probes generalization
-    int64_t distance = 3;                    // relative_order: A stands this many positions before B
+    int64_t distance = 3;                       // relative_order: A stands this many positions before B
     int64_t train_examples = 4000;
     int64_t test_examples = 500;
 };
@@ -37,8 +37,8 @@ struct TaskConfig {
 // Files for classification (TSV label<TAB>text or JSONL {"text", "label"}), pairs (TSV
 // source<TAB>target or JSONL {"source", "target"}) and language_model (plain text).
 struct DataConfig {
-    std::string train;         // required for the file tasks
-    std::string test;          // or, when empty, a held-out part of train
+    std::string train;  // required for the file tasks
+    std::string test;   // or, when empty, a held-out part of train
     double held_out = 0.1;
     std::string tokenizer = "char";  // char | word
     int64_t min_frequency = 1;       // word: rarer words become <unk>

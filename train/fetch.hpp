@@ -46,7 +46,7 @@ std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::strin
 // One line of the Ding dictionary (trans-de-en): "German :: English", " | " between aligned
 // sub-entries, "; " between alternatives, {...} and [...] annotations. Returns the German -> English
 // full-sentence pairs of the line: annotations removed, the first alternative taken, both sides at
-// least 4 words and ending in . ? or ! (but not in a placeholder such as "etw." or "sb./sth.").
+// least 4 words and ending in . ? or ! (but not in a pronoun abbreviation such as "etw." or "sb./sth.").
 // Comment lines ('#') and blank lines give none, and so do sub-entries that do not align (a different
 // count of " | " on each side). A line without exactly one " :: " -> std::runtime_error.
 std::vector<std::pair<std::string, std::string>> convert_ding_line(const std::string& line);

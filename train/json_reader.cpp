@@ -65,8 +65,8 @@ int64_t JsonReader::integer(const std::string& key, int64_t low, int64_t high, s
 
 double JsonReader::number(const std::string& key, double low, double high, std::optional<double> fallback,
                           bool above_low) {
-    const std::string expected = "a number in " + std::string(above_low ? "(" : "[") + number_text(low) + ", " +
-                                 number_text(high) + "]";
+    const std::string expected =
+        "a number in " + std::string(above_low ? "(" : "[") + number_text(low) + ", " + number_text(high) + "]";
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
@@ -90,8 +90,9 @@ bool JsonReader::flag(const std::string& key, std::optional<bool> fallback) {
 
 std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, int64_t high, std::size_t count,
                                           const std::optional<std::vector<int64_t>>& fallback) {
-    const std::string expected = (count > 0 ? "a list of " + std::to_string(count) + " integers" : "a list of integers") +
-                                 " in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    const std::string expected =
+        (count > 0 ? "a list of " + std::to_string(count) + " integers" : "a list of integers") + " in [" +
+        std::to_string(low) + ", " + std::to_string(high) + "]";
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
@@ -117,7 +118,8 @@ void JsonReader::finish() const {
         if (read_.count(item.key())) continue;
         std::string known;
         for (const std::string& key : read_) known += (known.empty() ? "" : ", ") + key;
-        throw std::invalid_argument(file_ + ": " + path_of(item.key()) + ": unknown key (expected one of: " + known + ")");
+        throw std::invalid_argument(file_ + ": " + path_of(item.key()) + ": unknown key (expected one of: " + known +
+                                    ")");
     }
 }
 

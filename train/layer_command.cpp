@@ -60,7 +60,8 @@ public:
 
     void check_all_read() const {
         for (const auto& item : doc_.items()) {
-            if (!read_.count(item.key())) fail("unknown key '" + item.key() + "' for layer type '" + doc_["type"].get<std::string>() + "'");
+            if (!read_.count(item.key()))
+                fail("unknown key '" + item.key() + "' for layer type '" + doc_["type"].get<std::string>() + "'");
         }
     }
 
@@ -177,8 +178,9 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         o.dropout = 0;
         o.position = parse_position_mode(spec.text("position", "relative"));
         if (o.position == PositionMode::sinusoidal || o.position == PositionMode::learned) {
-            spec.fail("'position' of an encoder_layer must be none, relative or gated (sinusoidal and learned "
-                      "positions are added to the embeddings, outside the layer)");
+            spec.fail(
+                "'position' of an encoder_layer must be none, relative or gated (sinusoidal and learned "
+                "positions are added to the embeddings, outside the layer)");
         }
         if (o.position != PositionMode::none) o.relative = parse_relative(spec);
         if (o.position != PositionMode::none) o.impl = parse_attention_impl(spec.text("impl", "bucketed"));
@@ -211,7 +213,8 @@ std::string shape_pattern(const Shape& shape) {  // [B, L, 8] with -1 shown as a
     std::string out = "[";
     const char* letters[] = {"B", "L"};
     for (std::size_t i = 0; i < shape.size(); ++i) {
-        out += (i ? ", " : "") + (shape[i] < 0 ? std::string(letters[std::min<std::size_t>(i, 1)]) : std::to_string(shape[i]));
+        out += (i ? ", " : "") +
+               (shape[i] < 0 ? std::string(letters[std::min<std::size_t>(i, 1)]) : std::to_string(shape[i]));
     }
     return out + "]";
 }
@@ -264,8 +267,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
         return path;
     };
     Tensor x = load_floating(require("x.npy", "the layer's input"), layer.dtype);
-    const bool x_fits = layer.model_dim > 0 ? x.dim() == 3 && x.size(2) == layer.model_dim
-                                            : x.dim() >= 1 && x.size(-1) == layer.in_dim;
+    const bool x_fits =
+        layer.model_dim > 0 ? x.dim() == 3 && x.size(2) == layer.model_dim : x.dim() >= 1 && x.size(-1) == layer.in_dim;
     if (!x_fits) {
         const std::string expected = layer.model_dim > 0 ? shape_pattern({-1, -1, layer.model_dim})
                                                          : "[..., " + std::to_string(layer.in_dim) + "]";
@@ -274,7 +277,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     }
     Tensor mask;
     if (fs::exists(in / "mask.npy")) {
-        if (!layer.takes_mask) throw std::invalid_argument((in / "mask.npy").string() + ": this layer type takes no mask");
+        if (!layer.takes_mask)
+            throw std::invalid_argument((in / "mask.npy").string() + ": this layer type takes no mask");
         mask = load_mask(in / "mask.npy", x.size(0), x.size(1), mask_type == "auto" ? "" : mask_type);
     }
     if (layer.causal) mask = combine_masks(mask, causal_mask(x.size(1), x.size(1)));
@@ -297,8 +301,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     if (fs::exists(in / "dy.npy")) {
         dy = load_floating(in / "dy.npy", layer.dtype);
         if (dy.shape() != y.shape()) {
-            throw std::invalid_argument((in / "dy.npy").string() + ": expected the output's shape " + shape_str(y.shape()) +
-                                        ", got " + shape_str(dy.shape()));
+            throw std::invalid_argument((in / "dy.npy").string() + ": expected the output's shape " +
+                                        shape_str(y.shape()) + ", got " + shape_str(dy.shape()));
         }
     }
     y.backward(dy);

@@ -48,7 +48,8 @@ int run_gradcheck(const std::string& filter) {
 }
 
 // The config a command reads: a file or the built-in quickstart, then --set overrides.
-relgrad::Config load_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& out) {
+relgrad::Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                            const std::string& out) {
     nlohmann::json document = path.empty() ? relgrad::quickstart_config() : relgrad::read_config_file(path);
     for (const std::string& assignment : overrides) relgrad::apply_override(document, assignment);
     if (!out.empty()) document["output"]["dir"] = out;  // as given, not re-read as JSON
@@ -79,7 +80,8 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
     if (metric == "bleu") std::printf(" (exact match)");
     for (const auto& bucket : buckets) {
         const nlohmann::json& result = final["by_length"][bucket.second];
-        std::printf(" %s: %.4g", bucket.second.c_str(), result[result.contains("accuracy") ? "accuracy" : metric].get<double>());
+        std::printf(" %s: %.4g", bucket.second.c_str(),
+                    result[result.contains("accuracy") ? "accuracy" : metric].get<double>());
     }
     std::printf("\nsummary, metrics and checkpoint in %s\n", config.output.dir.c_str());
     return 0;
@@ -158,7 +160,8 @@ int main(int argc, char** argv) {
         if (validate->parsed()) {
             const relgrad::Config config = load_config(config_path, overrides, "");
             std::printf("%s: valid (task %s, %s positions, %lld steps)\n", config_path.c_str(),
-                        relgrad::task_kind_name(config.task.kind), relgrad::position_mode_name(config.model.transformer.position),
+                        relgrad::task_kind_name(config.task.kind),
+                        relgrad::position_mode_name(config.model.transformer.position),
                         static_cast<long long>(config.training.steps));
             return 0;
         }

@@ -127,7 +127,8 @@ public:
         int64_t correct = 0;
         for (std::size_t start = 0; start < test_.size(); start += batch_size) {
             std::vector<std::vector<int64_t>> rows;
-            for (std::size_t i = start; i < std::min(test_.size(), start + batch_size); ++i) rows.push_back(test_[i].tokens);
+            for (std::size_t i = start; i < std::min(test_.size(), start + batch_size); ++i)
+                rows.push_back(test_[i].tokens);
             const Padded batch = pad_rows(rows);
             const std::vector<int64_t> predicted = argmax_rows(model_.forward(batch.ids, batch.lengths));
             for (std::size_t r = 0; r < rows.size(); ++r) {
@@ -229,7 +230,8 @@ public:
     // Greedy decoding: feed bos, append the most likely next token, until eos or max_steps. One
     // token at a time with a key/value cache; each new query gets its true position, so the
     // relative distances are those of a full pass (tests/layers/test_transformer.cpp checks it).
-    std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps) {
+    std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources,
+                                                    int64_t max_steps) {
         NoGradGuard no_grad;
         const Padded source = pad_rows(sources);
         const Tensor memory = model_.encode(source.ids, source.lengths);
@@ -240,7 +242,8 @@ public:
         std::vector<double> last(B, static_cast<double>(Tokenizer::bos));
         for (int64_t step = 0; step < max_steps; ++step) {
             const Tensor input = from_vector(last, {static_cast<int64_t>(B), 1}, DType::int64);
-            const std::vector<int64_t> next = argmax_rows(model_.decode_incremental(input, caches, memory, source.lengths));
+            const std::vector<int64_t> next =
+                argmax_rows(model_.decode_incremental(input, caches, memory, source.lengths));
             bool all_done = true;
             for (std::size_t b = 0; b < B; ++b) {
                 if (!done[b] && next[b] == Tokenizer::eos) done[b] = true;
@@ -268,7 +271,10 @@ class LanguageModelTask : public Task {
 public:
     LanguageModelTask(const Config& c, int64_t vocab, std::vector<std::vector<int64_t>> train,
                       std::vector<std::vector<int64_t>> test, bool characters, const Init& init)
-        : model_(vocab, c.model.transformer, init), train_(std::move(train)), test_(std::move(test)), characters_(characters) {}
+        : model_(vocab, c.model.transformer, init),
+          train_(std::move(train)),
+          test_(std::move(test)),
+          characters_(characters) {}
 
     const char* metric() const override { return "perplexity"; }
     Module& model() override { return model_; }
@@ -312,9 +318,11 @@ public:
         }
         json by_length = json::object();
         for (int64_t b = 0; b < buckets.count(); ++b) {
-            if (counts[b] > 0) by_length[buckets.name(b)] = {{"perplexity", perplexity(nll[b], counts[b])}, {"tokens", counts[b]}};
+            if (counts[b] > 0)
+                by_length[buckets.name(b)] = {{"perplexity", perplexity(nll[b], counts[b])}, {"tokens", counts[b]}};
         }
-        json result = {{"perplexity", perplexity(total, total_tokens)}, {"tokens", total_tokens}, {"by_length", by_length}};
+        json result = {
+            {"perplexity", perplexity(total, total_tokens)}, {"tokens", total_tokens}, {"by_length", by_length}};
         if (characters_) result["bits_per_char"] = bits_per_char(total, total_tokens);
         return result;
     }
@@ -371,7 +379,8 @@ std::string resolve_data_path(const std::string& path) {
     const std::string resolved = default_data_dir() + "/" + path.substr(5);
     if (!fs::exists(resolved)) {
         const std::string name = path.substr(5, path.find('/', 5) - 5);
-        throw std::invalid_argument(path + ": " + resolved + " does not exist; run 'relgrad data fetch " + name + "' first");
+        throw std::invalid_argument(path + ": " + resolved + " does not exist; run 'relgrad data fetch " + name +
+                                    "' first");
     }
     return resolved;
 }
@@ -399,8 +408,10 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
         case TaskKind::relative_order:
             return std::make_unique<ClassificationTask>(
                 c, t.vocab, 2,
-                make_relative_order_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.distance, seed),
-                make_relative_order_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.distance, seed + 1),
+                make_relative_order_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.distance,
+                                         seed),
+                make_relative_order_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.distance,
+                                         seed + 1),
                 init);
         case TaskKind::copy:
         case TaskKind::reverse: {
@@ -409,7 +420,8 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
                 c, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
                 make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
         }
-        default: break;
+        default:
+            break;
     }
     const DataConfig d = with_data_paths_resolved(c.data);
     const Tokenizer::Kind kind = parse_tokenizer_kind(d.tokenizer);
@@ -426,7 +438,8 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             for (const auto& example : examples) {
                 const auto found = std::lower_bound(labels.begin(), labels.end(), example.label);
                 if (found == labels.end() || *found != example.label) {
-                    throw std::invalid_argument(where + ": label '" + example.label + "' does not occur in the training data");
+                    throw std::invalid_argument(where + ": label '" + example.label +
+                                                "' does not occur in the training data");
                 }
                 out.push_back({truncated(tokenizer->encode(example.text), d.max_length), found - labels.begin()});
             }
@@ -434,7 +447,8 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
         };
         return std::make_unique<ClassificationTask>(
             c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), encode(train, d.train),
-            encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test), init);
+            encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test),
+            init);
     }
     if (t.kind == TaskKind::pairs) {
         auto [train, test] = read_split<TextPair>(d, seed, read_pairs);
@@ -458,9 +472,11 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
     // cut into chunks of max_length + 1 tokens that overlap by one (each token is a target once)
     std::string train_text = read_text(d.train), test_text;
     if (d.test.empty()) {
-        const std::size_t cut = train_text.size() - static_cast<std::size_t>(d.held_out * static_cast<double>(train_text.size()));
+        const std::size_t cut =
+            train_text.size() - static_cast<std::size_t>(d.held_out * static_cast<double>(train_text.size()));
         std::size_t boundary = cut;
-        while (boundary < train_text.size() && (static_cast<unsigned char>(train_text[boundary]) & 0xC0) == 0x80) ++boundary;
+        while (boundary < train_text.size() && (static_cast<unsigned char>(train_text[boundary]) & 0xC0) == 0x80)
+            ++boundary;
         test_text = train_text.substr(boundary);  // cut at a UTF-8 character boundary
         train_text.resize(boundary);
     } else {
@@ -469,7 +485,8 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
     if (!tokenizer) tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency);
     auto chunks = [&](const std::string& text, const std::string& where) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
-        if (ids.size() < 2) throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
+        if (ids.size() < 2)
+            throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
         std::vector<std::vector<int64_t>> out;
         for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
             const std::size_t end = std::min(ids.size(), start + d.max_length + 1);
@@ -504,7 +521,8 @@ std::optional<Tokenizer> saved_tokenizer(const fs::path& run) {
 std::string first_difference(const json& a, const json& b) {
     for (const auto& [section, values] : a.items()) {
         for (const auto& [key, value] : values.items()) {
-            if (!b.contains(section) || !b[section].contains(key) || b[section][key] != value) return "/" + section + "/" + key;
+            if (!b.contains(section) || !b[section].contains(key) || b[section][key] != value)
+                return "/" + section + "/" + key;
         }
     }
     return a == b ? "" : "(a section)";
@@ -577,7 +595,8 @@ json train(const Config& config, const TrainOptions& options) {
         }
         tokenizer = saved_tokenizer(out);  // the ids the checkpoint was trained on
     } else if (fs::exists(out / "checkpoint")) {
-        throw std::invalid_argument(out.string() + " already holds a run; pass --resume to continue it or choose "
+        throw std::invalid_argument(out.string() +
+                                    " already holds a run; pass --resume to continue it or choose "
                                     "another --out");
     }
     omp_set_num_threads(static_cast<int>(config.training.threads));
@@ -585,8 +604,8 @@ json train(const Config& config, const TrainOptions& options) {
     Generator init_gen(config.training.seed);
     std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32}, tokenizer);
     if (config.training.batch_size > task->train_size()) {
-        throw std::invalid_argument("/training/batch_size " + std::to_string(config.training.batch_size) + " exceeds the " +
-                                    std::to_string(task->train_size()) + " training examples");
+        throw std::invalid_argument("/training/batch_size " + std::to_string(config.training.batch_size) +
+                                    " exceeds the " + std::to_string(task->train_size()) + " training examples");
     }
     Module& model = task->model();
     AdamW optimizer(model.parameters(), config.training.adamw);
@@ -626,7 +645,8 @@ json train(const Config& config, const TrainOptions& options) {
         // the batch and the dropout masks of a step depend on (seed, step) alone
         Generator sampler(sampler_base + static_cast<uint64_t>(step));
         std::vector<int64_t> indices;
-        for (int64_t i = 0; i < batch; ++i) indices.push_back(static_cast<int64_t>(sampler.next_u64() % task->train_size()));
+        for (int64_t i = 0; i < batch; ++i)
+            indices.push_back(static_cast<int64_t>(sampler.next_u64() % task->train_size()));
         model.reseed(sampler.next_u64());
 
         model.zero_grad();
@@ -635,13 +655,13 @@ json train(const Config& config, const TrainOptions& options) {
         const double loss_value = loss.item();
         if (!std::isfinite(loss_value)) {
             throw TrainingDiverged("training diverged: the loss is " + std::to_string(loss_value) + " at step " +
-                                     std::to_string(step + 1) + " (try a lower learning rate)");
+                                   std::to_string(step + 1) + " (try a lower learning rate)");
         }
         loss.backward();
         const double grad_norm = clip_grad_norm(model.parameters(), config.training.clip_norm);
         if (!std::isfinite(grad_norm)) {
-            throw TrainingDiverged("training diverged: the gradient norm is " + std::to_string(grad_norm) + " at step " +
-                                   std::to_string(step + 1) + " (try a lower learning rate)");
+            throw TrainingDiverged("training diverged: the gradient norm is " + std::to_string(grad_norm) +
+                                   " at step " + std::to_string(step + 1) + " (try a lower learning rate)");
         }
         const double lr = learning_rate(config.training.schedule, config.training.learning_rate, step,
                                         config.training.warmup_steps, config.training.steps);
@@ -653,14 +673,21 @@ json train(const Config& config, const TrainOptions& options) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = static_cast<double>(tokens_seen) / std::max(elapsed, 1e-9);
         if (done % config.training.log_every == 0 || done == config.training.steps) {
-            metrics << json{{"step", done}, {"loss", loss_value}, {"learning_rate", lr}, {"grad_norm", grad_norm},
-                            {"tokens_per_second", tokens_per_second}}.dump()
-                    << "\n" << std::flush;
+            metrics << json{{"step", done},
+                            {"loss", loss_value},
+                            {"learning_rate", lr},
+                            {"grad_norm", grad_norm},
+                            {"tokens_per_second", tokens_per_second}}
+                           .dump()
+                    << "\n"
+                    << std::flush;
         }
         if (options.progress) {
-            const double eta = elapsed / static_cast<double>(steps_run) * static_cast<double>(config.training.steps - done);
+            const double eta =
+                elapsed / static_cast<double>(steps_run) * static_cast<double>(config.training.steps - done);
             std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", static_cast<long long>(done),
-                         static_cast<long long>(config.training.steps), loss_value, tokens_per_second, duration(eta).c_str());
+                         static_cast<long long>(config.training.steps), loss_value, tokens_per_second,
+                         duration(eta).c_str());
         }
         if (done % config.evaluation.every == 0 || done == config.training.steps) {
             last_eval = evaluate(done);
@@ -727,7 +754,8 @@ static LoadedRun load_run(const std::string& run_dir, const std::string& test_fi
 
 json evaluate_run(const std::string& run_dir, const std::string& test_file) {
     LoadedRun run = load_run(run_dir, test_file);
-    json result = run.task->evaluate(run.config.evaluation.batch_size, LengthBuckets(run.config.evaluation.length_buckets));
+    json result =
+        run.task->evaluate(run.config.evaluation.batch_size, LengthBuckets(run.config.evaluation.length_buckets));
     result["metric"] = run.task->metric();
     return result;
 }

@@ -15,8 +15,8 @@
 namespace relgrad {
 
 struct TrainOptions {
-    bool resume = false;    // continue from <output.dir>/checkpoint
-    bool progress = false;  // a live progress line on stderr (for terminals)
+    bool resume = false;      // continue from <output.dir>/checkpoint
+    bool progress = false;    // a live progress line on stderr (for terminals)
     int64_t stop_after = -1;  // end this run after that step, checkpoint written (a planned interruption)
 };
 

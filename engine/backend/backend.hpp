@@ -72,8 +72,8 @@ public:
     // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros. If bucket_weights
     // ([B, H, Lq, K]) is defined it receives, per row, the weights summed by bucket:
     // bucket_weights[r] = sum of a_ij over the j with r(i, j) = r.
-    virtual void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
-                                   const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
+    virtual void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                                   double scale, Tensor& bucket_weights) = 0;
     // In place, from dL/da to dL/ds (s the scores before scaling): with da += d_buckets[r(i, j)],
     // ds = scale * a (da - sum_j da_j a_j). If d_bucket_scores is defined it receives ds summed by
     // bucket, as bucket_weights above.

@@ -27,12 +27,13 @@
 namespace relgrad {
 
 static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const RelativeTerms& rel) {
-    const bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() &&
-                    q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
-                    q.dtype() == k.dtype() && k.dtype() == v.dtype();
+    const bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
+                    q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.dtype() == k.dtype() &&
+                    k.dtype() == v.dtype();
     if (!ok) {
         throw std::invalid_argument("attention: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + " and v " +
-                                    shape_str(v.shape()) + " must be [B, H, Lq, Dh], [B, H, Lk, Dh], [B, H, Lk, Dh] of one dtype");
+                                    shape_str(v.shape()) +
+                                    " must be [B, H, Lq, Dh], [B, H, Lk, Dh], [B, H, Lk, Dh] of one dtype");
     }
     require_floating(q, "attention");
     if (!rel.index.defined()) return;
@@ -52,8 +53,8 @@ static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
     const int64_t K = rel.table_k.size(1);
     for (int64_t n = 0; n < index.numel(); ++n) {
         if (r[n] < 0 || r[n] >= K) {
-            throw std::invalid_argument("attention: bucket " + std::to_string(r[n]) + " in the relative index is outside [0, " +
-                                        std::to_string(K) + ")");
+            throw std::invalid_argument("attention: bucket " + std::to_string(r[n]) +
+                                        " in the relative index is outside [0, " + std::to_string(K) + ")");
         }
     }
 }
@@ -85,31 +86,31 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     if (weights) *weights = a;
     std::vector<Tensor> inputs = {q, k, v};
     if (relative) inputs.insert(inputs.end(), {rel.table_k, rel.table_v});
-    return record(z, "attention", inputs,
-                  [q = q.detach(), k = k.detach(), v = v.detach(), a, bucket_weights, scale,
-                   rel = RelativeTerms{rel.table_k.defined() ? rel.table_k.detach() : Tensor(),
-                                       rel.table_v.defined() ? rel.table_v.detach() : Tensor(), rel.index}](
-                      const Tensor& g) {
-                      Backend& backend = backend_for(g.device());
-                      const bool relative = rel.index.defined();
-                      std::vector<Tensor> grads(relative ? 5 : 3);
-                      grads[2] = matmul(a.transpose(-1, -2), g);  // dv
-                      Tensor ds = matmul(g, v.transpose(-1, -2));  // da, a fresh tensor turned into ds in place
-                      Tensor d_buckets;
-                      if (relative) {
-                          d_buckets = matmul(g, rel.table_v.transpose(-1, -2));
-                          grads[4] = sum_to(matmul(bucket_weights.transpose(-1, -2), g), rel.table_v.shape());
-                      }
-                      Tensor d_bucket_scores = relative ? empty(d_buckets.shape(), g.dtype()) : Tensor();
-                      backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale, d_bucket_scores);
-                      grads[0] = matmul(ds, k);                        // dq
-                      grads[1] = matmul(ds.transpose(-1, -2), q);      // dk
-                      if (relative) {
-                          grads[0] = add(grads[0], matmul(d_bucket_scores, rel.table_k));
-                          grads[3] = sum_to(matmul(d_bucket_scores.transpose(-1, -2), q), rel.table_k.shape());
-                      }
-                      return grads;
-                  });
+    return record(
+        z, "attention", inputs,
+        [q = q.detach(), k = k.detach(), v = v.detach(), a, bucket_weights, scale,
+         rel = RelativeTerms{rel.table_k.defined() ? rel.table_k.detach() : Tensor(),
+                             rel.table_v.defined() ? rel.table_v.detach() : Tensor(), rel.index}](const Tensor& g) {
+            Backend& backend = backend_for(g.device());
+            const bool relative = rel.index.defined();
+            std::vector<Tensor> grads(relative ? 5 : 3);
+            grads[2] = matmul(a.transpose(-1, -2), g);   // dv
+            Tensor ds = matmul(g, v.transpose(-1, -2));  // da, a fresh tensor turned into ds in place
+            Tensor d_buckets;
+            if (relative) {
+                d_buckets = matmul(g, rel.table_v.transpose(-1, -2));
+                grads[4] = sum_to(matmul(bucket_weights.transpose(-1, -2), g), rel.table_v.shape());
+            }
+            Tensor d_bucket_scores = relative ? empty(d_buckets.shape(), g.dtype()) : Tensor();
+            backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale, d_bucket_scores);
+            grads[0] = matmul(ds, k);                    // dq
+            grads[1] = matmul(ds.transpose(-1, -2), q);  // dk
+            if (relative) {
+                grads[0] = add(grads[0], matmul(d_bucket_scores, rel.table_k));
+                grads[3] = sum_to(matmul(d_bucket_scores.transpose(-1, -2), q), rel.table_k.shape());
+            }
+            return grads;
+        });
 }
 
 }  // namespace relgrad

@@ -12,7 +12,8 @@ namespace relgrad {
 // Throws "<op>: needs a float32 or float64 tensor, got int64".
 inline void require_floating(const Tensor& x, const char* op) {
     if (!is_floating(x.dtype())) {
-        throw std::invalid_argument(std::string(op) + ": needs a float32 or float64 tensor, got " + dtype_name(x.dtype()));
+        throw std::invalid_argument(std::string(op) + ": needs a float32 or float64 tensor, got " +
+                                    dtype_name(x.dtype()));
     }
 }
 

@@ -101,15 +101,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
-    return record(y, "pow", {a, b},
-                  [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
-                      const Tensor zero = like_scalar(0, g);
-                      const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, like_scalar(1, b))))));
-                      const Tensor db = exponent_needs_grad
-                                            ? sum_to(where(equals(a, 0), zero, mul(g, mul(y, log(a)))), b.shape())
-                                            : Tensor();
-                      return std::vector<Tensor>{sum_to(da, a.shape()), db};
-                  });
+    return record(
+        y, "pow", {a, b}, [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
+            const Tensor zero = like_scalar(0, g);
+            const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, like_scalar(1, b))))));
+            const Tensor db =
+                exponent_needs_grad ? sum_to(where(equals(a, 0), zero, mul(g, mul(y, log(a)))), b.shape()) : Tensor();
+            return std::vector<Tensor>{sum_to(da, a.shape()), db};
+        });
 }
 
 // ---------------------------------------------------------------- unary ops

@@ -15,7 +15,7 @@ namespace relgrad::testing {
 
 // Runs every registered gradient check of `op` (engine/op_checks.cpp) and fails with the
 // gradcheck report of each case that does not pass.
-inline void check_gradients_of(const std::string& op) {
+inline void gradcheck_op(const std::string& op) {
     const std::vector<OpCheck> checks = op_checks_for(op);
     REQUIRE_MESSAGE(!checks.empty(), "no gradient checks are registered for " << op);
     for (const OpCheck& check : checks) {

@@ -78,7 +78,7 @@ TEST_CASE("where and masked_fill select; float32 works like float64") {
 TEST_CASE("elementwise gradients") {
     for (const char* op : {"add", "sub", "mul", "div", "pow", "pow_scalar", "neg", "exp", "log", "sqrt", "tanh",
                            "sigmoid", "relu", "gelu", "clamp", "where", "masked_fill"}) {
-        check_gradients_of(op);
+        gradcheck_op(op);
     }
 }
 
@@ -95,8 +95,8 @@ TEST_CASE("pow has finite gradients at a zero base") {
 TEST_CASE("large packed tensors (split across threads) agree with the strided path") {
     Generator gen(11);
     const Tensor base = randn({3, 40000}, gen, DType::float64);  // 120,000 elements: above the threading threshold
-    const Tensor strided_view = base.transpose(0, 1);          // [40000, 3], not contiguous: the strided path
-    const Tensor packed = strided_view.contiguous();            // the same values, packed: the threaded path
+    const Tensor strided_view = base.transpose(0, 1);            // [40000, 3], not contiguous: the strided path
+    const Tensor packed = strided_view.contiguous();             // the same values, packed: the threaded path
     const Tensor other = randn({40000, 3}, gen, DType::float64);
     const Tensor row = randn({3}, gen, DType::float64);
     const Tensor mask = from_vector(std::vector<double>(120000, 0.0), {40000, 3}, DType::boolean);
@@ -104,7 +104,8 @@ TEST_CASE("large packed tensors (split across threads) agree with the strided pa
         const std::vector<double> x = a.to_vector(), y = b.to_vector();
         REQUIRE(x.size() == y.size());
         double worst = 0;
-        for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
+        for (std::size_t i = 0; i < x.size(); ++i)
+            worst = std::max(worst, std::fabs(x[i] - y[i]) / (1 + std::fabs(y[i])));
         CHECK(worst <= tol);
     };
     same(exp(packed), exp(strided_view), 1e-15);
@@ -113,5 +114,5 @@ TEST_CASE("large packed tensors (split across threads) agree with the strided pa
     same(mul(packed, row), mul(strided_view, row), 0);  // a bias row repeating every 3 elements
     same(packed / 3.0, strided_view / 3.0, 0);
     same(where(mask, packed, other), other, 0);  // nothing selected from packed
-    check_gradients_of("div");
+    gradcheck_op("div");
 }

@@ -67,4 +67,4 @@ TEST_CASE("matmul errors name both shapes") {
     CHECK_THROWS_AS(matmul(scalar(1), zeros({1})), std::invalid_argument);
 }
 
-TEST_CASE("matmul gradients") { check_gradients_of("matmul"); }
+TEST_CASE("matmul gradients") { gradcheck_op("matmul"); }

@@ -80,7 +80,7 @@ TEST_CASE("cross_entropy averages over targets that are not ignored") {
 }
 
 TEST_CASE("nn gradients") {
-    for (const char* op : {"softmax", "log_softmax", "layer_norm", "dropout", "cross_entropy"}) check_gradients_of(op);
+    for (const char* op : {"softmax", "log_softmax", "layer_norm", "dropout", "cross_entropy"}) gradcheck_op(op);
 }
 
 TEST_CASE("log_softmax gives masked entries no gradient; large target ids stay exact") {
@@ -88,7 +88,7 @@ TEST_CASE("log_softmax gives masked entries no gradient; large target ids stay e
     const Tensor mask = from_vector({0, 1, 1, 1}, {2, 2}, DType::boolean);
     const Tensor y = log_softmax(masked_fill(x, mask, -inf), -1);
     sum(masked_fill(y, mask, 0.0)).backward();
-    check_values(x.grad(), {0, 0, 0, 0});  // row 0 has one entry (gradient 1 - 1), row 1 none
+    check_values(x.grad(), {0, 0, 0, 0});        // row 0 has one entry (gradient 1 - 1), row 1 none
     const int64_t big = (int64_t{1} << 53) + 1;  // not a double
     const Tensor target = from_vector({0, 0}, {2}, DType::int64);
     target.data<int64_t>()[1] = big;
@@ -119,5 +119,5 @@ TEST_CASE("the attention op equals its composition from ops, and rejects bad inp
     CHECK_THROWS_WITH_AS(attention(q, k, v, Tensor(), 0.5, {table_k, table_v, bad_r}),
                          "attention: bucket 4 in the relative index is outside [0, 4)", std::invalid_argument);
     CHECK_THROWS_AS(attention(q, v.narrow(2, 0, 4), v, Tensor(), 0.5), std::invalid_argument);
-    check_gradients_of("attention");
+    gradcheck_op("attention");
 }

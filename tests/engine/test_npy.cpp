@@ -1,5 +1,5 @@
 // .npy files: round trips, NumPy's exact header layout, and clear errors on bad files.
-// (No differentiable code here, so no gradient check.)
+// (No differentiable code here, so no gradcheck.)
 #include "check.hpp"
 
 #include <cstdio>
@@ -128,8 +128,9 @@ TEST_CASE("shapes that do not fit the file are rejected before anything is alloc
     };
     CHECK(error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (100000000000,), }", std::string(8, '\0')) ==
           path + ": truncated data: shape [100000000000] float64 needs 800000000000 bytes, the file has 8");
-    CHECK(error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 6148914691236517206), }", std::string(8, '\0'))
-              .find("has too many elements") != std::string::npos);
+    CHECK(
+        error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 6148914691236517206), }", std::string(8, '\0'))
+            .find("has too many elements") != std::string::npos);
     CHECK(error_of("{'descr': '<f8', 'fortran_order': Maybe, 'shape': (1,), }", std::string(8, '\0')) ==
           path + ": corrupt .npy header: 'fortran_order' is not True or False");
     CHECK(error_of("{'descr': <f4, 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'))

@@ -1,4 +1,4 @@
-// AdamW, the learning-rate schedule and gradient clipping. (No gradient check: nothing here is
+// AdamW, the learning-rate schedule and gradient clipping. (No gradcheck: nothing here is
 // differentiated; the updates are checked against the formulas written out by hand.)
 #include <filesystem>
 
@@ -82,7 +82,7 @@ TEST_CASE("learning-rate schedules") {
     CHECK(learning_rate(Schedule::cosine, 1.0, 0, 10, 110) == doctest::Approx(0.1));  // warmup: (step + 1) / 10
     CHECK(learning_rate(Schedule::cosine, 1.0, 9, 10, 110) == doctest::Approx(1.0));
     CHECK(learning_rate(Schedule::cosine, 1.0, 10, 10, 110) == doctest::Approx(1.0));
-    CHECK(learning_rate(Schedule::cosine, 1.0, 60, 10, 110) == doctest::Approx(0.5));   // halfway down the cosine
+    CHECK(learning_rate(Schedule::cosine, 1.0, 60, 10, 110) == doctest::Approx(0.5));  // halfway down the cosine
     CHECK(learning_rate(Schedule::cosine, 1.0, 110, 10, 110) == doctest::Approx(0.0));
     CHECK(learning_rate(Schedule::linear, 2.0, 35, 10, 110) == doctest::Approx(1.5));
     CHECK(learning_rate(Schedule::constant, 2.0, 100, 10, 110) == doctest::Approx(2.0));

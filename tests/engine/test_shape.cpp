@@ -25,6 +25,6 @@ TEST_CASE("concat and stack errors") {
 }
 
 TEST_CASE("concat and stack gradients") {
-    check_gradients_of("concat");
-    check_gradients_of("stack");
+    gradcheck_op("concat");
+    gradcheck_op("stack");
 }

@@ -11,7 +11,7 @@ namespace relgrad::testing {
 // before each evaluation, so the check covers d output / d parameter too. Layers run in eval
 // mode (dropout off) so that every evaluation is the same function.
 template <class Forward>
-void check_layer_gradients(Module& layer, std::vector<Tensor> inputs, Forward forward, bool fast = false) {
+void gradcheck_layer(Module& layer, std::vector<Tensor> inputs, Forward forward, bool fast = false) {
     layer.eval();
     const std::size_t n_inputs = inputs.size();
     for (const Tensor& p : layer.parameters()) inputs.push_back(p.detach().requires_grad_(true));

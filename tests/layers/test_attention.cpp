@@ -36,7 +36,8 @@ struct Pair {
     Generator g1, g2;
     RelativeMultiHeadAttention reference, bucketed;
     Pair(int64_t dim, int64_t heads, const RelativeOptions& o)
-        : g1(11), g2(11),
+        : g1(11),
+          g2(11),
           reference(dim, heads, o, AttentionImpl::reference, Init{g1, DType::float64}),
           bucketed(dim, heads, o, AttentionImpl::bucketed, Init{g2, DType::float64}) {}
 };
@@ -103,7 +104,8 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
     MultiHeadAttention plain(6, 3, init);
     for (const auto& [name, mask] : masks_for(2, 3)) {
         CAPTURE(name);
-        check_layer_gradients(plain, {random_input({2, 3, 6}, 1)}, [&](const auto& in) { return plain.forward(in[0], in[0], mask); });
+        gradcheck_layer(plain, {random_input({2, 3, 6}, 1)},
+                        [&](const auto& in) { return plain.forward(in[0], in[0], mask); });
     }
     RelativeOptions o;
     o.k_left = 1;
@@ -113,16 +115,17 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
         RelativeMultiHeadAttention relative(6, 2, o, impl, init);
         for (const auto& [name, mask] : masks_for(2, 4)) {
             CAPTURE(name);
-            check_layer_gradients(relative, {random_input({2, 4, 6}, 2)},
-                                  [&](const auto& in) { return relative.forward(in[0], in[0], mask); });
+            gradcheck_layer(relative, {random_input({2, 4, 6}, 2)},
+                            [&](const auto& in) { return relative.forward(in[0], in[0], mask); });
         }
-        check_layer_gradients(relative, {random_input({1, 1, 6}, 3)}, [&](const auto& in) { return relative.forward(in[0], in[0]); });
+        gradcheck_layer(relative, {random_input({1, 1, 6}, 3)},
+                        [&](const auto& in) { return relative.forward(in[0], in[0]); });
     }
     RelativeOptions wide;
     wide.k_left = wide.k_right = 7;  // k >= L
     RelativeMultiHeadAttention relative(4, 2, wide, AttentionImpl::bucketed, init);
-    check_layer_gradients(relative, {random_input({2, 3, 4}, 4), random_input({2, 5, 4}, 5)},
-                          [&](const auto& in) { return relative.forward(in[0], in[1]); });  // Lq != Lk
+    gradcheck_layer(relative, {random_input({2, 3, 4}, 4), random_input({2, 5, 4}, 5)},
+                    [&](const auto& in) { return relative.forward(in[0], in[1]); });  // Lq != Lk
 }
 
 TEST_CASE("gated attention: gradient checks, and the gate moves between absolute and relative") {
@@ -134,7 +137,8 @@ TEST_CASE("gated attention: gradient checks, and the gate moves between absolute
         GatedPositionAttention gated(6, 2, o, AttentionImpl::bucketed, token_gate, init);
         for (const auto& [name, mask] : masks_for(2, 4)) {
             CAPTURE(name);
-            check_layer_gradients(gated, {random_input({2, 4, 6}, 6)}, [&](const auto& in) { return gated.forward(in[0], in[0], mask); });
+            gradcheck_layer(gated, {random_input({2, 4, 6}, 6)},
+                            [&](const auto& in) { return gated.forward(in[0], in[0], mask); });
         }
     }
     Generator g1(10), g2(10);

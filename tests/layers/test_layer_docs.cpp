@@ -45,7 +45,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: Linear") {
     check_values(x.grad(), {5, -2});
     check_values(linear.weight.grad(), {1, 2, 2, 4});
     check_values(linear.bias.grad(), {1, 2});
-    check_layer_gradients(linear, {random_input({3, 2}, 1)}, [&](const auto& in) { return linear.forward(in[0]); });
+    gradcheck_layer(linear, {random_input({3, 2}, 1)}, [&](const auto& in) { return linear.forward(in[0]); });
 }
 
 TEST_CASE("docs/layers/linear_embedding_layernorm.md: Embedding") {
@@ -58,7 +58,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: Embedding") {
     y.backward(f64({1, 2, 3, 4, 5, 6}, {3, 2}));
     check_values(table.weight.grad(), {3, 4, 0, 0, 6, 8});             // row 2 used twice: (1, 2) + (5, 6)
     CHECK_THROWS(table.forward(from_vector({3}, {1}, DType::int64)));  // no row 3
-    check_layer_gradients(table, {}, [&](const auto&) { return table.forward(ids); });
+    gradcheck_layer(table, {}, [&](const auto&) { return table.forward(ids); });
 }
 
 TEST_CASE("docs/layers/linear_embedding_layernorm.md: LayerNorm") {
@@ -77,7 +77,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: LayerNorm") {
                             rstd * (-0.25 + rstd * rstd / 4), rstd * (-0.25 + rstd * rstd / 4)});
     check_values(norm.weight.grad(), {-rstd, 0, 0, 0});
     check_values(norm.bias.grad(), {1, 0, 0, 0});
-    check_layer_gradients(norm, {random_input({3, 4}, 2)}, [&](const auto& in) { return norm.forward(in[0]); });
+    gradcheck_layer(norm, {random_input({3, 4}, 2)}, [&](const auto& in) { return norm.forward(in[0]); });
 }
 
 TEST_CASE("docs/layers/linear_embedding_layernorm.md: Dropout and FeedForward") {
@@ -112,7 +112,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: Dropout and FeedForward") 
     CHECK(Phi1 == doctest::Approx(0.841344746069).epsilon(1e-11));
     CHECK(phi1 == doctest::Approx(0.241970724519).epsilon(1e-11));
     check_values(x.grad(), {Phi1 + phi1, (1 - Phi1) - phi1});
-    check_layer_gradients(ff, {random_input({3, 2}, 3)}, [&](const auto& in) { return ff.forward(in[0]); });
+    gradcheck_layer(ff, {random_input({3, 2}, 3)}, [&](const auto& in) { return ff.forward(in[0]); });
 }
 
 TEST_CASE("docs/layers/linear_embedding_layernorm.md: the Module base, state directory and initialisation") {
@@ -156,7 +156,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: the Module base, state dir
     CHECK(linear.is_training());
     linear.eval();
     CHECK_FALSE(linear.is_training());
-    check_layer_gradients(restored, {random_input({2, 2}, 4)}, [&](const auto& in) { return restored.forward(in[0]); });
+    gradcheck_layer(restored, {random_input({2, 2}, 4)}, [&](const auto& in) { return restored.forward(in[0]); });
 }
 
 // ---------------------------------------------------------------- sinusoidal.md
@@ -194,12 +194,13 @@ TEST_CASE("docs/layers/sinusoidal.md: the sinusoidal table for D = 4, L = 3") {
     std::vector<double> all_ids(4000);
     for (int i = 0; i < 4000; ++i) all_ids[i] = i;
     const Tensor scaled = tokens.forward(from_vector(all_ids, {1, 4000}, DType::int64));
-    const double unscaled_ratio = std::sqrt(64.0 / 2) / std::sqrt(sum(mul(tokens.tokens.weight, tokens.tokens.weight)).item() / 4000);
+    const double unscaled_ratio =
+        std::sqrt(64.0 / 2) / std::sqrt(sum(mul(tokens.tokens.weight, tokens.tokens.weight)).item() / 4000);
     const double scaled_ratio = std::sqrt(64.0 / 2) / std::sqrt(sum(mul(scaled, scaled)).item() / 4000);
     CHECK(unscaled_ratio > 38);
     CHECK(unscaled_ratio < 42);
     CHECK(scaled_ratio == doctest::Approx(unscaled_ratio / 8).epsilon(1e-12));
-    check_layer_gradients(pe, {random_input({2, 3, 4}, 5)}, [&](const auto& in) { return pe.forward(in[0]); });
+    gradcheck_layer(pe, {random_input({2, 3, 4}, 5)}, [&](const auto& in) { return pe.forward(in[0]); });
 }
 
 TEST_CASE("docs/layers/sinusoidal.md: learned positions") {
@@ -216,8 +217,7 @@ TEST_CASE("docs/layers/sinusoidal.md: learned positions") {
         learned.forward(zeros({1, 4, 2}, DType::float64)),
         "LearnedPositionalEmbedding: length 4 exceeds max_len 3 (it has no vector for later positions)",
         std::invalid_argument);
-    check_layer_gradients(learned, {random_input({2, 3, 2}, 6)},
-                          [&](const auto& in) { return learned.forward(in[0]); });
+    gradcheck_layer(learned, {random_input({2, 3, 2}, 6)}, [&](const auto& in) { return learned.forward(in[0]); });
 }
 
 // ---------------------------------------------------------------- relative_position.md
@@ -275,8 +275,8 @@ TEST_CASE("docs/layers/relative_position.md: the index, the tables and their gra
     per_head.assign_parameters({param({1, 10, 2, 20, 3, 30}, {3, 2})});
     check_values(per_head.table(), {1, 2, 3, 10, 20, 30});              // [H, K, Dh]
     check_values(per_head.lookup(2, 2), {2, 3, 1, 2, 20, 30, 10, 20});  // [H, Lq, Lk, Dh]
-    check_layer_gradients(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
-    check_layer_gradients(shared, {}, [&](const auto&) { return shared.lookup(4, 4); });
+    gradcheck_layer(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
+    gradcheck_layer(shared, {}, [&](const auto&) { return shared.lookup(4, 4); });
 }
 
 // ---------------------------------------------------------------- masks.md
@@ -317,8 +317,8 @@ TEST_CASE("docs/layers/masks.md: masks and a fully masked row") {
         for (double g : p.grad().to_vector()) CHECK(std::isfinite(g));
     }
     check_values(attention.w_o.bias.grad(), {6});  // dy = 1 on all six outputs
-    check_layer_gradients(attention, {random_input({2, 3, 1}, 7)},
-                          [&](const auto& in) { return attention.forward(in[0], in[0], mask); });
+    gradcheck_layer(attention, {random_input({2, 3, 1}, 7)},
+                    [&](const auto& in) { return attention.forward(in[0], in[0], mask); });
 }
 
 // ---------------------------------------------------------------- attention.md
@@ -338,8 +338,8 @@ TEST_CASE("docs/layers/attention.md: two heads of plain attention") {
     CHECK(s1 == doctest::Approx(0.731058578630).epsilon(1e-12));
     check_values(attention.last_weights, {s1, 1 - s1, 0.5, 0.5, 0.5, 0.5, 1 - s1, s1});
     check_values(y, {0.731058578630, 0.5, 0.5, 0.731058578630}, 1e-11);
-    check_layer_gradients(attention, {random_input({2, 3, 2}, 8)},
-                          [&](const auto& in) { return attention.forward(in[0], in[0]); });
+    gradcheck_layer(attention, {random_input({2, 3, 2}, 8)},
+                    [&](const auto& in) { return attention.forward(in[0], in[0]); });
 }
 
 TEST_CASE("docs/layers/attention.md: relative attention by hand, reference = bucketed") {
@@ -385,8 +385,8 @@ TEST_CASE("docs/layers/attention.md: relative attention by hand, reference = buc
         CHECK(small * (0 - z0) == doctest::Approx(-0.131224927077).epsilon(1e-11));  // ds_02
         check_values(attention.rel_pos_emb_k.weight.grad(), {0, big * (1 - z0), big * (1 - z0) + small * (0 - z0)});
         check_values(attention.rel_pos_emb_k.weight.grad(), {0, 0.065612463538, -0.065612463538}, 1e-11);
-        check_layer_gradients(attention, {random_input({2, 3, 1}, 9)},
-                              [&](const auto& in) { return attention.forward(in[0], in[0]); });
+        gradcheck_layer(attention, {random_input({2, 3, 1}, 9)},
+                        [&](const auto& in) { return attention.forward(in[0], in[0]); });
     }
 }
 
@@ -419,7 +419,7 @@ TEST_CASE("docs/layers/attention.md: the memory arithmetic for B = 8, H = 8, L =
     RelativeMultiHeadAttention buck(4, 2, o, AttentionImpl::bucketed, Init{g2, DType::float64});
     const Tensor x = random_input({2, 5, 4}, 10);
     CHECK(max_difference(ref.forward(x, x), buck.forward(x, x)) <= 1e-12);
-    check_layer_gradients(buck, {x}, [&](const auto& in) { return buck.forward(in[0], in[0]); });
+    gradcheck_layer(buck, {x}, [&](const auto& in) { return buck.forward(in[0], in[0]); });
 }
 
 // ---------------------------------------------------------------- gated.md
@@ -541,8 +541,7 @@ TEST_CASE("docs/layers/gated.md: the gate between relative and absolute, by hand
     check_values(absolute, {0.575210382604, -0.221900978228, -0.669571394012}, 1e-11);
 
     gated.assign_parameters(gated_example_parameters(0.3));
-    check_layer_gradients(gated, {random_input({2, 3, 1}, 11)},
-                          [&](const auto& in) { return gated.forward(in[0], in[0]); });
+    gradcheck_layer(gated, {random_input({2, 3, 1}, 11)}, [&](const auto& in) { return gated.forward(in[0], in[0]); });
 }
 
 TEST_CASE("docs/layers/gated.md: the token gate") {
@@ -552,7 +551,7 @@ TEST_CASE("docs/layers/gated.md: the token gate") {
     GatedPositionAttention gated(1, 1, o, AttentionImpl::bucketed, true, Init{gen, DType::float64});
     std::vector<Tensor> values = gated_example_parameters(0);
     CHECK(gated.w_gate->weight.to_vector() == std::vector<double>{0});  // token gates start at 0.5
-    values.push_back(param({2}, {1, 1}));  // w_gate.weight
+    values.push_back(param({2}, {1, 1}));                               // w_gate.weight
     gated.assign_parameters(values);
     CHECK(sigmoid_of(2) == doctest::Approx(0.880797077978).epsilon(1e-12));
     CHECK(sigmoid_of(-2) == doctest::Approx(0.119202922022).epsilon(1e-11));
@@ -565,8 +564,7 @@ TEST_CASE("docs/layers/gated.md: the token gate") {
     y.backward(f64(dy, {1, 3, 1}));
     CHECK(gated.gate.grad().item() == doctest::Approx(loops.d_lambda).epsilon(1e-12));
     CHECK(gated.gate_values() == std::vector<double>{0.5});  // the per-head part only
-    check_layer_gradients(gated, {random_input({2, 3, 1}, 12)},
-                          [&](const auto& in) { return gated.forward(in[0], in[0]); });
+    gradcheck_layer(gated, {random_input({2, 3, 1}, 12)}, [&](const auto& in) { return gated.forward(in[0], in[0]); });
 }
 
 // ---------------------------------------------------------------- transformer.md
@@ -645,8 +643,8 @@ TEST_CASE("docs/layers/transformer.md: a pre-LN encoder layer by hand") {
     o.heads = 2;
     o.relative.k_left = o.relative.k_right = 1;
     EncoderLayer gated(o, Init{gen3, DType::float64});
-    check_layer_gradients(gated, {random_input({2, 3, 4}, 13)},
-                          [&](const auto& in) { return gated.forward(in[0], causal_mask(3, 3)); });
+    gradcheck_layer(gated, {random_input({2, 3, 4}, 13)},
+                    [&](const auto& in) { return gated.forward(in[0], causal_mask(3, 3)); });
 }
 
 TEST_CASE("docs/layers/transformer.md: what each position mode adds, in parameters") {
@@ -695,7 +693,7 @@ TEST_CASE("docs/layers/transformer.md: what each position mode adds, in paramete
     Generator gen(20);
     SequenceClassifier classifier(5, 2, o, Pooling::mean, Init{gen, DType::float64});
     const Tensor ids = from_vector({1, 2, 3, 4, 0, 0}, {2, 3}, DType::int64);
-    check_layer_gradients(
+    gradcheck_layer(
         classifier, {},
         [&](const auto&) {
             return classifier.forward(ids, {3, 1});

@@ -63,8 +63,8 @@ TEST_CASE("state saves as .npy files plus a manifest and loads back") {
                          std::runtime_error);
     CHECK(wrong_shape.weight.to_vector() == before);  // a failed load changes nothing
     Linear no_bias(3, 2, Init{g2}, false);
-    CHECK_THROWS_WITH_AS(no_bias.load(dir.string()), (dir.string() + ": saved parameter 'bias' is not in the model").c_str(),
-                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(no_bias.load(dir.string()),
+                         (dir.string() + ": saved parameter 'bias' is not in the model").c_str(), std::runtime_error);
     CHECK_THROWS_AS(saved.load((dir / "nowhere").string()), std::runtime_error);
     fs::remove(dir / "bias.npy");
     CHECK_THROWS_AS(restored.load(dir.string()), std::runtime_error);
@@ -82,7 +82,8 @@ TEST_CASE("initialisation: truncated normal and Xavier, seeded") {
     CHECK(std::sqrt(sum_sq / t.size()) == doctest::Approx(0.02 * 0.88).epsilon(0.03));  // std of N(0,1) cut at +-2
     const double bound = std::sqrt(6.0 / (30 + 20));
     double largest = 0;
-    for (double v : xavier_uniform({30, 20}, Init{gen, DType::float64}).to_vector()) largest = std::max(largest, std::fabs(v));
+    for (double v : xavier_uniform({30, 20}, Init{gen, DType::float64}).to_vector())
+        largest = std::max(largest, std::fabs(v));
     CHECK(largest <= bound);
     CHECK(largest > 0.9 * bound);
     Generator a(5), b(5);
@@ -110,14 +111,14 @@ TEST_CASE("basic layers pass their gradient checks") {
     Generator gen(6);
     const Init init{gen, DType::float64};
     Linear linear(3, 5, init);
-    check_layer_gradients(linear, {random_input({2, 4, 3}, 1)}, [&](const auto& in) { return linear.forward(in[0]); });
+    gradcheck_layer(linear, {random_input({2, 4, 3}, 1)}, [&](const auto& in) { return linear.forward(in[0]); });
     Linear no_bias(3, 1, init, false);
-    check_layer_gradients(no_bias, {random_input({1, 3}, 2)}, [&](const auto& in) { return no_bias.forward(in[0]); });
+    gradcheck_layer(no_bias, {random_input({1, 3}, 2)}, [&](const auto& in) { return no_bias.forward(in[0]); });
     Embedding table(7, 3, init);
     const Tensor ids = from_vector({6, 0, 6, 2, 3}, {5}, DType::int64);
-    check_layer_gradients(table, {}, [&](const auto&) { return table.forward(ids); });
+    gradcheck_layer(table, {}, [&](const auto&) { return table.forward(ids); });
     LayerNorm norm(5, init);
-    check_layer_gradients(norm, {random_input({3, 5}, 3)}, [&](const auto& in) { return norm.forward(in[0]); });
+    gradcheck_layer(norm, {random_input({3, 5}, 3)}, [&](const auto& in) { return norm.forward(in[0]); });
     FeedForward ff(3, 7, 0.2, init);
-    check_layer_gradients(ff, {random_input({2, 3}, 4)}, [&](const auto& in) { return ff.forward(in[0]); });
+    gradcheck_layer(ff, {random_input({2, 3}, 4)}, [&](const auto& in) { return ff.forward(in[0]); });
 }

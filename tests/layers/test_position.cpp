@@ -19,7 +19,7 @@ TEST_CASE("sinusoidal encoding: the formula, odd widths, any length") {
     check_values(pe.forward(x).narrow(0, 1, 1), add(x.narrow(0, 1, 1), pe.encoding(7, DType::float64)).to_vector());
     CHECK(pe.encoding(3000, DType::float32).shape() == Shape{3000, 5});
     CHECK_THROWS_AS(pe.forward(random_input({2, 7, 4}, 1)), std::invalid_argument);
-    check_layer_gradients(pe, {random_input({2, 3, 5}, 2)}, [&](const auto& in) { return pe.forward(in[0]); });
+    gradcheck_layer(pe, {random_input({2, 3, 5}, 2)}, [&](const auto& in) { return pe.forward(in[0]); });
 }
 
 TEST_CASE("learned positions: a table up to max_len") {
@@ -27,10 +27,11 @@ TEST_CASE("learned positions: a table up to max_len") {
     LearnedPositionalEmbedding learned(6, 3, Init{gen, DType::float64});
     const Tensor x = random_input({1, 4, 3}, 3);
     check_values(learned.forward(x), add(x, learned.weight.narrow(0, 0, 4)).to_vector());
-    CHECK_THROWS_WITH_AS(learned.forward(random_input({1, 7, 3}, 3)),
-                         "LearnedPositionalEmbedding: length 7 exceeds max_len 6 (it has no vector for later positions)",
-                         std::invalid_argument);
-    check_layer_gradients(learned, {random_input({2, 5, 3}, 4)}, [&](const auto& in) { return learned.forward(in[0]); });
+    CHECK_THROWS_WITH_AS(
+        learned.forward(random_input({1, 7, 3}, 3)),
+        "LearnedPositionalEmbedding: length 7 exceeds max_len 6 (it has no vector for later positions)",
+        std::invalid_argument);
+    gradcheck_layer(learned, {random_input({2, 5, 3}, 4)}, [&](const auto& in) { return learned.forward(in[0]); });
 }
 
 namespace {
@@ -51,9 +52,9 @@ TEST_CASE("relative index r(i, j) = clip(j - i, -k, k) + k for any length") {
     CHECK(rel.buckets() == 5);
     // worked example (docs/layers/relative_position.md): L = 4, k = 2
     check_values(rel.index(4, 4), {2, 3, 4, 4, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 1, 2});
-    check_values(rel.index(1, 1), {2});                                // L = 1
-    check_values(rel.index(9, 9), expected_index(9, 9, 2, 2));         // beyond the precomputed length
-    check_values(rel.index(3, 5, 4), expected_index(3, 5, 2, 2, 4));   // queries at positions 4, 5, 6
+    check_values(rel.index(1, 1), {2});                               // L = 1
+    check_values(rel.index(9, 9), expected_index(9, 9, 2, 2));        // beyond the precomputed length
+    check_values(rel.index(3, 5, 4), expected_index(3, 5, 2, 2, 4));  // queries at positions 4, 5, 6
     o.k_left = 1;
     o.k_right = 3;
     RelativePositionEmbedding asymmetric(4, 1, o, Init{gen});
@@ -80,7 +81,8 @@ TEST_CASE("relative tables: shared or per head, and their lookup") {
     CHECK(table.shape() == Shape{3, 3, 2});
     check_values(table.narrow(0, 2, 1).narrow(1, 1, 1), per_head.weight.narrow(0, 1, 1).narrow(1, 4, 2).to_vector());
     const Tensor lookup = per_head.lookup(3, 3);  // [H, Lq, Lk, Dh]
-    check_values(lookup.narrow(0, 1, 1).narrow(1, 2, 1).narrow(2, 0, 1), table.narrow(0, 1, 1).narrow(1, 0, 1).to_vector());
-    check_layer_gradients(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
-    check_layer_gradients(shared, {}, [&](const auto&) { return shared.table(); });
+    check_values(lookup.narrow(0, 1, 1).narrow(1, 2, 1).narrow(2, 0, 1),
+                 table.narrow(0, 1, 1).narrow(1, 0, 1).to_vector());
+    gradcheck_layer(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
+    gradcheck_layer(shared, {}, [&](const auto&) { return shared.table(); });
 }

@@ -43,9 +43,10 @@ TEST_CASE("encoder and decoder layers pass their gradient checks in every positi
         const Init init{gen, DType::float64};
         EncoderLayer encoder(tiny(mode), init);
         const Tensor mask = combine_masks(key_padding_mask({3, 2}, 3), local_window_mask(3, 3, 1));
-        check_layer_gradients(encoder, {random_input({2, 3, 6}, 2)}, [&](const auto& in) { return encoder.forward(in[0], mask); });
+        gradcheck_layer(encoder, {random_input({2, 3, 6}, 2)},
+                        [&](const auto& in) { return encoder.forward(in[0], mask); });
         DecoderLayer decoder(tiny(mode), init);
-        check_layer_gradients(decoder, {random_input({2, 3, 6}, 3), random_input({2, 4, 6}, 4)}, [&](const auto& in) {
+        gradcheck_layer(decoder, {random_input({2, 3, 6}, 3), random_input({2, 4, 6}, 4)}, [&](const auto& in) {
             return decoder.forward(in[0], in[1], causal_mask(3, 3), key_padding_mask({4, 1}, 4));
         });
     }
@@ -59,12 +60,27 @@ TEST_CASE("models pass their gradient checks in every position mode") {
         const Init init{gen, DType::float64};
         SequenceClassifier classifier(7, 3, tiny(mode), Pooling::mean, init);
         const Tensor tokens = ids({1, 4, 6, 2, 5, 0, 0, 0}, {2, 4});
-        check_layer_gradients(classifier, {}, [&](const auto&) { return classifier.forward(tokens, {4, 2}); }, true);
+        gradcheck_layer(
+            classifier, {},
+            [&](const auto&) {
+                return classifier.forward(tokens, {4, 2});
+            },
+            true);
         CausalLanguageModel lm(7, tiny(mode), init);
-        check_layer_gradients(lm, {}, [&](const auto&) { return lm.forward(tokens, {4, 3}); }, true);
+        gradcheck_layer(
+            lm, {},
+            [&](const auto&) {
+                return lm.forward(tokens, {4, 3});
+            },
+            true);
         EncoderDecoder seq2seq(7, 5, tiny(mode), init);
         const Tensor target = ids({1, 2, 3, 4, 0, 0}, {2, 3});
-        check_layer_gradients(seq2seq, {}, [&](const auto&) { return seq2seq.forward(tokens, {4, 1}, target, {3, 1}); }, true);
+        gradcheck_layer(
+            seq2seq, {},
+            [&](const auto&) {
+                return seq2seq.forward(tokens, {4, 1}, target, {3, 1});
+            },
+            true);
     }
 }
 
@@ -76,9 +92,9 @@ TEST_CASE("small models gradient-check element by element too") {
     o.token_gate = true;
     Generator gen(6);
     CausalLanguageModel lm(4, o, Init{gen, DType::float64});
-    check_layer_gradients(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}), {3}); });
+    gradcheck_layer(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}), {3}); });
     SequenceClassifier first(4, 2, tiny(PositionMode::relative), Pooling::first, Init{gen, DType::float64});
-    check_layer_gradients(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}), {2, 1}); });
+    gradcheck_layer(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}), {2, 1}); });
 }
 
 TEST_CASE("masks do their job inside the models") {
@@ -110,11 +126,12 @@ TEST_CASE("gates are reported per layer and head; bad inputs are errors") {
     CHECK(gates[0] == std::vector<double>{0.5, 0.5});
     CausalLanguageModel relative(5, tiny(PositionMode::relative), Init{gen});
     CHECK(relative.gates().empty());
-    CHECK_THROWS_WITH_AS(relative.forward(ids({1, 2}, {1, 2}), {2, 2}), "CausalLanguageModel: 2 lengths for a batch of 1",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(relative.forward(ids({1, 2}, {1, 2}), {2, 2}),
+                         "CausalLanguageModel: 2 lengths for a batch of 1", std::invalid_argument);
     CausalLanguageModel learned(5, tiny(PositionMode::learned), Init{gen});
     CHECK_THROWS_AS(learned.forward(ids(std::vector<double>(9, 1), {1, 9}), {9}), std::invalid_argument);
-    CHECK_THROWS_AS(relative.forward(ids({1, 7}, {1, 2}), {2}), std::invalid_argument);  // token id outside the vocabulary
+    CHECK_THROWS_AS(relative.forward(ids({1, 7}, {1, 2}), {2}),
+                    std::invalid_argument);  // token id outside the vocabulary
     TransformerOptions none = tiny(PositionMode::none);
     none.layers = 0;
     CHECK_THROWS_AS(CausalLanguageModel(5, none, Init{gen}), std::invalid_argument);

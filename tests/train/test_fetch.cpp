@@ -71,7 +71,9 @@ TEST_CASE("sentiment: labels kept, the empty last item and an exact duplicate dr
         R"({"text":"","class":null}])";
     const auto examples = convert_sentiment_json(json, "imdb.json");
     REQUIRE(examples.size() == 4);
-    CHECK(examples[0] == std::pair<int, std::string>{0, "A very, very, very slow-moving, aimless movie about a distressed, drifting young man."});
+    CHECK(examples[0] ==
+          std::pair<int, std::string>{
+              0, "A very, very, very slow-moving, aimless movie about a distressed, drifting young man."});
     CHECK(examples[1] == std::pair<int, std::string>{1, "10/10"});
     CHECK(examples[2] == std::pair<int, std::string>{0, "I'll even say it again – this is torture."});
     CHECK(examples[3] == std::pair<int, std::string>{0, "Exceptionally bad!"});
@@ -83,17 +85,23 @@ TEST_CASE("sentiment: the same text with both labels is not a duplicate; UTF-8 p
         R"({"text":"Crust is not good.","class":0},{"text":"Crust is not good.","class":1},{"text":"","class":null}])";
     const auto examples = convert_sentiment_json(json, "yelp.json");
     REQUIRE(examples.size() == 3);
-    CHECK(examples[0].second == "My fiancé and I came in the middle of the day and we were greeted and seated right away.");
+    CHECK(examples[0].second ==
+          "My fiancé and I came in the middle of the day and we were greeted and seated right away.");
     CHECK(examples[2] == std::pair<int, std::string>{1, "Crust is not good."});
 }
 
 TEST_CASE("sentiment: malformed files name the source and the item") {
-    CHECK(error_of([] { convert_sentiment_json("[{\"text\": \"x\"", "amazon.json"); }).find("amazon.json: not valid JSON") == 0);
-    CHECK(error_of([] { convert_sentiment_json("{}", "amazon.json"); }).find("expected a JSON list") != std::string::npos);
-    CHECK(error_of([] { convert_sentiment_json(R"([{"text":"Good.","class":2},{"text":"","class":null}])", "amazon.json"); }) ==
-          "amazon.json: item 0: \"class\" must be 0 or 1, got 2");
-    CHECK(error_of([] { convert_sentiment_json(R"([{"text":"  ","class":1},{"text":"Good.","class":1}])", "amazon.json"); }) ==
-          "amazon.json: item 0: empty text (only the last item may be empty)");
+    CHECK(error_of([] {
+              convert_sentiment_json("[{\"text\": \"x\"", "amazon.json");
+          }).find("amazon.json: not valid JSON") == 0);
+    CHECK(error_of([] { convert_sentiment_json("{}", "amazon.json"); }).find("expected a JSON list") !=
+          std::string::npos);
+    CHECK(error_of([] {
+              convert_sentiment_json(R"([{"text":"Good.","class":2},{"text":"","class":null}])", "amazon.json");
+          }) == "amazon.json: item 0: \"class\" must be 0 or 1, got 2");
+    CHECK(error_of([] {
+              convert_sentiment_json(R"([{"text":"  ","class":1},{"text":"Good.","class":1}])", "amazon.json");
+          }) == "amazon.json: item 0: empty text (only the last item may be empty)");
     // No empty last item is fine: nothing is dropped.
     CHECK(convert_sentiment_json(R"([{"text":"Good case, Excellent value.","class":1}])", "amazon.json").size() == 1);
 }
@@ -119,39 +127,45 @@ TEST_CASE("Ding: aligned sub-entries become separate pairs; the phrases among th
                             "powers of imagination; imagination; fancy | That was just her fancy.") ==
           Pairs{{"Das hat sie sich bloß eingebildet.", "That was just her fancy."}});
     // Questions end in '?'; "What is the schedule?" has only 4 words, and both sides need 4.
-    CHECK(convert_ding_line("zeitlicher Ablauf {m}; Ablauf {m}; Programm {n} (einer Veranstaltung) | Messablauf {m} [relig.] | "
-                            "Wie ist der zeitliche Ablauf? | Was steht für heute auf dem Programm? :: schedule (of an event) | "
-                            "mass schedule | What is the schedule? | What's on the schedule for today?") ==
+    CHECK(convert_ding_line(
+              "zeitlicher Ablauf {m}; Ablauf {m}; Programm {n} (einer Veranstaltung) | Messablauf {m} [relig.] | "
+              "Wie ist der zeitliche Ablauf? | Was steht für heute auf dem Programm? :: schedule (of an event) | "
+              "mass schedule | What is the schedule? | What's on the schedule for today?") ==
           Pairs{{"Wie ist der zeitliche Ablauf?", "What is the schedule?"},
                 {"Was steht für heute auf dem Programm?", "What's on the schedule for today?"}});
     CHECK(convert_ding_line("Was ist Ihre Ansicht? :: What’s your opinion?").empty());  // 3 English words
 }
 
 TEST_CASE("Ding: the first alternative of '; ', annotations removed") {
-    CHECK(convert_ding_line("im Innenbereich; in geschlossenen Räumen; in Gebäuden; im Gebäude; im Haus; drinnen [ugs.] {adv} | "
-                            "im Haus bleiben; drinnen bleiben | im Haus/zu Hause herumsitzen; in der Stube hocken | "
-                            "Sie gingen ins Haus hinein.; Sie gingen hinein. :: indoors | to stay indoors | "
-                            "to sit around indoors | They went indoors.") ==
-          Pairs{});  // "They went indoors." has 3 words
-    CHECK(convert_ding_line("Es will dir niemand etwas Böses.; Niemand will dir etwas Böses. :: No one is out to harm you.; "
-                            "Nobody here is out to get you.; Nobody has it in for you.") ==
+    CHECK(convert_ding_line(
+              "im Innenbereich; in geschlossenen Räumen; in Gebäuden; im Gebäude; im Haus; drinnen [ugs.] {adv} | "
+              "im Haus bleiben; drinnen bleiben | im Haus/zu Hause herumsitzen; in der Stube hocken | "
+              "Sie gingen ins Haus hinein.; Sie gingen hinein. :: indoors | to stay indoors | "
+              "to sit around indoors | They went indoors.") == Pairs{});  // "They went indoors." has 3 words
+    CHECK(convert_ding_line(
+              "Es will dir niemand etwas Böses.; Niemand will dir etwas Böses. :: No one is out to harm you.; "
+              "Nobody here is out to get you.; Nobody has it in for you.") ==
           Pairs{{"Es will dir niemand etwas Böses.", "No one is out to harm you."}});
-    CHECK(convert_ding_line("Innenstadt {f}; City {f} | Innenstädte {pl}; Citys {pl} | Sie haben eine Wohnung in der Innenstadt. :: "
-                            "city centre; town centre; downtown [Am.]; central business district /CBD/ [Austr.] | city centres; "
-                            "town centres; downtowns; central business districts | They have a flat in the city centre.; "
-                            "They have an apartment downtown. [Am.]") ==
+    CHECK(convert_ding_line(
+              "Innenstadt {f}; City {f} | Innenstädte {pl}; Citys {pl} | Sie haben eine Wohnung in der Innenstadt. :: "
+              "city centre; town centre; downtown [Am.]; central business district /CBD/ [Austr.] | city centres; "
+              "town centres; downtowns; central business districts | They have a flat in the city centre.; "
+              "They have an apartment downtown. [Am.]") ==
           Pairs{{"Sie haben eine Wohnung in der Innenstadt.", "They have a flat in the city centre."}});
     // [Br.] and [Am.] inside the sentence go, with the space before them.
-    CHECK(convert_ding_line("Lebenskraft {f}; Vitalität {f}; Spannkraft {f}; Kraft {f} (bei Personen) | Er sieht aus wie das "
-                            "blühende Leben. :: vitality; vigour [Br.]; vigor [Am.] (of persons) | He looks/is the very picture "
-                            "of health (and vigour [Br.]/vigor [Am.]).") ==
-          Pairs{{"Er sieht aus wie das blühende Leben.", "He looks/is the very picture of health (and vigour/vigor)."}});
+    CHECK(
+        convert_ding_line(
+            "Lebenskraft {f}; Vitalität {f}; Spannkraft {f}; Kraft {f} (bei Personen) | Er sieht aus wie das "
+            "blühende Leben. :: vitality; vigour [Br.]; vigor [Am.] (of persons) | He looks/is the very picture "
+            "of health (and vigour [Br.]/vigor [Am.]).") ==
+        Pairs{{"Er sieht aus wie das blühende Leben.", "He looks/is the very picture of health (and vigour/vigor)."}});
 }
 
-TEST_CASE("Ding: phrases ending in a placeholder are not sentences; unaligned sub-entries give nothing") {
-    CHECK(convert_ding_line("Absprache {f}; Absprechen {n} [adm.] | in Absprache mit jdm. | Der Entwurf wurde in Absprache mit "
-                            "allen beteiligten Abteilungen erstellt. :: consultation | in consultation with sb. | The draft "
-                            "was drawn up in consultation with all the departments involved.") ==
+TEST_CASE("Ding: phrases ending in a pronoun abbreviation are not sentences; unaligned sub-entries give nothing") {
+    CHECK(convert_ding_line(
+              "Absprache {f}; Absprechen {n} [adm.] | in Absprache mit jdm. | Der Entwurf wurde in Absprache mit "
+              "allen beteiligten Abteilungen erstellt. :: consultation | in consultation with sb. | The draft "
+              "was drawn up in consultation with all the departments involved.") ==
           Pairs{{"Der Entwurf wurde in Absprache mit allen beteiligten Abteilungen erstellt.",
                  "The draft was drawn up in consultation with all the departments involved."}});
     CHECK(convert_ding_line("im Kampf gegen jdn./etw. :: in the fight against sb./sth.").empty());
@@ -178,8 +192,9 @@ TEST_CASE("Brown: tags removed, quotes restored, words with '/' kept, blank line
         "\t(/( On/in deduction/nn ,/, the/at stem/nn //in item/nn rate/nn becomes/vbz 3.03/cd ./. )/)\n";
     const std::vector<std::string> sentences = convert_brown_file(text);
     REQUIRE(sentences.size() == 4);
-    CHECK(sentences[0] == "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election "
-                          "produced \" no evidence \" that any irregularities took place .");
+    CHECK(sentences[0] ==
+          "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election "
+          "produced \" no evidence \" that any irregularities took place .");
     CHECK(sentences[1] == "Merger proposed");
     CHECK(sentences[2] == "Then they were given 1/2 to 1-1/2 avocados per day .");
     CHECK(sentences[3] == "( On deduction , the stem / item rate becomes 3.03 . )");
@@ -206,7 +221,8 @@ TEST_CASE("fetch_dataset: an unknown name lists the names, before touching anyth
 TEST_CASE("fetch_dataset: a complete directory is left as it is") {
     const TempDir dir("relgrad_test_fetch_present");
     fs::create_directories(dir.path / "brown");
-    for (const char* file : {"text.txt", "genres.tsv", "SOURCE.txt"}) std::ofstream(dir.path / "brown" / file) << "kept\n";
+    for (const char* file : {"text.txt", "genres.tsv", "SOURCE.txt"})
+        std::ofstream(dir.path / "brown" / file) << "kept\n";
     std::ostringstream log;
     CHECK(fetch_dataset("brown", dir.path.string(), log) == (dir.path / "brown").string());
     CHECK(log.str() == "brown: already in " + (dir.path / "brown").string() + ", nothing to do\n");
@@ -230,7 +246,8 @@ TEST_CASE("default_data_dir: RELGRAD_DATA, then XDG_CACHE_HOME/relgrad, then ~/.
         CHECK(default_data_dir() == "/home/u/.cache/relgrad");
     }
     {
-        const ScopedEnv data("RELGRAD_DATA", std::nullopt), cache("XDG_CACHE_HOME", std::nullopt), home("HOME", std::nullopt);
+        const ScopedEnv data("RELGRAD_DATA", std::nullopt), cache("XDG_CACHE_HOME", std::nullopt),
+            home("HOME", std::nullopt);
         CHECK_THROWS_AS(default_data_dir(), std::runtime_error);
     }
 }

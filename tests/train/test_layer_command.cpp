@@ -67,7 +67,8 @@ TEST_CASE("relgrad layer computes what the layer computes") {
         CAPTURE(name);
         CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) == 0);
     }
-    check_layer_gradients(layer, {random_input({2, 4, 6}, 5)}, [&](const auto& in) { return layer.forward(in[0], in[0], mask); });
+    gradcheck_layer(layer, {random_input({2, 4, 6}, 5)},
+                    [&](const auto& in) { return layer.forward(in[0], in[0], mask); });
 }
 
 TEST_CASE("bad specs and files are reported with the file and what was expected") {
@@ -111,7 +112,8 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.save("mask.npy", zeros({3, 3}));
     CHECK(w.error().find("could be key padding [B, L] or an attention mask [L, L]") != std::string::npos);
     w.save("mask.npy", zeros({2, 3}));
-    CHECK(w.error() == in + "/mask.npy: expected shape [B, L] = [3, 3] (key padding), [L, L] or [B, L, L] (attention), got [2, 3]");
+    CHECK(w.error() ==
+          in + "/mask.npy: expected shape [B, L] = [3, 3] (key padding), [L, L] or [B, L, L] (attention), got [2, 3]");
     fs::remove(w.in / "mask.npy");
     CHECK(w.error() == in + "/dy.npy: expected the output's shape [3, 3, 4], got [1, 3, 4]");
     CHECK_FALSE(fs::exists(w.out));  // nothing written on any error

@@ -25,7 +25,8 @@ std::string error_of(const nlohmann::json& document) {
 // A run small enough for a test: a few seconds on two cores.
 nlohmann::json tiny_run(const fs::path& out) {
     nlohmann::json c = quickstart_config();
-    c["model"] = {{"layers", 1}, {"dim", 16}, {"heads", 2}, {"ff_dim", 32}, {"dropout", 0.1}, {"position", "relative"}, {"k", 4}};
+    c["model"] = {{"layers", 1}, {"dim", 16}, {"heads", 2}, {"ff_dim", 32}, {"dropout", 0.1}, {"position", "relative"},
+                  {"k", 4}};
     c["task"]["train_examples"] = 400;
     c["task"]["test_examples"] = 64;
     c["task"]["train_lengths"] = {6, 12};
@@ -73,7 +74,8 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
     CHECK(error_of({{"model", {{"position", "rotary"}}}}) ==
           "c.json: /model/position: got \"rotary\", expected one of \"none\", \"sinusoidal\", \"learned\", "
           "\"relative\", \"gated\"");
-    CHECK(error_of({{"model", {{"dim", 10}, {"heads", 4}}}}) == "c.json: /model/heads: got 4, expected a divisor of /model/dim = 10");
+    CHECK(error_of({{"model", {{"dim", 10}, {"heads", 4}}}}) ==
+          "c.json: /model/heads: got 4, expected a divisor of /model/dim = 10");
     CHECK(error_of({{"model", {{"token_gate", 1}}}}) == "c.json: /model/token_gate: got 1, expected true or false");
     CHECK(error_of({{"model", 3}}) == "c.json: /model: got 3, expected an object");
     CHECK(error_of({{"task", {{"train_lengths", {9, 4}}}}}) ==
@@ -130,8 +132,8 @@ TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives
 TEST_CASE("the loss falls: copying short sequences") {
     TempDir out("relgrad_test_train_copy");
     nlohmann::json c = tiny_run(out.path);
-    c["task"] = {{"kind", "copy"}, {"vocab", 10}, {"train_lengths", {3, 6}}, {"test_lengths", {3, 6}},
-                 {"train_examples", 400}, {"test_examples", 32}};
+    c["task"] = {{"kind", "copy"},         {"vocab", 10},           {"train_lengths", {3, 6}},
+                 {"test_lengths", {3, 6}}, {"train_examples", 400}, {"test_examples", 32}};
     c["training"] = {{"steps", 40}, {"batch_size", 16}, {"learning_rate", 5e-3}, {"warmup_steps", 4}, {"log_every", 1}};
     c["evaluation"] = {{"every", 40}, {"length_buckets", {4, 6}}};
     const nlohmann::json summary = train(Config::parse(c, "copy"), TrainOptions{});
@@ -142,7 +144,8 @@ TEST_CASE("the loss falls: copying short sequences") {
     REQUIRE(losses.size() == 40);
     const double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[37] + losses[38] + losses[39]) / 3;
     CHECK(last < 0.8 * first);
-    for (const char* key : {"accuracy", "token_accuracy", "bleu", "by_length"}) CHECK_MESSAGE(summary["final"].contains(key), key);
+    for (const char* key : {"accuracy", "token_accuracy", "bleu", "by_length"})
+        CHECK_MESSAGE(summary["final"].contains(key), key);
 }
 
 TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
@@ -172,9 +175,10 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     train(Config::parse(tiny_run(again.path), "tiny"), early);
     nlohmann::json changed = tiny_run(again.path);
     changed["training"]["steps"] = 13;
-    CHECK_THROWS_WITH_AS(train(Config::parse(changed, "tiny"), resume),
-                         ("--resume: /training/steps differs from the config " + again.path.string() + " was trained with").c_str(),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        train(Config::parse(changed, "tiny"), resume),
+        ("--resume: /training/steps differs from the config " + again.path.string() + " was trained with").c_str(),
+        std::invalid_argument);
     resume.stop_after = 4;
     CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(again.path), "tiny"), resume),
                          "--stop-after 4: the checkpoint is already at step 8", std::invalid_argument);
@@ -187,8 +191,8 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
 TEST_CASE("a diverging run stops with the step it diverged at") {
     TempDir out("relgrad_test_train_nan");
     nlohmann::json c = tiny_run(out.path);
-    c["training"] = {{"steps", 60}, {"batch_size", 8}, {"learning_rate", 10}, {"weight_decay", 10}, {"warmup_steps", 0},
-                     {"schedule", "constant"}};  // every step multiplies the weights by 1 - 100
+    c["training"] = {{"steps", 60},       {"batch_size", 8},       {"learning_rate", 10}, {"weight_decay", 10},
+                     {"warmup_steps", 0}, {"schedule", "constant"}};  // every step multiplies the weights by 1 - 100
     std::string message;
     try {
         train(Config::parse(c, "nan"), TrainOptions{});
@@ -206,7 +210,9 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
         std::ofstream tsv(dir.path / "reviews.tsv");
         for (int i = 0; i < 60; ++i) tsv << (i % 2 ? "pos\tgut und schön\n" : "neg\tschlecht, gar nicht gut\n");
         std::ofstream pairs(dir.path / "pairs.jsonl");
-        for (int i = 0; i < 40; ++i) pairs << R"({"source": "abc d", "target": "d cba"})" << "\n";
+        for (int i = 0; i < 40; ++i)
+            pairs << R"({"source": "abc d", "target": "d cba"})"
+                  << "\n";
         std::ofstream text(dir.path / "text.txt");
         for (int i = 0; i < 80; ++i) text << "the cat sat on the mat. ";
         std::ofstream other(dir.path / "other.tsv");
@@ -231,15 +237,17 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
     CHECK(lm["metric"] == "perplexity");
     CHECK(lm["final"]["perplexity"].get<double>() > 1);
     CHECK(lm["final"]["bits_per_char"].get<double>() ==
-          doctest::Approx(std::log2(lm["final"]["perplexity"].get<double>())).epsilon(1e-9));  // char tokens: bpc = log2 ppl
+          doctest::Approx(std::log2(lm["final"]["perplexity"].get<double>()))
+              .epsilon(1e-9));  // char tokens: bpc = log2 ppl
     CHECK(lm["final"]["by_length"].contains("1-8"));
 
     nlohmann::json c = tiny_run(dir.path / "bad");
     c["task"] = {{"kind", "classification"}};
     c["data"] = {{"train", (dir.path / "reviews.tsv").string()}, {"test", (dir.path / "other.tsv").string()}};
-    CHECK_THROWS_WITH_AS(train(Config::parse(c, "c"), TrainOptions{}),
-                         ((dir.path / "other.tsv").string() + ": label 'maybe' does not occur in the training data").c_str(),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        train(Config::parse(c, "c"), TrainOptions{}),
+        ((dir.path / "other.tsv").string() + ": label 'maybe' does not occur in the training data").c_str(),
+        std::invalid_argument);
     c["data"] = nlohmann::json::object();
     CHECK_THROWS_WITH_AS(Config::parse(c, "c"),
                          "c: /data/train: got nothing, expected the training file of a classification task",
@@ -256,9 +264,10 @@ TEST_CASE("a trained run evaluates again to its summary and generates") {
                          "generate: a classifier generates nothing; use relgrad eval", std::invalid_argument);
     CHECK_THROWS_WITH_AS(evaluate_run((dir.path / "cls").string(), "other.tsv"),
                          "--data: a relative_order run generates its own test data", std::invalid_argument);
-    CHECK_THROWS_WITH_AS(evaluate_run((dir.path / "nothing").string()),
-                         ((dir.path / "nothing").string() + ": not a trained run (needs config.json and checkpoint/)").c_str(),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        evaluate_run((dir.path / "nothing").string()),
+        ((dir.path / "nothing").string() + ": not a trained run (needs config.json and checkpoint/)").c_str(),
+        std::invalid_argument);
 
     fs::create_directories(dir.path);
     std::ofstream(dir.path / "text.txt") << std::string(2000, 'a');

@@ -234,8 +234,12 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
 // r(i, 0..Lk) and mask entries start (both read with a step, as they are strided views).
 struct AttentionRows {
     AttentionRows(const Tensor& scores, const Tensor& index, const Tensor& mask)
-        : H(scores.size(1)), Lq(scores.size(2)), Lk(scores.size(3)), count(scores.numel() / std::max<int64_t>(Lk, 1)),
-          index_(index), mask_(mask) {
+        : H(scores.size(1)),
+          Lq(scores.size(2)),
+          Lk(scores.size(3)),
+          count(scores.numel() / std::max<int64_t>(Lk, 1)),
+          index_(index),
+          mask_(mask) {
         if (index.defined()) index_step = index.strides()[1];
         if (mask.defined()) mask_step = mask.strides()[3];
     }
@@ -288,8 +292,9 @@ public:
                 const int64_t inner = dst.shape().back(), step = src.strides().back(), dst_step = dst.strides().back();
                 const T* from = src.data<T>();
                 T* to = dst.data<T>();
-                walk<2>(outer, {Shape(src.strides().begin(), src.strides().end() - 1),
-                                Shape(dst.strides().begin(), dst.strides().end() - 1)},
+                walk<2>(outer,
+                        {Shape(src.strides().begin(), src.strides().end() - 1),
+                         Shape(dst.strides().begin(), dst.strides().end() - 1)},
                         [&](const auto& off) {
                             for (int64_t j = 0; j < inner; ++j) to[off[1] + j * dst_step] = from[off[0] + j * step];
                         });
@@ -315,21 +320,46 @@ public:
             // O = f(X) for any xtensor views X and O of one shape
             auto apply = [&](auto& O, const auto& X) {
                 switch (op) {
-                    case UnaryOp::neg: xt::noalias(O) = -X; break;
-                    case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
-                    case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
-                    case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
-                    case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
-                    case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
-                    case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
-                    case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
-                    case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
-                    case UnaryOp::gelu_grad:
-                        xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                    case UnaryOp::neg:
+                        xt::noalias(O) = -X;
                         break;
-                    case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
-                    case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
-                    case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
+                    case UnaryOp::exp:
+                        xt::noalias(O) = xt::exp(X);
+                        break;
+                    case UnaryOp::log:
+                        xt::noalias(O) = xt::log(X);
+                        break;
+                    case UnaryOp::sqrt:
+                        xt::noalias(O) = xt::sqrt(X);
+                        break;
+                    case UnaryOp::tanh:
+                        xt::noalias(O) = xt::tanh(X);
+                        break;
+                    case UnaryOp::sigmoid:
+                        xt::noalias(O) = one / (one + xt::exp(-X));
+                        break;
+                    case UnaryOp::relu:
+                        xt::noalias(O) = xt::where(X > zero, X, zero);
+                        break;
+                    case UnaryOp::gelu:
+                        xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2));
+                        break;
+                    case UnaryOp::relu_grad:
+                        xt::noalias(O) = xt::where(X > zero, one, zero);
+                        break;
+                    case UnaryOp::gelu_grad:
+                        xt::noalias(O) =
+                            half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                        break;
+                    case UnaryOp::pow_scalar:
+                        xt::noalias(O) = xt::pow(X, T(a));
+                        break;
+                    case UnaryOp::clamp:
+                        xt::noalias(O) = xt::clip(X, T(a), T(b));
+                        break;
+                    case UnaryOp::inside:
+                        xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero);
+                        break;
                 }
             };
             if (x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape()) {
@@ -355,11 +385,20 @@ public:
             using T = decltype(tag);
             bool done = false;
             switch (op) {
-                case BinaryOp::add: done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; }); break;
-                case BinaryOp::sub: done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; }); break;
-                case BinaryOp::mul: done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; }); break;
-                case BinaryOp::div: done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; }); break;
-                default: break;
+                case BinaryOp::add:
+                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; });
+                    break;
+                case BinaryOp::sub:
+                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; });
+                    break;
+                case BinaryOp::mul:
+                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; });
+                    break;
+                case BinaryOp::div:
+                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; });
+                    break;
+                default:
+                    break;
             }
             if (done) return;
             auto A = input<T>(a, out);
@@ -394,7 +433,9 @@ public:
             dispatch_any(cond.dtype(), [&](auto cond_tag) {
                 using C = decltype(cond_tag);
                 // packed: cond of out's shape, a and b each of out's shape or a single value
-                auto fits = [&](const Tensor& t) { return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1); };
+                auto fits = [&](const Tensor& t) {
+                    return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1);
+                };
                 if (out.is_contiguous() && cond.is_contiguous() && cond.shape() == out.shape() && fits(a) && fits(b)) {
                     const C* c = cond.data<C>();
                     const T* pa = a.data<T>();
@@ -430,8 +471,8 @@ public:
             } else {
                 // xt::amax skips NaN; relgrad's max, like PyTorch's, is NaN when any element is
                 const auto nan_count = xt::eval(xt::sum(xt::cast<int64_t>(xt::isnan(X)), axes, xt::keep_dims));
-                xt::noalias(O) = xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(),
-                                           xt::amax(X, axes, xt::keep_dims));
+                xt::noalias(O) =
+                    xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(), xt::amax(X, axes, xt::keep_dims));
             }
         });
     }
@@ -637,8 +678,8 @@ public:
         });
     }
 
-    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                    const Tensor& index, double scale, Tensor& d_bucket_scores) override {
+    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
+                                    double scale, Tensor& d_bucket_scores) override {
         dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
             using T = decltype(tag);
             const AttentionRows rows(grad, index, Tensor());
