@@ -8,10 +8,14 @@
 - translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
 - gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
+- length_attention.png: the last layer's attention maps of the length-task models (first seed) on
+  one 32-token input with marker A at position 10 and B at 13, written by `relgrad attention`
 """
 import glob
 import json
 import os
+import subprocess
+import tempfile
 
 import matplotlib
 
@@ -130,6 +134,41 @@ def relative_table(experiment, results):
             return
 
 
+def attention_maps(results, relgrad="build/relgrad"):
+    symbols = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    tokens = [symbols[i % len(symbols)] for i in range(32)]
+    tokens[10], tokens[13] = 4, 5  # A three positions before B: a positive example
+    prompt = " ".join(map(str, tokens))
+    variants = list(results)
+    maps = {}
+    with tempfile.TemporaryDirectory() as work:
+        for variant in variants:
+            run = os.path.join("runs", "experiments", "length", variant, f"seed{results[variant]['seeds'][0]}")
+            out = os.path.join(work, variant)
+            done = subprocess.run([relgrad, "attention", run, "--prompt", prompt, "--out", out], capture_output=True, text=True)
+            if done.returncode != 0:
+                print("attention maps skipped:", done.stderr.strip())
+                return
+            last = sorted(glob.glob(os.path.join(out, "layer*.npy")))[-1]
+            maps[variant] = np.load(last)  # [H, L, L]
+    heads = next(iter(maps.values())).shape[0]
+    fig, axes = plt.subplots(len(variants), heads, figsize=(2.2 * heads, 2.2 * len(variants)))
+    for row, variant in enumerate(variants):
+        for head in range(heads):
+            ax = axes[row][head]
+            ax.imshow(maps[variant][head], cmap="viridis", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if head == 0:
+                ax.set_ylabel(variant)
+            if row == 0:
+                ax.set_title(f"head {head}", fontsize=9)
+    fig.suptitle("length task: last layer's attention (query rows, key columns), A at 10, B at 13", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT, "length_attention.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     all_results = {}
@@ -143,6 +182,8 @@ def main():
         relative_table(experiment, results)
         if experiment == "translation":
             bleu_vs_k(results)
+        if experiment == "length":
+            attention_maps(results)
     gates(all_results)
     print("plots in", OUT)
 

@@ -4,6 +4,7 @@
 //   relgrad validate CONFIG [--set a.b=v ...]       check a config without training
 //   relgrad eval RUN_DIR [--data FILE]              metrics of a trained run on its test data (or FILE)
 //   relgrad generate RUN_DIR --prompt TEXT          greedy continuation (language model) or target (pairs)
+//   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
 //   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
 //   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
@@ -123,6 +124,11 @@ int main(int argc, char** argv) {
     generate->add_option("run", run_dir, "the run's output directory")->required();
     generate->add_option("--prompt", prompt, "the text to continue or translate")->required();
     generate->add_option("--max-tokens", max_tokens, "the most tokens to produce (default 64)");
+    std::string attention_out;
+    CLI::App* attention = app.add_subcommand("attention", "write a trained run's attention weights for a prompt");
+    attention->add_option("run", run_dir, "the run's output directory")->required();
+    attention->add_option("--prompt", prompt, "the input (synthetic tasks: space-separated symbol ids)")->required();
+    attention->add_option("--out", attention_out, "the directory for layer<i>.npy, [H, L, L] each")->required();
     CLI::App* data = app.add_subcommand("data", "real data sets");
     CLI::App* fetch = data->add_subcommand("fetch", "download, verify and convert a data set into the cache");
     fetch->add_option("name", dataset, "sentiment, de-en or brown")->required();
@@ -171,6 +177,12 @@ int main(int argc, char** argv) {
         }
         if (generate->parsed()) {
             std::printf("%s\n", relgrad::generate(run_dir, prompt, max_tokens).c_str());
+            return 0;
+        }
+        if (attention->parsed()) {
+            for (const std::string& file : relgrad::write_attention(run_dir, prompt, attention_out)) {
+                std::printf("%s\n", file.c_str());
+            }
             return 0;
         }
         if (fetch->parsed()) {

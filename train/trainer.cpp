@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
+#include "engine/npy.hpp"
 #include "engine/ops.hpp"
 #include "train/datasets.hpp"
 #include "train/fetch.hpp"
@@ -80,7 +81,22 @@ public:
         (void)max_tokens;
         throw std::invalid_argument("generate: a classifier generates nothing; use relgrad eval");
     }
+    // The self-attention weights of every layer of the (encoder) stack for one input: [H, L, L] each.
+    virtual std::vector<Tensor> attention(const std::vector<int64_t>& tokens) = 0;
 };
+
+// One sequence as a batch of one.
+Tensor single(const std::vector<int64_t>& tokens) {
+    return from_vector(std::vector<double>(tokens.begin(), tokens.end()), {1, static_cast<int64_t>(tokens.size())},
+                       DType::int64);
+}
+
+// The attention weights the last forward left in each layer of a stack.
+std::vector<Tensor> weights_of(const Encoder& stack) {
+    std::vector<Tensor> weights;
+    for (const auto& layer : stack.layers) weights.push_back(layer->self_attention->last_weights.squeeze(0));
+    return weights;
+}
 
 json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, const std::vector<int64_t>& counts) {
     json out = json::object();
@@ -104,6 +120,10 @@ public:
 
     const char* metric() const override { return "accuracy"; }
     Module& model() override { return model_; }
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override {
+        model_.forward(single(tokens), {static_cast<int64_t>(tokens.size())});
+        return weights_of(model_.encoder);
+    }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
@@ -158,6 +178,10 @@ public:
 
     const char* metric() const override { return "bleu"; }
     Module& model() override { return model_; }
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override {  // the encoder's, on the source
+        model_.encode(single(tokens), {static_cast<int64_t>(tokens.size())});
+        return weights_of(model_.encoder);
+    }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
@@ -278,6 +302,10 @@ public:
 
     const char* metric() const override { return "perplexity"; }
     Module& model() override { return model_; }
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override {
+        model_.forward(single(tokens), {static_cast<int64_t>(tokens.size())});
+        return weights_of(model_.decoder);
+    }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
@@ -760,31 +788,51 @@ json evaluate_run(const std::string& run_dir, const std::string& test_file) {
     return result;
 }
 
+// A prompt as token ids: the run's tokenizer, or for synthetic tasks space-separated symbol ids.
+static std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
+    if (run.tokenizer) return run.tokenizer->encode(prompt);
+    std::vector<int64_t> ids;
+    std::istringstream words(prompt);
+    for (std::string word; words >> word;) {
+        std::size_t used = 0;
+        int64_t id = -1;
+        try {
+            id = std::stoll(word, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != word.size() || id < 4 || id >= run.config.task.vocab) {
+            throw std::invalid_argument(std::string(command) + ": '" + word + "' is not a symbol id in [4, " +
+                                        std::to_string(run.config.task.vocab) + ") of this synthetic task");
+        }
+        ids.push_back(id);
+    }
+    return ids;
+}
+
 std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens) {
     if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
     LoadedRun run = load_run(run_dir, "");
-    if (!run.tokenizer) {
-        // synthetic tasks: the prompt is the token ids themselves, space-separated
-        std::vector<int64_t> ids;
-        std::istringstream words(prompt);
-        for (std::string word; words >> word;) {
-            std::size_t used = 0;
-            int64_t id = -1;
-            try {
-                id = std::stoll(word, &used);
-            } catch (const std::exception&) {
-            }
-            if (used != word.size() || id < 4 || id >= run.config.task.vocab) {
-                throw std::invalid_argument("generate: '" + word + "' is not a symbol id in [4, " +
-                                            std::to_string(run.config.task.vocab) + ") of this synthetic task");
-            }
-            ids.push_back(id);
-        }
-        std::string out;
-        for (int64_t id : run.task->generate(ids, max_tokens)) out += (out.empty() ? "" : " ") + std::to_string(id);
-        return out;
+    const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens);
+    if (run.tokenizer) return run.tokenizer->decode(output);
+    std::string out;
+    for (int64_t id : output) out += (out.empty() ? "" : " ") + std::to_string(id);
+    return out;
+}
+
+std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
+                                         const std::string& out_dir) {
+    LoadedRun run = load_run(run_dir, "");
+    const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
+    if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
+    NoGradGuard no_grad;
+    const std::vector<Tensor> weights = run.task->attention(ids);
+    fs::create_directories(out_dir);
+    std::vector<std::string> written;
+    for (std::size_t layer = 0; layer < weights.size(); ++layer) {
+        written.push_back((fs::path(out_dir) / ("layer" + std::to_string(layer) + ".npy")).string());
+        save_npy(weights[layer], written.back());
     }
-    return run.tokenizer->decode(run.task->generate(run.tokenizer->encode(prompt), max_tokens));
+    return written;
 }
 
 }  // namespace relgrad

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "train/config.hpp"
 
@@ -37,5 +38,11 @@ nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_
 // Greedy output of a trained run for `prompt`: the continuation of a language model, the target of
 // a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids).
 std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens);
+
+// The self-attention weights of a trained run for one prompt (the encoder's for sequence pairs):
+// <out_dir>/layer<i>.npy, [H, L, L] each, row i the weights query i gives every key. Returns the
+// files written.
+std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
+                                         const std::string& out_dir);
 
 }  // namespace relgrad

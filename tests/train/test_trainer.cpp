@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "../engine/check.hpp"
+#include "engine/npy.hpp"
 #include "train/config.hpp"
 #include "train/trainer.hpp"
 
@@ -278,4 +279,17 @@ TEST_CASE("a trained run evaluates again to its summary and generates") {
     c["evaluation"] = {{"every", 30}, {"length_buckets", {8, 16}}};
     train(Config::parse(c, "lm"), TrainOptions{});
     CHECK(generate((dir.path / "lm").string(), "aaa", 5) == "aaaaa");  // a text of a's continues with a's
+}
+
+TEST_CASE("the attention weights of a trained run, per layer") {
+    TempDir dir("relgrad_test_train_attention");
+    train(Config::parse(tiny_run(dir.path / "run"), "tiny"), TrainOptions{});
+    const std::vector<std::string> files =
+        write_attention((dir.path / "run").string(), "6 7 4 8 9 5 10", (dir.path / "att").string());
+    REQUIRE(files.size() == 1);  // one layer
+    const Tensor weights = load_npy(files[0]);
+    CHECK(weights.shape() == Shape{2, 7, 7});  // [H, L, L]
+    for (double row_sum : sum(weights, {-1}).to_vector()) CHECK(row_sum == doctest::Approx(1.0).epsilon(1e-5));
+    CHECK_THROWS_WITH_AS(write_attention((dir.path / "run").string(), "6 99", (dir.path / "att").string()),
+                         "attention: '99' is not a symbol id in [4, 16) of this synthetic task", std::invalid_argument);
 }
