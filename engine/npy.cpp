@@ -42,14 +42,10 @@ DType dtype_from_descr(const std::string& descr, const std::string& path) {
 
 const char* descr_of(DType dtype) {
     switch (dtype) {
-        case DType::float32:
-            return "<f4";
-        case DType::float64:
-            return "<f8";
-        case DType::int64:
-            return "<i8";
-        case DType::boolean:
-            return "|b1";
+        case DType::float32: return "<f4";
+        case DType::float64: return "<f8";
+        case DType::int64: return "<i8";
+        case DType::boolean: return "|b1";
     }
     return "";
 }

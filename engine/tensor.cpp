@@ -19,28 +19,20 @@ namespace relgrad {
 
 std::size_t dtype_size(DType dtype) {
     switch (dtype) {
-        case DType::float32:
-            return 4;
-        case DType::float64:
-            return 8;
-        case DType::int64:
-            return 8;
-        case DType::boolean:
-            return 1;
+        case DType::float32: return 4;
+        case DType::float64: return 8;
+        case DType::int64: return 8;
+        case DType::boolean: return 1;
     }
     throw std::logic_error("unknown dtype");
 }
 
 const char* dtype_name(DType dtype) {
     switch (dtype) {
-        case DType::float32:
-            return "float32";
-        case DType::float64:
-            return "float64";
-        case DType::int64:
-            return "int64";
-        case DType::boolean:
-            return "bool";
+        case DType::float32: return "float32";
+        case DType::float64: return "float64";
+        case DType::int64: return "int64";
+        case DType::boolean: return "bool";
     }
     throw std::logic_error("unknown dtype");
 }

@@ -19,16 +19,11 @@ PositionMode parse_position_mode(const std::string& name) {
 
 const char* position_mode_name(PositionMode mode) {
     switch (mode) {
-        case PositionMode::none:
-            return "none";
-        case PositionMode::sinusoidal:
-            return "sinusoidal";
-        case PositionMode::learned:
-            return "learned";
-        case PositionMode::relative:
-            return "relative";
-        case PositionMode::gated:
-            return "gated";
+        case PositionMode::none: return "none";
+        case PositionMode::sinusoidal: return "sinusoidal";
+        case PositionMode::learned: return "learned";
+        case PositionMode::relative: return "relative";
+        case PositionMode::gated: return "gated";
     }
     return "";
 }
@@ -40,8 +35,7 @@ static std::unique_ptr<MultiHeadAttention> make_self_attention(const Transformer
             return std::make_unique<RelativeMultiHeadAttention>(o.dim, o.heads, o.relative, o.impl, init);
         case PositionMode::gated:
             return std::make_unique<GatedPositionAttention>(o.dim, o.heads, o.relative, o.impl, o.token_gate, init);
-        default:
-            return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
+        default: return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
     }
 }
 

@@ -10,18 +10,12 @@ namespace relgrad {
 
 const char* task_kind_name(TaskKind kind) {
     switch (kind) {
-        case TaskKind::copy:
-            return "copy";
-        case TaskKind::reverse:
-            return "reverse";
-        case TaskKind::relative_order:
-            return "relative_order";
-        case TaskKind::classification:
-            return "classification";
-        case TaskKind::pairs:
-            return "pairs";
-        case TaskKind::language_model:
-            return "language_model";
+        case TaskKind::copy: return "copy";
+        case TaskKind::reverse: return "reverse";
+        case TaskKind::relative_order: return "relative_order";
+        case TaskKind::classification: return "classification";
+        case TaskKind::pairs: return "pairs";
+        case TaskKind::language_model: return "language_model";
     }
     return "";
 }

@@ -448,8 +448,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
                 c, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
                 make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
         }
-        default:
-            break;
+        default: break;
     }
     const DataConfig d = with_data_paths_resolved(c.data);
     const Tokenizer::Kind kind = parse_tokenizer_kind(d.tokenizer);

@@ -57,12 +57,8 @@ auto input(const Tensor& t, const Tensor& out) {
 template <class F>
 void dispatch_floating(DType dtype, const char* kernel, F&& f) {
     switch (dtype) {
-        case DType::float32:
-            f(float{});
-            return;
-        case DType::float64:
-            f(double{});
-            return;
+        case DType::float32: f(float{}); return;
+        case DType::float64: f(double{}); return;
         default:
             throw std::invalid_argument(std::string(kernel) + ": needs a float32 or float64 tensor, got " +
                                         dtype_name(dtype));
@@ -73,18 +69,10 @@ void dispatch_floating(DType dtype, const char* kernel, F&& f) {
 template <class F>
 void dispatch_any(DType dtype, F&& f) {
     switch (dtype) {
-        case DType::float32:
-            f(float{});
-            return;
-        case DType::float64:
-            f(double{});
-            return;
-        case DType::int64:
-            f(int64_t{});
-            return;
-        case DType::boolean:
-            f(bool{});
-            return;
+        case DType::float32: f(float{}); return;
+        case DType::float64: f(double{}); return;
+        case DType::int64: f(int64_t{}); return;
+        case DType::boolean: f(bool{}); return;
     }
 }
 
@@ -320,46 +308,22 @@ public:
             // O = f(X) for any xtensor views X and O of one shape
             auto apply = [&](auto& O, const auto& X) {
                 switch (op) {
-                    case UnaryOp::neg:
-                        xt::noalias(O) = -X;
-                        break;
-                    case UnaryOp::exp:
-                        xt::noalias(O) = xt::exp(X);
-                        break;
-                    case UnaryOp::log:
-                        xt::noalias(O) = xt::log(X);
-                        break;
-                    case UnaryOp::sqrt:
-                        xt::noalias(O) = xt::sqrt(X);
-                        break;
-                    case UnaryOp::tanh:
-                        xt::noalias(O) = xt::tanh(X);
-                        break;
-                    case UnaryOp::sigmoid:
-                        xt::noalias(O) = one / (one + xt::exp(-X));
-                        break;
-                    case UnaryOp::relu:
-                        xt::noalias(O) = xt::where(X > zero, X, zero);
-                        break;
-                    case UnaryOp::gelu:
-                        xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2));
-                        break;
-                    case UnaryOp::relu_grad:
-                        xt::noalias(O) = xt::where(X > zero, one, zero);
-                        break;
+                    case UnaryOp::neg: xt::noalias(O) = -X; break;
+                    case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
+                    case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
+                    case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
+                    case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
+                    case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
+                    case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
+                    case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
+                    case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
                     case UnaryOp::gelu_grad:
                         xt::noalias(O) =
                             half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
                         break;
-                    case UnaryOp::pow_scalar:
-                        xt::noalias(O) = xt::pow(X, T(a));
-                        break;
-                    case UnaryOp::clamp:
-                        xt::noalias(O) = xt::clip(X, T(a), T(b));
-                        break;
-                    case UnaryOp::inside:
-                        xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero);
-                        break;
+                    case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
+                    case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
+                    case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
                 }
             };
             if (x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape()) {
@@ -385,44 +349,23 @@ public:
             using T = decltype(tag);
             bool done = false;
             switch (op) {
-                case BinaryOp::add:
-                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; });
-                    break;
-                case BinaryOp::sub:
-                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; });
-                    break;
-                case BinaryOp::mul:
-                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; });
-                    break;
-                case BinaryOp::div:
-                    done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; });
-                    break;
-                default:
-                    break;
+                case BinaryOp::add: done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; }); break;
+                case BinaryOp::sub: done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; }); break;
+                case BinaryOp::mul: done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; }); break;
+                case BinaryOp::div: done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; }); break;
+                default: break;
             }
             if (done) return;
             auto A = input<T>(a, out);
             auto B = input<T>(b, out);
             auto O = strided<T>(out);
             switch (op) {
-                case BinaryOp::add:
-                    xt::noalias(O) = A + B;
-                    break;
-                case BinaryOp::sub:
-                    xt::noalias(O) = A - B;
-                    break;
-                case BinaryOp::mul:
-                    xt::noalias(O) = A * B;
-                    break;
-                case BinaryOp::div:
-                    xt::noalias(O) = A / B;
-                    break;
-                case BinaryOp::pow:
-                    xt::noalias(O) = xt::pow(A, B);
-                    break;
-                case BinaryOp::equal:
-                    xt::noalias(O) = xt::cast<T>(xt::equal(A, B));
-                    break;
+                case BinaryOp::add: xt::noalias(O) = A + B; break;
+                case BinaryOp::sub: xt::noalias(O) = A - B; break;
+                case BinaryOp::mul: xt::noalias(O) = A * B; break;
+                case BinaryOp::div: xt::noalias(O) = A / B; break;
+                case BinaryOp::pow: xt::noalias(O) = xt::pow(A, B); break;
+                case BinaryOp::equal: xt::noalias(O) = xt::cast<T>(xt::equal(A, B)); break;
             }
         });
     }
