@@ -20,13 +20,18 @@ const char* task_kind_name(TaskKind kind) {
     return "";
 }
 
-TaskKind parse_task_kind(const nlohmann::json& document) {
-    const std::string kind = document.value("task", nlohmann::json::object()).value("kind", "relative_order");
-    for (TaskKind k : {TaskKind::copy, TaskKind::reverse, TaskKind::relative_order, TaskKind::classification,
-                       TaskKind::pairs, TaskKind::language_model}) {
+static const TaskKind kTaskKinds[] = {TaskKind::copy,           TaskKind::reverse, TaskKind::relative_order,
+                                      TaskKind::classification, TaskKind::pairs,   TaskKind::language_model};
+
+static TaskKind task_kind_from_name(const std::string& kind) {
+    for (TaskKind k : kTaskKinds) {
         if (kind == task_kind_name(k)) return k;
     }
     throw std::invalid_argument("unknown task kind '" + kind + "'");
+}
+
+TaskKind parse_task_kind(const nlohmann::json& document) {
+    return task_kind_from_name(document.value("task", nlohmann::json::object()).value("kind", "relative_order"));
 }
 
 bool reads_files(TaskKind kind) {
@@ -61,27 +66,23 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     model.finish();
 
     JsonReader task = root.section("task");
-    const std::string kind = task.text(
-        "kind", "relative_order", {"copy", "reverse", "relative_order", "classification", "pairs", "language_model"});
-    for (TaskKind k : {TaskKind::copy, TaskKind::reverse, TaskKind::relative_order, TaskKind::classification,
-                       TaskKind::pairs, TaskKind::language_model}) {
-        if (kind == task_kind_name(k)) c.task.kind = k;
-    }
+    std::vector<std::string> kind_names;
+    for (TaskKind k : kTaskKinds) kind_names.push_back(task_kind_name(k));
+    const std::string kind = task.text("kind", "relative_order", kind_names);
+    c.task.kind = task_kind_from_name(kind);
     c.task.vocab = task.integer("vocab", 7, 1 << 20, 16);
     c.task.train_lengths = task.integers("train_lengths", 1, 1 << 20, 2, c.task.train_lengths);
     c.task.test_lengths = task.integers("test_lengths", 1, 1 << 20, 2, c.task.test_lengths);
-    for (const char* key : {"train_lengths", "test_lengths"}) {
-        const auto& range = std::string(key) == "train_lengths" ? c.task.train_lengths : c.task.test_lengths;
-        if (range[0] > range[1]) task.fail(key, "[min, max] with min <= max");
-    }
     c.task.distance = task.integer("distance", 1, 1 << 20, 3);
-    if (c.task.kind == TaskKind::relative_order) {
-        // shorter sequences could only be negatives: their length alone would give the label away
-        for (const char* key : {"train_lengths", "test_lengths"}) {
-            const auto& range = std::string(key) == "train_lengths" ? c.task.train_lengths : c.task.test_lengths;
-            if (range[0] <= c.task.distance) {
-                task.fail(key, "lengths above /task/distance = " + std::to_string(c.task.distance));
-            }
+    const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
+                                                                          {"test_lengths", &c.task.test_lengths}};
+    for (const auto& [key, range] : ranges) {
+        if ((*range)[0] > (*range)[1]) task.fail(key, "[min, max] with min <= max");
+    }
+    for (const auto& [key, range] : ranges) {
+        // relative_order: shorter sequences could only be negatives, their length giving the label away
+        if (c.task.kind == TaskKind::relative_order && (*range)[0] <= c.task.distance) {
+            task.fail(key, "lengths above /task/distance = " + std::to_string(c.task.distance));
         }
     }
     c.task.train_examples = task.integer("train_examples", 1, 1 << 30, 4000);
