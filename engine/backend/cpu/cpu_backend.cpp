@@ -1,6 +1,7 @@
 // The CPU backend: elementwise kernels, broadcasting and reductions on xtensor expressions over
 // the tensors' own strided memory (xt::adapt, no copies); matrix products through xtensor-blas's
 // cxxblas layer into OpenBLAS; index kernels and softmax as plain loops.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -218,22 +219,41 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
     return true;
 }
 
-// Row n = (b, h, i) of a contiguous [B, H, Lq, Lk] tensor, with where that row's index entries
-// r(i, 0..Lk) and mask entries start (both read with a step, as they are strided views).
+// Row n = (b, h, i) of a contiguous [B, H, Lq, Lk] tensor, with where that row's mask entries
+// start (read with a step, as the mask is an expanded view), and the row's relative index as runs:
+// r(i, j) takes one value over each run of consecutive j (for Shaw's clipped index: one run left
+// of the clipping window, 2k - 1 single keys, one run right of it). A run is [begin, end) with its
+// bucket; without an index a row is one run of bucket -1. Over a run the relative terms are
+// constants, so the row kernels below stay contiguous SIMD loops.
 struct AttentionRows {
     AttentionRows(const Tensor& scores, const Tensor& index, const Tensor& mask)
         : H(scores.size(1)),
           Lq(scores.size(2)),
           Lk(scores.size(3)),
           count(scores.numel() / std::max<int64_t>(Lk, 1)),
-          index_(index),
           mask_(mask) {
-        if (index.defined()) index_step = index.strides()[1];
         if (mask.defined()) mask_step = mask.strides()[3];
+        first_run_.assign(Lq + 1, 0);
+        for (int64_t i = 0; i < Lq; ++i) {
+            first_run_[i] = static_cast<int64_t>(runs_.size());
+            if (!index.defined()) {
+                runs_.push_back({0, Lk, -1});
+                continue;
+            }
+            const int64_t* r = index.data<int64_t>() + i * index.strides()[0];
+            const int64_t step = index.strides()[1];
+            for (int64_t j = 0; j < Lk; ++j) {
+                if (j == 0 || r[j * step] != runs_.back().bucket) runs_.push_back({j, j, r[j * step]});
+                runs_.back().end = j + 1;
+            }
+        }
+        first_run_[Lq] = static_cast<int64_t>(runs_.size());
     }
-    const int64_t* index_row(int64_t n) const {
-        return index_.defined() ? index_.data<int64_t>() + (n % Lq) * index_.strides()[0] : nullptr;
-    }
+    struct Run {
+        int64_t begin, end, bucket;
+    };
+    const Run* runs_begin(int64_t n) const { return runs_.data() + first_run_[n % Lq]; }
+    const Run* runs_end(int64_t n) const { return runs_.data() + first_run_[n % Lq + 1]; }
     const bool* mask_row(int64_t n) const {
         if (!mask_.defined()) return nullptr;
         const int64_t b = n / (H * Lq), h = (n / Lq) % H, i = n % Lq;
@@ -241,11 +261,109 @@ struct AttentionRows {
         return mask_.data<bool>() + b * st[0] + h * st[1] + i * st[2];
     }
     int64_t H, Lq, Lk, count;
-    int64_t index_step = 0, mask_step = 0;
+    int64_t mask_step = 0;
 
 private:
-    Tensor index_, mask_;
+    Tensor mask_;
+    std::vector<Run> runs_;
+    std::vector<int64_t> first_run_;  // row i's runs are runs_[first_run_[i] .. first_run_[i + 1])
 };
+
+// Contiguous SIMD loops over x[0, n) for the attention row kernels (xsimd batches, scalar tail).
+template <class T, class Step, class Tail>
+void simd_loop(int64_t n, Step&& step, Tail&& tail) {
+    using Batch = xsimd::batch<T>;
+    constexpr int64_t width = static_cast<int64_t>(Batch::size);
+    int64_t j = 0;
+    for (; j + width <= n; j += width) step(j);
+    for (; j < n; ++j) tail(j);
+}
+
+// s <- scale (s + bias) over [0, n); returns the max
+template <class T>
+T shift_scale_max(T* s, int64_t n, T bias, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    Batch batch_max(running_max);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch(bias));
+            v.store_unaligned(s + j);
+            batch_max = xsimd::max(batch_max, v);
+        },
+        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias)); });
+    alignas(64) T lanes[Batch::size];
+    batch_max.store_aligned(lanes);
+    return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
+}
+
+// s <- exp(s - max) over [0, n); returns the sum
+template <class T>
+T exp_sum(T* s, int64_t n, T max) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - Batch(max));
+            e.store_unaligned(s + j);
+            total += e;
+        },
+        [&](int64_t j) { tail_total += (s[j] = std::exp(s[j] - max)); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// s <- factor s over [0, n); returns the sum of the new s
+template <class T>
+T scale_sum(T* s, int64_t n, T factor) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch::load_unaligned(s + j) * Batch(factor);
+            v.store_unaligned(s + j);
+            total += v;
+        },
+        [&](int64_t j) { tail_total += (s[j] *= factor); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// g <- g + shift over [0, n); returns sum_j g_j a_j of the new g
+template <class T>
+T shift_dot(T* g, const T* a, int64_t n, T shift) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch::load_unaligned(g + j) + Batch(shift);
+            v.store_unaligned(g + j);
+            total = xsimd::fma(v, Batch::load_unaligned(a + j), total);
+        },
+        [&](int64_t j) { tail_total += (g[j] += shift) * a[j]; });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// g <- scale a (g - dot) over [0, n); returns the sum of the new g
+template <class T>
+T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch(scale) * Batch::load_unaligned(a + j) * (Batch::load_unaligned(g + j) - Batch(dot));
+            v.store_unaligned(g + j);
+            total += v;
+        },
+        [&](int64_t j) { tail_total += (g[j] = scale * a[j] * (g[j] - dot)); });
+    return xsimd::hadd(total) + tail_total;
+}
 
 // ---------------------------------------------------------------- the backend
 
@@ -588,35 +706,31 @@ public:
             for (int64_t n = 0; n < rows.count; ++n) {
                 T* s = s_all + n * rows.Lk;
                 const T* buckets = buckets_all ? buckets_all + n * K : nullptr;
-                const int64_t* r = rows.index_row(n);
-                const bool* keep = rows.mask_row(n);
+                T* weights = weights_all ? weights_all + n * K : nullptr;
+                // s = scale (s + bucket_scores[r]), run by run; masked keys become -inf
                 T m = neg_inf;
-                for (int64_t j = 0; j < rows.Lk; ++j) {
-                    const bool visible = !keep || keep[j * rows.mask_step];
-                    const T bias = buckets ? buckets[r[j * rows.index_step]] : T(0);
-                    s[j] = visible ? T(scale) * (s[j] + bias) : neg_inf;
-                    m = std::max(m, s[j]);
+                for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
+                    const T bias = buckets ? buckets[run->bucket] : T(0);
+                    m = shift_scale_max(s + run->begin, run->end - run->begin, bias, T(scale), m);
                 }
+                if (const bool* keep = rows.mask_row(n)) {
+                    m = neg_inf;
+                    for (int64_t j = 0; j < rows.Lk; ++j) {
+                        if (!keep[j * rows.mask_step]) s[j] = neg_inf;
+                        m = std::max(m, s[j]);
+                    }
+                }
+                if (weights) std::fill(weights, weights + K, T(0));
                 if (m == neg_inf) {  // no visible key: zero weights
                     std::fill(s, s + rows.Lk, T(0));
-                } else {
-                    // exp in SIMD batches (xsimd, as xtensor uses): this pass is the kernel's cost
-                    using Batch = xsimd::batch<T>;
-                    constexpr int64_t width = static_cast<int64_t>(Batch::size);
-                    const Batch batch_max(m);
-                    Batch batch_total(T(0));
-                    int64_t j = 0;
-                    for (; j + width <= rows.Lk; j += width) {
-                        const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - batch_max);
-                        e.store_unaligned(s + j);
-                        batch_total += e;
-                    }
-                    T total = xsimd::hadd(batch_total);
-                    for (; j < rows.Lk; ++j) total += (s[j] = std::exp(s[j] - m));
-                    const T inverse = T(1) / total;
-                    for (j = 0; j < rows.Lk; ++j) s[j] *= inverse;
+                    continue;
                 }
-                if (weights_all) add_runs(s, rows, r, weights_all + n * K, K);
+                const T inverse = T(1) / exp_sum(s, rows.Lk, m);
+                // a = e / sum(e), and W[r] = the sum of a over r's run
+                for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
+                    const T run_sum = scale_sum(s + run->begin, run->end - run->begin, inverse);
+                    if (weights) weights[run->bucket] += run_sum;
+                }
             }
         });
     }
@@ -636,37 +750,22 @@ public:
                 T* g = g_all + n * rows.Lk;
                 const T* a = a_all + n * rows.Lk;
                 const T* db = db_all ? db_all + n * K : nullptr;
-                const int64_t* r = rows.index_row(n);
+                T* d_scores = d_scores_all ? d_scores_all + n * K : nullptr;
+                // da = g + d_buckets[r], and dot = sum_j da_j a_j
                 T dot(0);
-                for (int64_t j = 0; j < rows.Lk; ++j) {
-                    if (db) g[j] += db[r[j * rows.index_step]];
-                    dot += g[j] * a[j];
+                for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
+                    const T shift = db ? db[run->bucket] : T(0);
+                    dot += shift_dot(g + run->begin, a + run->begin, run->end - run->begin, shift);
                 }
-                for (int64_t j = 0; j < rows.Lk; ++j) g[j] = T(scale) * a[j] * (g[j] - dot);
-                if (d_scores_all) add_runs(g, rows, r, d_scores_all + n * K, K);
+                // ds = scale a (da - dot), and dQE[r] = the sum of ds over r's run
+                if (d_scores) std::fill(d_scores, d_scores + K, T(0));
+                for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
+                    const T run_sum =
+                        softmax_grad_sum(g + run->begin, a + run->begin, run->end - run->begin, dot, T(scale));
+                    if (d_scores) d_scores[run->bucket] += run_sum;
+                }
             }
         });
-    }
-
-private:
-    // buckets[r] = sum of values[j] over the j with r(i, j) = r. r comes in runs (every j beyond
-    // the clipping distance shares a bucket): sum a run, then add it once.
-    template <class T>
-    static void add_runs(const T* values, const AttentionRows& rows, const int64_t* r, T* buckets, int64_t K) {
-        std::fill(buckets, buckets + K, T(0));
-        if (rows.Lk == 0) return;
-        int64_t bucket = r[0];
-        T run(0);
-        for (int64_t j = 0; j < rows.Lk; ++j) {
-            const int64_t next = r[j * rows.index_step];
-            if (next != bucket) {
-                buckets[bucket] += run;
-                run = T(0);
-                bucket = next;
-            }
-            run += values[j];
-        }
-        buckets[bucket] += run;
     }
 };
 
