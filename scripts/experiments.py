@@ -56,7 +56,24 @@ def run(relgrad, experiment, variant, sets, seed):
         if subprocess.run(command).returncode != 0:
             sys.exit(f"{experiment}/{variant} seed {seed} failed")
     with open(summary_path) as f:
-        return json.load(f)
+        summary = json.load(f)
+    summary["steps_per_second"] = steps_per_second(out)
+    return summary
+
+
+def steps_per_second(run_dir):
+    """The median step rate over the logged stretches of a run (robust to an evaluation or a pause
+    in one stretch); None for runs logged without `seconds`."""
+    rates, previous = [], None
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            entry = json.loads(line)
+            if "seconds" not in entry:
+                continue
+            if previous and entry["seconds"] > previous["seconds"]:  # the same invocation
+                rates.append((entry["step"] - previous["step"]) / (entry["seconds"] - previous["seconds"]))
+            previous = entry
+    return statistics.median(rates) if rates else None
 
 
 def spread(values):
@@ -68,8 +85,9 @@ def aggregate(summaries):
     first = summaries[0]
     metric = first["metric"]
     result = {"metric": metric, metric: spread([s["final"][metric] for s in summaries])}
-    for key in ("train_seconds", "tokens_per_second", "peak_rss_mib"):
-        result[key] = spread([s[key] for s in summaries])
+    for key in ("train_seconds", "tokens_per_second", "peak_rss_mib", "steps_per_second"):
+        if all(s.get(key) is not None for s in summaries):
+            result[key] = spread([s[key] for s in summaries])
     inner = "accuracy" if "accuracy" in next(iter(first["final"]["by_length"].values())) else metric
     result["by_length"] = {bucket: spread([s["final"]["by_length"][bucket][inner] for s in summaries
                                            if bucket in s["final"]["by_length"]])
@@ -100,11 +118,12 @@ def main():
         metric = next(iter(results.values()))["metric"]
         base = next(iter(results.values()))["train_seconds"]["mean"]
         print(f"\n{experiment}: {metric}, mean ± std over seeds {args.seeds}\n")
-        print(f"| variant | {metric} | seconds | tokens/s | peak RSS MiB |")
-        print("| --- | --- | --- | --- | --- |")
+        print(f"| variant | {metric} | seconds | tokens/s | steps/s | peak RSS MiB |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for variant, r in results.items():
+            rate = f"{r['steps_per_second']['mean']:.2f}" if "steps_per_second" in r else "-"
             print(f"| {variant} | {r[metric]['mean']:.4f} ± {r[metric]['std']:.4f} | {r['train_seconds']['mean']:.1f} | "
-                  f"{r['tokens_per_second']['mean']:.0f} | {r['peak_rss_mib']['mean']:.0f} |")
+                  f"{r['tokens_per_second']['mean']:.0f} | {rate} | {r['peak_rss_mib']['mean']:.0f} |")
         print(f"\nwritten: {path}")
 
 

@@ -704,6 +704,7 @@ json train(const Config& config, const TrainOptions& options) {
                             {"loss", loss_value},
                             {"learning_rate", lr},
                             {"grad_norm", grad_norm},
+                            {"seconds", elapsed},
                             {"tokens_per_second", tokens_per_second}}
                            .dump()
                     << "\n"

@@ -1,6 +1,7 @@
 // Configs and the trainer: validation of every kind of bad value, overrides, a short run whose
 // loss falls, determinism, resume, divergence. (No gradient check: the models trained here are
 // gradient-checked in tests/layers/; this file checks the training loop around them.)
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -122,7 +123,10 @@ TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives
 
     train(Config::parse(tiny_run(b.path), "tiny"), TrainOptions{});
     auto without_timing = [](std::vector<nlohmann::json> lines) {
-        for (auto& line : lines) line.erase("tokens_per_second");
+        for (auto& line : lines) {
+            line.erase("tokens_per_second");
+            line.erase("seconds");
+        }
         return lines;
     };
     CHECK(without_timing(read_lines(a.path / "metrics.jsonl")) == without_timing(read_lines(b.path / "metrics.jsonl")));
@@ -138,10 +142,14 @@ TEST_CASE("the loss falls: copying short sequences") {
     c["training"] = {{"steps", 40}, {"batch_size", 16}, {"learning_rate", 5e-3}, {"warmup_steps", 4}, {"log_every", 1}};
     c["evaluation"] = {{"every", 40}, {"length_buckets", {4, 6}}};
     const nlohmann::json summary = train(Config::parse(c, "copy"), TrainOptions{});
-    std::vector<double> losses;
+    std::vector<double> losses, seconds;
     for (const auto& line : read_lines(out.path / "metrics.jsonl")) {
-        if (line.contains("loss")) losses.push_back(line["loss"].get<double>());
+        if (!line.contains("loss")) continue;
+        losses.push_back(line["loss"].get<double>());
+        seconds.push_back(line["seconds"].get<double>());
     }
+    CHECK(std::is_sorted(seconds.begin(), seconds.end()));
+    CHECK(seconds.front() > 0);
     REQUIRE(losses.size() == 40);
     const double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[37] + losses[38] + losses[39]) / 3;
     CHECK(last < 0.8 * first);
