@@ -58,10 +58,30 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
     return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
 }
 
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len) {
+    Tensor mask = pattern.mask;
+    if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset));
+    if (pattern.window >= 0) {
+        mask = combine_masks(mask, local_window_mask(query_len, key_len, pattern.window, pattern.query_offset));
+    }
+    return mask;
+}
+
 AttentionImpl parse_attention_impl(const std::string& name) {
     if (name == "reference") return AttentionImpl::reference;
     if (name == "bucketed") return AttentionImpl::bucketed;
-    throw std::invalid_argument("unknown attention implementation '" + name + "' (expected reference or bucketed)");
+    if (name == "fused") return AttentionImpl::fused;
+    throw std::invalid_argument("unknown attention implementation '" + name +
+                                "' (expected reference, bucketed or fused)");
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+    switch (impl) {
+        case AttentionImpl::reference: return "reference";
+        case AttentionImpl::bucketed: return "bucketed";
+        case AttentionImpl::fused: return "fused";
+    }
+    return "?";
 }
 
 // ---------------------------------------------------------------- multi-head attention
@@ -119,7 +139,8 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
     const Tensor q = split_heads(w_q.forward(query));
     const Tensor k = split_heads(w_k.forward(key_value));
     const Tensor v = split_heads(w_v.forward(key_value));
-    return w_o.forward(merge_heads(attend(query, q, k, v, mask, query_offset)));
+    AttentionPattern pattern{mask, causal, window, query_offset};
+    return w_o.forward(merge_heads(attend(query, q, k, v, pattern)));
 }
 
 Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) {
@@ -132,20 +153,23 @@ Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) 
     }
     cache.k = k;
     cache.v = v;
-    const Tensor mask = n > 1 ? causal_mask(n, offset + n, offset) : Tensor();
-    return w_o.forward(merge_heads(attend(x, q, k, v, mask, offset)));
+    // the new positions see each other causally; every cached one comes before them all
+    AttentionPattern pattern{Tensor(), n > 1, window, offset};
+    return w_o.forward(merge_heads(attend(x, q, k, v, pattern)));
 }
 
 double MultiHeadAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
-Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                                  int64_t) {
-    return attention(q, k, v, mask, scale(), {}, &last_weights);
+Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const AttentionPattern& pattern) {
+    return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2)), scale(), {}, &last_weights);
 }
 
 // e = scale * scores, masked keys -inf, a = softmax(e), z = values(a)
 Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& mask, int64_t query_offset) {
+                                           const AttentionPattern& pattern) {
+    const int64_t query_offset = pattern.query_offset;
+    const Tensor mask = pattern_mask(pattern, q.size(2), k.size(2));
     Tensor e = mul(scores(query_input, q, k, query_offset), scalar(scale(), q.dtype()));
     if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype()));
     const Tensor a = softmax(e, -1);
@@ -204,11 +228,22 @@ Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t quer
 }
 
 Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& mask, int64_t query_offset) {
-    if (impl == AttentionImpl::reference) return attend_composed(query_input, q, k, v, mask, query_offset);
-    const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
-                              rel_pos_emb_k.index(q.size(2), k.size(2), query_offset)};
-    return attention(q, k, v, mask, scale(), terms, &last_weights);
+                                          const AttentionPattern& pattern) {
+    switch (impl) {
+        case AttentionImpl::reference: return attend_composed(query_input, q, k, v, pattern);
+        case AttentionImpl::bucketed: {
+            const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
+                                      rel_pos_emb_k.index(q.size(2), k.size(2), pattern.query_offset)};
+            return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2)), scale(), terms, &last_weights);
+        }
+        case AttentionImpl::fused: {
+            last_weights = Tensor();
+            const ClippedRelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(), rel_pos_emb_k.k_left,
+                                             rel_pos_emb_k.k_right};
+            return fused_attention(q, k, v, pattern, scale(), terms);
+        }
+    }
+    throw std::logic_error("unknown attention implementation");
 }
 
 Tensor RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
@@ -254,8 +289,8 @@ Tensor GatedPositionAttention::gate_for(const Tensor& query_input) const {
 }
 
 Tensor GatedPositionAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const Tensor& mask, int64_t query_offset) {
-    return attend_composed(query_input, q, k, v, mask, query_offset);
+                                      const AttentionPattern& pattern) {
+    return attend_composed(query_input, q, k, v, pattern);
 }
 
 Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,

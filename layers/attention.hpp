@@ -17,6 +17,7 @@
 // from the sinusoidal positions P (projected per layer by U_q = w_pq, U_k = w_pk).
 #pragma once
 
+#include "engine/ops.hpp"
 #include "layers/position.hpp"
 
 namespace relgrad {
@@ -33,6 +34,8 @@ Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset = 0)
 Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset = 0);
 // attend only where both masks allow; an undefined mask allows everything
 Tensor combine_masks(const Tensor& a, const Tensor& b);
+// the pattern's mask with its causal and window rules folded in (undefined if nothing is hidden)
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len);
 
 // The keys and values of every position decoded so far, [B, H, T, Dh] each, so that decoding one
 // token at a time computes each position's keys and values once.
@@ -41,8 +44,12 @@ struct KVCache {
     int64_t length() const { return k.defined() ? k.size(2) : 0; }
 };
 
-enum class AttentionImpl { reference, bucketed };
-AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed"
+// reference: composed op by op, builds [L, L, Dh] tables (the readable one); bucketed: the engine's
+// attention op, keeps the [L, L] weights; fused: the engine's fused_attention op, memory linear in L.
+// All three take the same parameters.
+enum class AttentionImpl { reference, bucketed, fused };
+AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed" | "fused"
+const char* attention_impl_name(AttentionImpl impl);
 
 class MultiHeadAttention : public Module {
 public:
@@ -60,16 +67,24 @@ public:
 
     int64_t dim, heads, head_dim;
     Linear w_q, w_k, w_v, w_o;
-    Tensor last_weights;  // the attention weights a of the last forward, detached [B, H, Lq, Lk]
+    // Rules that hide keys without a mask tensor, on top of forward's mask: only keys at or before
+    // the query (causal), only keys within `window` positions (-1: no window). The fused form skips
+    // the key tiles they hide; the others build the equivalent mask.
+    bool causal = false;
+    int64_t window = -1;
+    // the attention weights a of the last forward, detached [B, H, Lq, Lk] (the fused form keeps
+    // none: undefined after its forward)
+    Tensor last_weights;
 
 protected:
-    // z [B, H, Lq, Dh]. By default the engine's attention op (engine/ops/attention.cpp), which
-    // keeps only the weights for the backward.
+    // z [B, H, Lq, Dh]; the pattern holds forward's mask, the layer's rules and the query offset.
+    // By default the engine's attention op (engine/ops/attention.cpp), which keeps only the weights
+    // for the backward.
     virtual Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& mask, int64_t query_offset);
+                          const AttentionPattern& pattern);
     // The same, composed op by op from scores() and values(): the readable form
     Tensor attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& mask, int64_t query_offset);
+                           const AttentionPattern& pattern);
     // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]
     virtual Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
     // a v plus any position terms: [B, H, Lq, Dh]
@@ -89,9 +104,10 @@ public:
     RelativePositionEmbedding rel_pos_emb_k, rel_pos_emb_v;
 
 protected:
-    // bucketed: the engine's attention op with the tables; reference: attend_composed
-    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                  int64_t query_offset) override;
+    // reference: attend_composed; bucketed: the engine's attention op with the tables; fused: its
+    // fused_attention op
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionPattern& pattern) override;
     Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
     Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
 
@@ -116,8 +132,8 @@ public:
     std::unique_ptr<Linear> w_gate;  // token gate: g = sigmoid(lambda_h + (x_i W_g^T)_h), W_g [H, D] from 0
 
 protected:
-    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                  int64_t query_offset) override;  // always composed: the gate scales the terms
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionPattern& pattern) override;  // always composed: the gate scales the terms
     Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
     Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
 

@@ -757,7 +757,9 @@ struct LoadedRun {
     std::unique_ptr<Task> task;
 };
 
-static LoadedRun load_run(const std::string& run_dir, const std::string& test_file) {
+// Loads a trained run; `weights_kept` asks for an attention implementation that keeps the weights (the
+// fused one keeps none; all three share the parameters, so a fused run is loaded as bucketed).
+static LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept = false) {
     const fs::path dir(run_dir);
     if (!fs::exists(dir / "config.json") || !fs::exists(dir / "checkpoint" / "state.json")) {
         throw std::invalid_argument(run_dir + ": not a trained run (needs config.json and checkpoint/)");
@@ -772,6 +774,9 @@ static LoadedRun load_run(const std::string& run_dir, const std::string& test_fi
         document["data"]["test"] = test_file;
     }
     run.config = Config::parse(document, (dir / "config.json").string());
+    if (weights_kept && run.config.model.transformer.impl == AttentionImpl::fused) {
+        run.config.model.transformer.impl = AttentionImpl::bucketed;
+    }
     run.tokenizer = saved_tokenizer(dir);
     Generator gen(run.config.training.seed);
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
@@ -821,7 +826,7 @@ std::string generate(const std::string& run_dir, const std::string& prompt, int6
 
 std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
                                          const std::string& out_dir) {
-    LoadedRun run = load_run(run_dir, "");
+    LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true);
     const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
     if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
     NoGradGuard no_grad;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/ops.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {
@@ -79,6 +80,18 @@ public:
     // bucket, as bucket_weights above.
     virtual void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                             const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
+
+    // --- fused attention (engine/ops/attention.cpp). q, k, v, z, dz contiguous [B, H, L, Dh];
+    // tables contiguous; the pattern's mask bool and expanded to [B, H, Lq, Lk] (a view).
+    // Forward: z (the attention output) and lse [B, H, Lq], the log-sum-exp of each row's scaled
+    // scores (-inf for a row that sees no key, whose z is 0).
+    virtual void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                 double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) = 0;
+    // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v.
+    virtual void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                          const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
+                                          double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
+                                          Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) = 0;
 };
 
 Backend& backend_for(Device device);

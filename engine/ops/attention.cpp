@@ -114,3 +114,77 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 }
 
 }  // namespace relgrad
+
+// ---------------------------------------------------------------- fused attention
+//
+// The same math as `attention`, with the weights never stored: the kernels (the CPU's in
+// engine/backend/cpu/fused_attention.cpp) visit the keys in tiles with an online softmax, keep
+// per query row a running max m, a running sum l, the output accumulator and the 2k+1 bucket sums
+// of the weights (for the E_V term), and save only lse = m + log l. The backward recomputes the
+// weights tile by tile as exp(s - lse).
+
+namespace relgrad {
+
+static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                               const ClippedRelativeTerms& rel) {
+    check_attention_inputs(q, k, v, RelativeTerms{});
+    if (pattern.window < -1) {
+        throw std::invalid_argument("fused_attention: window " + std::to_string(pattern.window) +
+                                    " must be >= 0 (or -1 for none)");
+    }
+    if (!rel.table_k.defined() && !rel.table_v.defined()) return;
+    const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;
+    auto table_ok = [&](const Tensor& t) {
+        return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(1) == K &&
+               t.size(2) == Dh && t.dtype() == q.dtype();
+    };
+    if (rel.k_left < 0 || rel.k_right < 0 || !table_ok(rel.table_k) || !table_ok(rel.table_v) ||
+        rel.table_k.shape() != rel.table_v.shape()) {
+        throw std::invalid_argument("fused_attention: relative tables " + shape_str(rel.table_k.shape()) + " and " +
+                                    shape_str(rel.table_v.shape()) + " must both be [1 or H, k_left + k_right + 1, " +
+                                    "Dh] = [1 or " + std::to_string(H) + ", " + std::to_string(K) + ", " +
+                                    std::to_string(Dh) + "] with k_left, k_right >= 0 (got " +
+                                    std::to_string(rel.k_left) + ", " + std::to_string(rel.k_right) + ")");
+    }
+}
+
+Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern_in,
+                       double scale, const ClippedRelativeTerms& rel_in) {
+    check_fused_inputs(q_in, k_in, v_in, pattern_in, rel_in);
+    const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Lk = k_in.size(2), Dh = q_in.size(3);
+    const bool relative = rel_in.table_k.defined();
+    // the kernels read packed operands; the mask stays a (broadcast) view
+    const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(), v = v_in.detach().contiguous();
+    ClippedRelativeTerms rel = rel_in;
+    if (relative) {
+        rel.table_k = rel_in.table_k.detach().contiguous();
+        rel.table_v = rel_in.table_v.detach().contiguous();
+    }
+    AttentionPattern pattern = pattern_in;
+    if (pattern.mask.defined()) {
+        if (broadcast_shapes(pattern.mask.shape(), {B, H, Lq, Lk}, "attention mask") != Shape{B, H, Lq, Lk}) {
+            throw std::invalid_argument("fused_attention: mask of shape " + shape_str(pattern.mask.shape()) +
+                                        " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, H, Lq, Lk}));
+        }
+        pattern.mask = pattern.mask.to(DType::boolean).expand({B, H, Lq, Lk});
+    }
+    const bool empty_problem = q.numel() == 0 || Dh == 0;
+    Tensor z = zeros({B, H, Lq, Dh}, q.dtype()), lse = empty({B, H, Lq}, q.dtype());
+    if (!empty_problem) backend_for(q.device()).fused_attention(q, k, v, pattern, scale, rel, z, lse);
+    std::vector<Tensor> inputs = {q_in, k_in, v_in};
+    if (relative) inputs.insert(inputs.end(), {rel_in.table_k, rel_in.table_v});
+    return record(z, "fused_attention", inputs,
+                  [q, k, v, z = z.detach(), lse, pattern, scale, rel, empty_problem](const Tensor& g) {
+                      std::vector<Tensor> grads = {zeros_like(q), zeros_like(k), zeros_like(v)};
+                      if (rel.table_k.defined()) grads.insert(grads.end(), {zeros_like(rel.table_k), zeros_like(rel.table_v)});
+                      if (empty_problem) return grads;
+                      Tensor unused;
+                      backend_for(g.device())
+                          .fused_attention_backward(q, k, v, z, lse, g.contiguous(), pattern, scale, rel, grads[0],
+                                                    grads[1], grads[2], rel.table_k.defined() ? grads[3] : unused,
+                                                    rel.table_k.defined() ? grads[4] : unused);
+                      return grads;
+                  });
+}
+
+}  // namespace relgrad

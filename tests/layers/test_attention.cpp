@@ -1,4 +1,4 @@
-// Masks, multi-head attention, relative attention (reference = bucketed), gated mixing.
+// Masks, multi-head attention, relative attention (reference = bucketed = fused), gated mixing.
 #include "layer_check.hpp"
 #include "layers/attention.hpp"
 
@@ -31,20 +31,33 @@ const std::vector<std::pair<std::string, Tensor>> masks_for(int64_t B, int64_t L
             {"all", combine_masks(combine_masks(padding, causal_mask(L, L)), local_window_mask(L, L, 2))}};
 }
 
-// Two modules built from the same seed, one per implementation.
-struct Pair {
-    Generator g1, g2;
-    RelativeMultiHeadAttention reference, bucketed;
-    Pair(int64_t dim, int64_t heads, const RelativeOptions& o)
+// Three modules built from the same seed, one per implementation.
+struct Trio {
+    Generator g1, g2, g3;
+    RelativeMultiHeadAttention reference, bucketed, fused;
+    Trio(int64_t dim, int64_t heads, const RelativeOptions& o)
         : g1(11),
           g2(11),
+          g3(11),
           reference(dim, heads, o, AttentionImpl::reference, Init{g1, DType::float64}),
-          bucketed(dim, heads, o, AttentionImpl::bucketed, Init{g2, DType::float64}) {}
+          bucketed(dim, heads, o, AttentionImpl::bucketed, Init{g2, DType::float64}),
+          fused(dim, heads, o, AttentionImpl::fused, Init{g3, DType::float64}) {}
 };
+
+// The output and the gradients of the input and of every parameter, for the cotangent dy.
+std::vector<Tensor> output_and_grads(MultiHeadAttention& layer, const Tensor& x, const Tensor& dy, const Tensor& mask) {
+    Tensor input = x.detach().requires_grad_(true);
+    layer.zero_grad();
+    const Tensor y = layer.forward(input, input, mask);
+    y.backward(dy);
+    std::vector<Tensor> result = {y, input.grad()};
+    for (const Tensor& p : layer.parameters()) result.push_back(p.grad());
+    return result;
+}
 
 }  // namespace
 
-TEST_CASE("reference and bucketed relative attention agree to 1e-12: outputs and every gradient") {
+TEST_CASE("reference, bucketed and fused relative attention agree to 1e-12: outputs and every gradient") {
     struct Case {
         int64_t dim, heads, batch, length, k_left, k_right;
         bool shared;
@@ -55,28 +68,47 @@ TEST_CASE("reference and bucketed relative attention agree to 1e-12: outputs and
         o.k_left = c.k_left;
         o.k_right = c.k_right;
         o.share_across_heads = c.shared;
-        Pair pair(c.dim, c.heads, o);
+        Trio trio(c.dim, c.heads, o);
         for (const auto& [mask_name, mask] : masks_for(c.batch, c.length)) {
             CAPTURE(mask_name);
             CAPTURE(c.length);
             const Tensor x = random_input({c.batch, c.length, c.dim}, 3);
             const Tensor dy = random_input({c.batch, c.length, c.dim}, 4).detach();
-            std::vector<Tensor> grads[2];
-            Tensor outputs[2];
-            RelativeMultiHeadAttention* layers[2] = {&pair.reference, &pair.bucketed};
-            for (int i = 0; i < 2; ++i) {
-                Tensor input = x.detach().requires_grad_(true);
-                layers[i]->zero_grad();
-                outputs[i] = layers[i]->forward(input, input, mask);
-                outputs[i].backward(dy);
-                grads[i].push_back(input.grad());
-                for (const Tensor& p : layers[i]->parameters()) grads[i].push_back(p.grad());
+            const std::vector<Tensor> expected = output_and_grads(trio.reference, x, dy, mask);
+            for (RelativeMultiHeadAttention* layer : {&trio.bucketed, &trio.fused}) {
+                CAPTURE(attention_impl_name(layer->impl));
+                const std::vector<Tensor> got = output_and_grads(*layer, x, dy, mask);
+                REQUIRE(got.size() == expected.size());
+                for (std::size_t n = 0; n < got.size(); ++n) CHECK(max_difference(got[n], expected[n]) <= 1e-12);
+                for (double v : got[1].to_vector()) REQUIRE(std::isfinite(v));
             }
-            CHECK(max_difference(outputs[0], outputs[1]) <= 1e-12);
-            for (std::size_t g = 0; g < grads[0].size(); ++g) CHECK(max_difference(grads[0][g], grads[1][g]) <= 1e-12);
-            for (double v : grads[1][0].to_vector()) REQUIRE(std::isfinite(v));
         }
     }
+}
+
+TEST_CASE("the layer's causal and window rules equal the same masks given to forward, in every form") {
+    RelativeOptions o;
+    o.k_left = 2;
+    o.k_right = 1;
+    Trio trio(6, 2, o);
+    const Tensor x = random_input({2, 7, 6}, 5);
+    const Tensor dy = random_input({2, 7, 6}, 6).detach();
+    const Tensor padding = key_padding_mask({7, 4}, 7);
+    for (RelativeMultiHeadAttention* layer : {&trio.reference, &trio.bucketed, &trio.fused}) {
+        CAPTURE(attention_impl_name(layer->impl));
+        const Tensor as_mask = combine_masks(padding, combine_masks(causal_mask(7, 7), local_window_mask(7, 7, 2)));
+        const std::vector<Tensor> expected = output_and_grads(*layer, x, dy, as_mask);
+        layer->causal = true;
+        layer->window = 2;
+        const std::vector<Tensor> got = output_and_grads(*layer, x, dy, padding);
+        layer->causal = false;
+        layer->window = -1;
+        for (std::size_t n = 0; n < got.size(); ++n) CHECK(max_difference(got[n], expected[n]) <= 1e-13);
+    }
+    CHECK(parse_attention_impl("fused") == AttentionImpl::fused);
+    CHECK_THROWS_WITH_AS(parse_attention_impl("flash"),
+                         "unknown attention implementation 'flash' (expected reference, bucketed or fused)",
+                         std::invalid_argument);
 }
 
 TEST_CASE("relative attention with zero tables is plain attention; a fully masked query gives b_o") {
@@ -111,7 +143,8 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
     o.k_left = 1;
     o.k_right = 2;
     o.share_across_heads = false;
-    for (AttentionImpl impl : {AttentionImpl::reference, AttentionImpl::bucketed}) {
+    for (AttentionImpl impl : {AttentionImpl::reference, AttentionImpl::bucketed, AttentionImpl::fused}) {
+        CAPTURE(attention_impl_name(impl));
         RelativeMultiHeadAttention relative(6, 2, o, impl, init);
         for (const auto& [name, mask] : masks_for(2, 4)) {
             CAPTURE(name);
@@ -123,9 +156,11 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
     }
     RelativeOptions wide;
     wide.k_left = wide.k_right = 7;  // k >= L
-    RelativeMultiHeadAttention relative(4, 2, wide, AttentionImpl::bucketed, init);
-    gradcheck_layer(relative, {random_input({2, 3, 4}, 4), random_input({2, 5, 4}, 5)},
-                    [&](const auto& in) { return relative.forward(in[0], in[1]); });  // Lq != Lk
+    for (AttentionImpl impl : {AttentionImpl::bucketed, AttentionImpl::fused}) {
+        RelativeMultiHeadAttention relative(4, 2, wide, impl, init);
+        gradcheck_layer(relative, {random_input({2, 3, 4}, 4), random_input({2, 5, 4}, 5)},
+                        [&](const auto& in) { return relative.forward(in[0], in[1]); });  // Lq != Lk
+    }
 }
 
 TEST_CASE("gated attention: gradient checks, and the gate moves between absolute and relative") {

@@ -140,11 +140,16 @@ TEST_CASE("gates are reported per layer and head; bad inputs are errors") {
 TEST_CASE("incremental decoding sees the same relative distances as full recomputation") {
     // Decoding with a key/value cache must give each new query its true position: relative
     // distances j - i and absolute positions both come from the cache length. A cache that
-    // restarted positions at 0 would change every logit after the first.
-    for (PositionMode mode : all_modes) {
-        const std::string mode_name = position_mode_name(mode);
+    // restarted positions at 0 would change every logit after the first. (The fused form takes
+    // the offset as a number, not through a precomputed index: checked too.)
+    std::vector<std::pair<PositionMode, AttentionImpl>> cases;
+    for (PositionMode mode : all_modes) cases.emplace_back(mode, AttentionImpl::bucketed);
+    cases.emplace_back(PositionMode::relative, AttentionImpl::fused);
+    for (const auto& [mode, impl] : cases) {
+        const std::string mode_name = position_mode_name(mode) + std::string(" ") + attention_impl_name(impl);
         CAPTURE(mode_name);
         TransformerOptions o = tiny(mode);
+        o.impl = impl;
         o.token_gate = mode == PositionMode::gated;
         Generator gen(9);
         CausalLanguageModel lm(9, o, Init{gen, DType::float64});

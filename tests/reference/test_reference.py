@@ -134,7 +134,7 @@ def run_case(relgrad, rng, case):
                 k_left, k_right = int(rng.integers(0, 10)), int(rng.integers(0, 10))
                 shared = bool(rng.random() < 0.5)
                 spec.update({"k_left": k_left, "k_right": k_right, "share_across_heads": shared,
-                             "impl": str(rng.choice(["reference", "bucketed"]))})
+                             "impl": str(rng.choice(["reference", "bucketed", "fused"]))})
                 width = dim // heads if shared else dim
                 for name in ["rel_pos_emb_k.weight", "rel_pos_emb_v.weight"]:
                     params[name] = rng.normal(size=(k_left + k_right + 1, width))

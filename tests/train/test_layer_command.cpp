@@ -90,7 +90,7 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": -2})");
     CHECK(w.error() == spec + ": 'n_heads' must be an integer >= 1, got -2");
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "impl": "fast"})");
-    CHECK(w.error() == "unknown attention implementation 'fast' (expected reference or bucketed)");
+    CHECK(w.error() == "unknown attention implementation 'fast' (expected reference, bucketed or fused)");
     w.write_spec(R"({"type": "rotary", "d_model": 4})");
     CHECK(w.error().find(spec + ": unknown layer type 'rotary'") == 0);
     w.write_spec(R"({"d_model": 4})");

@@ -18,6 +18,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "engine/backend/backend.hpp"
+#include "engine/backend/cpu/kernels.hpp"
 
 #include <omp.h>
 
@@ -268,102 +269,6 @@ private:
     std::vector<Run> runs_;
     std::vector<int64_t> first_run_;  // row i's runs are runs_[first_run_[i] .. first_run_[i + 1])
 };
-
-// Contiguous SIMD loops over x[0, n) for the attention row kernels (xsimd batches, scalar tail).
-template <class T, class Step, class Tail>
-void simd_loop(int64_t n, Step&& step, Tail&& tail) {
-    using Batch = xsimd::batch<T>;
-    constexpr int64_t width = static_cast<int64_t>(Batch::size);
-    int64_t j = 0;
-    for (; j + width <= n; j += width) step(j);
-    for (; j < n; ++j) tail(j);
-}
-
-// s <- scale (s + bias) over [0, n); returns the max
-template <class T>
-T shift_scale_max(T* s, int64_t n, T bias, T scale, T running_max) {
-    using Batch = xsimd::batch<T>;
-    Batch batch_max(running_max);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch(bias));
-            v.store_unaligned(s + j);
-            batch_max = xsimd::max(batch_max, v);
-        },
-        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias)); });
-    alignas(64) T lanes[Batch::size];
-    batch_max.store_aligned(lanes);
-    return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
-}
-
-// s <- exp(s - max) over [0, n); returns the sum
-template <class T>
-T exp_sum(T* s, int64_t n, T max) {
-    using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - Batch(max));
-            e.store_unaligned(s + j);
-            total += e;
-        },
-        [&](int64_t j) { tail_total += (s[j] = std::exp(s[j] - max)); });
-    return xsimd::hadd(total) + tail_total;
-}
-
-// s <- factor s over [0, n); returns the sum of the new s
-template <class T>
-T scale_sum(T* s, int64_t n, T factor) {
-    using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch::load_unaligned(s + j) * Batch(factor);
-            v.store_unaligned(s + j);
-            total += v;
-        },
-        [&](int64_t j) { tail_total += (s[j] *= factor); });
-    return xsimd::hadd(total) + tail_total;
-}
-
-// g <- g + shift over [0, n); returns sum_j g_j a_j of the new g
-template <class T>
-T shift_dot(T* g, const T* a, int64_t n, T shift) {
-    using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch::load_unaligned(g + j) + Batch(shift);
-            v.store_unaligned(g + j);
-            total = xsimd::fma(v, Batch::load_unaligned(a + j), total);
-        },
-        [&](int64_t j) { tail_total += (g[j] += shift) * a[j]; });
-    return xsimd::hadd(total) + tail_total;
-}
-
-// g <- scale a (g - dot) over [0, n); returns the sum of the new g
-template <class T>
-T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
-    using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch(scale) * Batch::load_unaligned(a + j) * (Batch::load_unaligned(g + j) - Batch(dot));
-            v.store_unaligned(g + j);
-            total += v;
-        },
-        [&](int64_t j) { tail_total += (g[j] = scale * a[j] * (g[j] - dot)); });
-    return xsimd::hadd(total) + tail_total;
-}
 
 // ---------------------------------------------------------------- the backend
 
@@ -711,7 +616,7 @@ public:
                 T m = neg_inf;
                 for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
                     const T bias = buckets ? buckets[run->bucket] : T(0);
-                    m = shift_scale_max(s + run->begin, run->end - run->begin, bias, T(scale), m);
+                    m = cpu::shift_scale_max(s + run->begin, run->end - run->begin, bias, T(scale), m);
                 }
                 if (const bool* keep = rows.mask_row(n)) {
                     m = neg_inf;
@@ -725,10 +630,10 @@ public:
                     std::fill(s, s + rows.Lk, T(0));
                     continue;
                 }
-                const T inverse = T(1) / exp_sum(s, rows.Lk, m);
+                const T inverse = T(1) / cpu::exp_sum(s, rows.Lk, m);
                 // a = e / sum(e), and W[r] = the sum of a over r's run
                 for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
-                    const T run_sum = scale_sum(s + run->begin, run->end - run->begin, inverse);
+                    const T run_sum = cpu::scale_sum(s + run->begin, run->end - run->begin, inverse);
                     if (weights) weights[run->bucket] += run_sum;
                 }
             }
@@ -755,17 +660,32 @@ public:
                 T dot(0);
                 for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
                     const T shift = db ? db[run->bucket] : T(0);
-                    dot += shift_dot(g + run->begin, a + run->begin, run->end - run->begin, shift);
+                    dot += cpu::shift_dot(g + run->begin, a + run->begin, run->end - run->begin, shift);
                 }
                 // ds = scale a (da - dot), and dQE[r] = the sum of ds over r's run
                 if (d_scores) std::fill(d_scores, d_scores + K, T(0));
                 for (const auto* run = rows.runs_begin(n); run != rows.runs_end(n); ++run) {
                     const T run_sum =
-                        softmax_grad_sum(g + run->begin, a + run->begin, run->end - run->begin, dot, T(scale));
+                        cpu::softmax_grad_sum(g + run->begin, a + run->begin, run->end - run->begin, dot, T(scale));
                     if (d_scores) d_scores[run->bucket] += run_sum;
                 }
             }
         });
+    }
+
+    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override {
+        openblas_set_num_threads(1);
+        cpu::fused_attention_forward(q, k, v, pattern, scale, relative, z, lse);
+    }
+
+    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                  const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  Tensor& d_table_k, Tensor& d_table_v) override {
+        openblas_set_num_threads(1);
+        cpu::fused_attention_backward(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k,
+                                      d_table_v);
     }
 };
 

@@ -1,0 +1,349 @@
+// Fused relative attention on the CPU: tiled, with an online softmax, in memory linear in L.
+//
+// Per (batch, head), with c = scale, r = r(i, j) the clipped distance bucket, E_K and E_V the
+// head's tables, QE = Q E_K^T [Lq, K], and only the visible keys j of each query i:
+//
+//   forward, query tile by query tile, key tile by key tile (m, l, acc, W kept per query row):
+//     s_ij   = c (q_i . k_j + QE[i, r])                   S = Q_t K_t^T by BLAS, then per row
+//     m'     = max(m, max_j s_ij),  alpha = exp(m - m')    rescale what the row has so far
+//     p_ij   = exp(s_ij - m')
+//     l      = alpha l + sum_j p_ij
+//     acc    = alpha acc + sum_j p_ij v_j                  acc += P V_t by BLAS
+//     W[r]   = alpha W[r] + sum_{j: r(i,j)=r} p_ij         the value-side buckets
+//   and after the last tile: z_i = (acc + W E_V) / l, lse_i = m + log l (kept for the backward).
+//
+//   backward, with D_i = dz_i . z_i and G = dz E_V^T [Lq, K]; key tile by key tile, and for each
+//   key tile query tile by query tile (so dk, dv of a key tile are finished before the next):
+//     p_ij   = exp(s_ij - lse_i)                          recomputed, never stored
+//     dp_ij  = dz_i . v_j + G[i, r]                       dz_t V_t^T by BLAS
+//     ds_ij  = p_ij (dp_ij - D_i)
+//     dv_j  += p_ij dz_i,  dk_j += c ds_ij q_i,  dq_i += c ds_ij k_j          by BLAS
+//     P[i, r] += p_ij,  S[i, r] += ds_ij                  bucket sums per query row
+//   and then: dE_V += P^T dz,  dE_K += c S^T Q,  dq += c S E_K.
+//
+// A row that sees no key keeps l = 0: its z is 0, its lse -inf, and the backward skips it.
+// Threads: the forward splits (batch, head, query tile), the backward (batch, head); each output
+// element is summed by one thread in a fixed order, so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "engine/backend/cpu/kernels.hpp"
+
+namespace relgrad {
+namespace cpu {
+namespace {
+
+constexpr int64_t kQueryTile = 64;  // rows of a tile
+constexpr int64_t kKeyTile = 256;   // columns of a tile: a [64, 256] score tile is 64 KiB in float32
+
+// C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (single-threaded: the threads are ours)
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+                alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// The sizes, the rules of the pattern and where each (batch, head) finds its operands.
+template <class T>
+struct Problem {
+    Problem(const Tensor& q, const Tensor& k, const AttentionPattern& pattern, double scale,
+            const ClippedRelativeTerms& relative)
+        : B(q.size(0)),
+          H(q.size(1)),
+          Lq(q.size(2)),
+          Lk(k.size(2)),
+          Dh(q.size(3)),
+          scale(static_cast<T>(scale)),
+          relative(relative.table_k.defined()),
+          K(relative.table_k.defined() ? relative.table_k.size(1) : 0),
+          k_left(relative.k_left),
+          k_right(relative.k_right),
+          tables_per_head(relative.table_k.defined() && relative.table_k.size(0) > 1),
+          causal(pattern.causal),
+          window(pattern.window),
+          query_offset(pattern.query_offset),
+          mask(pattern.mask.defined() ? pattern.mask.data<bool>() : nullptr) {
+        if (mask) mask_strides = pattern.mask.strides();
+    }
+    int64_t B, H, Lq, Lk, Dh;
+    T scale;
+    bool relative;
+    int64_t K, k_left, k_right;
+    bool tables_per_head;
+    bool causal;
+    int64_t window, query_offset;
+    const bool* mask;
+    Shape mask_strides;
+
+    // the keys [lo, hi) that the causal and window rules leave to query i
+    int64_t visible_begin(int64_t i) const {
+        return window >= 0 ? std::max<int64_t>(0, query_offset + i - window) : 0;
+    }
+    int64_t visible_end(int64_t i) const {
+        int64_t end = Lk;
+        if (causal) end = std::min(end, query_offset + i + 1);
+        if (window >= 0) end = std::min(end, query_offset + i + window + 1);
+        return std::max<int64_t>(end, 0);
+    }
+    // does any query of [i0, i1) see any key of [j0, j1) under those rules?
+    bool tile_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+        return visible_begin(i0) < j1 && visible_end(i1 - 1) > j0;  // both bounds grow with i
+    }
+    // Calls f(begin, end, bucket) for the runs of one bucket that split the keys [j0, j1) of query
+    // i, offsets from j0: the keys left of the clipping window share bucket 0, those right of it
+    // bucket K - 1, those inside get one bucket each. Without relative terms: one run, bucket -1.
+    template <class F>
+    void for_each_run(int64_t i, int64_t j0, int64_t j1, F&& f) const {
+        if (!relative) {
+            f(0, j1 - j0, -1);
+            return;
+        }
+        const int64_t position = query_offset + i;
+        const int64_t left_end = std::clamp(position - k_left + 1, j0, j1);       // r = 0 before it
+        const int64_t right_begin = std::clamp(position + k_right, left_end, j1);  // r = K - 1 from it
+        if (left_end > j0) f(0, left_end - j0, 0);
+        for (int64_t j = left_end; j < right_begin; ++j) f(j - j0, j - j0 + 1, j - position + k_left);
+        if (right_begin < j1) f(right_begin - j0, j1 - j0, K - 1);
+    }
+    // s <- c (s + QE[i, r]) over the keys [j0, j1) of query i, the keys it may not see to -inf;
+    // returns the row's max
+    T scores_row(T* s, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t j1, const T* qe_row) const {
+        const T neg_inf = -std::numeric_limits<T>::infinity();
+        T m = neg_inf;
+        for_each_run(i, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
+            m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
+        });
+        const int64_t lo = std::clamp(visible_begin(i), j0, j1), hi = std::clamp(visible_end(i), lo, j1);
+        const bool all_visible = lo == j0 && hi == j1;
+        if (all_visible && !mask) return m;
+        std::fill(s, s + (lo - j0), neg_inf);
+        std::fill(s + (hi - j0), s + (j1 - j0), neg_inf);
+        if (mask) {
+            const bool* keep = mask + b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2];
+            for (int64_t j = lo; j < hi; ++j)
+                if (!keep[j * mask_strides[3]]) s[j - j0] = neg_inf;
+        }
+        m = neg_inf;
+        for (int64_t j = lo; j < hi; ++j) m = std::max(m, s[j - j0]);
+        return m;
+    }
+};
+
+template <class T>
+void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern,
+             double scale, const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
+    const Problem<T> P(q_in, k_in, pattern, scale, relative);
+    const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K;
+    const T* q_all = q_in.data<T>();
+    const T* k_all = k_in.data<T>();
+    const T* v_all = v_in.data<T>();
+    const T* ek_all = P.relative ? relative.table_k.data<T>() : nullptr;
+    const T* ev_all = P.relative ? relative.table_v.data<T>() : nullptr;
+    T* z_all = z_out.data<T>();
+    T* lse_all = lse_out.data<T>();
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const int64_t tiles = (Lq + kQueryTile - 1) / kQueryTile;
+#pragma omp parallel
+    {
+        std::vector<T> s(kQueryTile * kKeyTile), qe(kQueryTile * K), acc(kQueryTile * Dh), w(kQueryTile * K);
+        std::vector<T> m(kQueryTile), l(kQueryTile);
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < P.B * P.H * tiles; ++task) {
+            const int64_t bh = task / tiles, b = bh / P.H, h = bh % P.H;
+            const int64_t i0 = (task % tiles) * kQueryTile, i1 = std::min(Lq, i0 + kQueryTile), rows = i1 - i0;
+            const T* q = q_all + (bh * Lq + i0) * Dh;
+            const T* k = k_all + bh * Lk * Dh;
+            const T* v = v_all + bh * Lk * Dh;
+            const T* ek = ek_all ? ek_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            const T* ev = ev_all ? ev_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            std::fill(acc.begin(), acc.end(), T(0));
+            std::fill(w.begin(), w.end(), T(0));
+            std::fill(m.begin(), m.end(), neg_inf);
+            std::fill(l.begin(), l.end(), T(0));
+            if (ek) gemm(false, true, rows, K, Dh, T(1), q, Dh, ek, Dh, T(0), qe.data(), K);  // QE = Q_t E_K^T
+            for (int64_t j0 = 0; j0 < Lk; j0 += kKeyTile) {
+                const int64_t j1 = std::min(Lk, j0 + kKeyTile), cols = j1 - j0;
+                if (!P.tile_visible(i0, i1, j0, j1)) continue;
+                gemm(false, true, rows, cols, Dh, T(1), q, Dh, k + j0 * Dh, Dh, T(0), s.data(), cols);  // Q_t K_t^T
+                for (int64_t row = 0; row < rows; ++row) {
+                    T* s_row = s.data() + row * cols;
+                    const T tile_max = P.scores_row(s_row, b, h, i0 + row, j0, j1, qe.data() + row * K);
+                    if (tile_max == neg_inf) {  // nothing visible in this tile: p = 0
+                        std::fill(s_row, s_row + cols, T(0));
+                        continue;
+                    }
+                    const T new_max = std::max(m[row], tile_max);
+                    const T alpha = m[row] == neg_inf ? T(0) : std::exp(m[row] - new_max);
+                    if (alpha != T(1)) {
+                        for (int64_t d = 0; d < Dh; ++d) acc[row * Dh + d] *= alpha;
+                        for (int64_t r = 0; r < K; ++r) w[row * K + r] *= alpha;
+                    }
+                    l[row] = alpha * l[row] + exp_sum(s_row, cols, new_max);  // s_row is now p
+                    m[row] = new_max;
+                    if (K > 0) {
+                        P.for_each_run(i0 + row, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
+                            w[row * K + bucket] += sum(s_row + begin, end - begin);
+                        });
+                    }
+                }
+                gemm(false, false, rows, Dh, cols, T(1), s.data(), cols, v + j0 * Dh, Dh, T(1), acc.data(), Dh);
+            }
+            if (ev) gemm(false, false, rows, Dh, K, T(1), w.data(), K, ev, Dh, T(1), acc.data(), Dh);  // + W E_V
+            T* z = z_all + (bh * Lq + i0) * Dh;
+            T* lse = lse_all + bh * Lq + i0;
+            for (int64_t row = 0; row < rows; ++row) {
+                const bool sees_a_key = l[row] > T(0);
+                const T inverse = sees_a_key ? T(1) / l[row] : T(0);
+                for (int64_t d = 0; d < Dh; ++d) z[row * Dh + d] = acc[row * Dh + d] * inverse;
+                lse[row] = sees_a_key ? m[row] + std::log(l[row]) : neg_inf;
+            }
+        }
+    }
+}
+
+template <class T>
+void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& z_in, const Tensor& lse_in,
+              const Tensor& dz_in, const AttentionPattern& pattern, double scale,
+              const ClippedRelativeTerms& relative, Tensor& dq_out, Tensor& dk_out, Tensor& dv_out,
+              Tensor& d_table_k, Tensor& d_table_v) {
+    const Problem<T> P(q_in, k_in, pattern, scale, relative);
+    const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
+    const T c = P.scale;
+    const T* q_all = q_in.data<T>();
+    const T* k_all = k_in.data<T>();
+    const T* v_all = v_in.data<T>();
+    const T* z_all = z_in.data<T>();
+    const T* lse_all = lse_in.data<T>();
+    const T* dz_all = dz_in.data<T>();
+    const T* ek_all = P.relative ? relative.table_k.data<T>() : nullptr;
+    const T* ev_all = P.relative ? relative.table_v.data<T>() : nullptr;
+    T* dq_all = dq_out.data<T>();
+    T* dk_all = dk_out.data<T>();
+    T* dv_all = dv_out.data<T>();
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    // each (batch, head)'s share of dE_K and dE_V, summed in a fixed order afterwards
+    std::vector<T> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
+#pragma omp parallel
+    {
+        std::vector<T> s(kQueryTile * kKeyTile), dp(kQueryTile * kKeyTile);
+        std::vector<T> dot(Lq), qe(Lq * K), g(Lq * K), p_buckets(Lq * K), ds_buckets(Lq * K);
+#pragma omp for schedule(dynamic)
+        for (int64_t bh = 0; bh < BH; ++bh) {
+            const int64_t b = bh / P.H, h = bh % P.H;
+            const T* q = q_all + bh * Lq * Dh;
+            const T* k = k_all + bh * Lk * Dh;
+            const T* v = v_all + bh * Lk * Dh;
+            const T* z = z_all + bh * Lq * Dh;
+            const T* dz = dz_all + bh * Lq * Dh;
+            const T* lse = lse_all + bh * Lq;
+            T* dq = dq_all + bh * Lq * Dh;
+            T* dk = dk_all + bh * Lk * Dh;
+            T* dv = dv_all + bh * Lk * Dh;
+            const T* ek = ek_all ? ek_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            const T* ev = ev_all ? ev_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            for (int64_t i = 0; i < Lq; ++i) {  // D_i = dz_i . z_i
+                T total(0);
+                for (int64_t d = 0; d < Dh; ++d) total += dz[i * Dh + d] * z[i * Dh + d];
+                dot[i] = total;
+            }
+            if (ek) {
+                gemm(false, true, Lq, K, Dh, T(1), q, Dh, ek, Dh, T(0), qe.data(), K);  // QE = Q E_K^T
+                gemm(false, true, Lq, K, Dh, T(1), dz, Dh, ev, Dh, T(0), g.data(), K);  // G = dz E_V^T
+                std::fill(p_buckets.begin(), p_buckets.end(), T(0));
+                std::fill(ds_buckets.begin(), ds_buckets.end(), T(0));
+            }
+            std::fill(dq, dq + Lq * Dh, T(0));
+            std::fill(dk, dk + Lk * Dh, T(0));
+            std::fill(dv, dv + Lk * Dh, T(0));
+            for (int64_t j0 = 0; j0 < Lk; j0 += kKeyTile) {
+                const int64_t j1 = std::min(Lk, j0 + kKeyTile), cols = j1 - j0;
+                for (int64_t i0 = 0; i0 < Lq; i0 += kQueryTile) {
+                    const int64_t i1 = std::min(Lq, i0 + kQueryTile), rows = i1 - i0;
+                    if (!P.tile_visible(i0, i1, j0, j1)) continue;
+                    const T* q_t = q + i0 * Dh;
+                    const T* dz_t = dz + i0 * Dh;
+                    gemm(false, true, rows, cols, Dh, T(1), q_t, Dh, k + j0 * Dh, Dh, T(0), s.data(), cols);
+                    gemm(false, true, rows, cols, Dh, T(1), dz_t, Dh, v + j0 * Dh, Dh, T(0), dp.data(), cols);
+                    for (int64_t row = 0; row < rows; ++row) {
+                        const int64_t i = i0 + row;
+                        T* s_row = s.data() + row * cols;
+                        T* dp_row = dp.data() + row * cols;
+                        if (lse[i] == neg_inf) {  // the row sees no key
+                            std::fill(s_row, s_row + cols, T(0));
+                            std::fill(dp_row, dp_row + cols, T(0));
+                            continue;
+                        }
+                        P.scores_row(s_row, b, h, i, j0, j1, qe.data() + i * K);
+                        exp_sum(s_row, cols, lse[i]);  // s_row is now p
+                        P.for_each_run(i, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
+                            T p_total(0), ds_total(0);
+                            softmax_backward_run(s_row + begin, dp_row + begin, end - begin,
+                                                 bucket >= 0 ? g[i * K + bucket] : T(0), dot[i], p_total, ds_total);
+                            if (bucket >= 0) {
+                                p_buckets[i * K + bucket] += p_total;
+                                ds_buckets[i * K + bucket] += ds_total;
+                            }
+                        });  // dp_row is now ds
+                    }
+                    gemm(true, false, cols, Dh, rows, T(1), s.data(), cols, dz_t, Dh, T(1), dv + j0 * Dh, Dh);
+                    gemm(true, false, cols, Dh, rows, c, dp.data(), cols, q_t, Dh, T(1), dk + j0 * Dh, Dh);
+                    gemm(false, false, rows, Dh, cols, c, dp.data(), cols, k + j0 * Dh, Dh, T(1), dq + i0 * Dh, Dh);
+                }
+            }
+            if (ek) {
+                gemm(false, false, Lq, Dh, K, c, ds_buckets.data(), K, ek, Dh, T(1), dq, Dh);  // dq += c S E_K
+                gemm(true, false, K, Dh, Lq, c, ds_buckets.data(), K, q, Dh, T(0), dek_parts.data() + bh * K * Dh,
+                     Dh);  // c S^T Q
+                gemm(true, false, K, Dh, Lq, T(1), p_buckets.data(), K, dz, Dh, T(0), dev_parts.data() + bh * K * Dh,
+                     Dh);  // P^T dz
+            }
+        }
+    }
+    if (!P.relative) return;
+    T* dek = d_table_k.data<T>();
+    T* dev = d_table_v.data<T>();
+    std::fill(dek, dek + d_table_k.numel(), T(0));
+    std::fill(dev, dev + d_table_v.numel(), T(0));
+    for (int64_t bh = 0; bh < BH; ++bh) {
+        const int64_t table = P.tables_per_head ? bh % P.H : 0;
+        for (int64_t e = 0; e < K * Dh; ++e) {
+            dek[table * K * Dh + e] += dek_parts[bh * K * Dh + e];
+            dev[table * K * Dh + e] += dev_parts[bh * K * Dh + e];
+        }
+    }
+}
+
+}  // namespace
+
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                             double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
+    if (q.dtype() == DType::float32) {
+        forward<float>(q, k, v, pattern, scale, relative, z, lse);
+    } else {
+        forward<double>(q, k, v, pattern, scale, relative, z, lse);
+    }
+}
+
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                              const Tensor& dz, const AttentionPattern& pattern, double scale,
+                              const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                              Tensor& d_table_k, Tensor& d_table_v) {
+    if (q.dtype() == DType::float32) {
+        backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+    } else {
+        backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+    }
+}
+
+}  // namespace cpu
+}  // namespace relgrad

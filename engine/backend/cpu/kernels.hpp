@@ -1,0 +1,161 @@
+// The CPU backend's attention row kernels: contiguous SIMD loops (xsimd batches, scalar tail)
+// over one row of scores or of their gradient, shared by the bucketed attention kernels
+// (cpu_backend.cpp) and the fused ones (fused_attention.cpp). Each returns the reduction the
+// caller needs next, so that a row is read once per step of the softmax or its backward. Also the
+// entry points of the fused kernels.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include <xsimd/xsimd.hpp>
+
+#include "engine/ops.hpp"
+#include "engine/tensor.hpp"
+
+namespace relgrad {
+namespace cpu {
+
+// Calls step(j) for each full batch at j and tail(j) for the elements left over.
+template <class T, class Step, class Tail>
+void simd_loop(int64_t n, Step&& step, Tail&& tail) {
+    using Batch = xsimd::batch<T>;
+    constexpr int64_t width = static_cast<int64_t>(Batch::size);
+    int64_t j = 0;
+    for (; j + width <= n; j += width) step(j);
+    for (; j < n; ++j) tail(j);
+}
+
+// s <- scale (s + bias) over [0, n); returns the max
+template <class T>
+T shift_scale_max(T* s, int64_t n, T bias, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    Batch batch_max(running_max);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch(bias));
+            v.store_unaligned(s + j);
+            batch_max = xsimd::max(batch_max, v);
+        },
+        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias)); });
+    alignas(64) T lanes[Batch::size];
+    batch_max.store_aligned(lanes);
+    return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
+}
+
+// s <- exp(s - max) over [0, n); returns the sum
+template <class T>
+T exp_sum(T* s, int64_t n, T max) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - Batch(max));
+            e.store_unaligned(s + j);
+            total += e;
+        },
+        [&](int64_t j) { tail_total += (s[j] = std::exp(s[j] - max)); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// s <- factor s over [0, n); returns the sum of the new s
+template <class T>
+T scale_sum(T* s, int64_t n, T factor) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch::load_unaligned(s + j) * Batch(factor);
+            v.store_unaligned(s + j);
+            total += v;
+        },
+        [&](int64_t j) { tail_total += (s[j] *= factor); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// g <- g + shift over [0, n); returns sum_j g_j a_j of the new g
+template <class T>
+T shift_dot(T* g, const T* a, int64_t n, T shift) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch::load_unaligned(g + j) + Batch(shift);
+            v.store_unaligned(g + j);
+            total = xsimd::fma(v, Batch::load_unaligned(a + j), total);
+        },
+        [&](int64_t j) { tail_total += (g[j] += shift) * a[j]; });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// g <- scale a (g - dot) over [0, n); returns the sum of the new g
+template <class T>
+T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch(scale) * Batch::load_unaligned(a + j) * (Batch::load_unaligned(g + j) - Batch(dot));
+            v.store_unaligned(g + j);
+            total += v;
+        },
+        [&](int64_t j) { tail_total += (g[j] = scale * a[j] * (g[j] - dot)); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// returns the sum over [0, n)
+template <class T>
+T sum(const T* s, int64_t n) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n, [&](int64_t j) { total += Batch::load_unaligned(s + j); }, [&](int64_t j) { tail_total += s[j]; });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// The softmax backward on one run of keys, from the probabilities p: dp <- p (dp + shift - dot)
+// over [0, n) (shift the relative term that the run shares, dot = sum_j p_j dp_j of the whole row).
+// Adds the run's sums of p and of the new dp to p_total and ds_total.
+template <class T>
+void softmax_backward_run(const T* p, T* dp, int64_t n, T shift, T dot, T& p_total, T& ds_total) {
+    using Batch = xsimd::batch<T>;
+    Batch batch_p(T(0)), batch_ds(T(0));
+    T tail_p(0), tail_ds(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch pj = Batch::load_unaligned(p + j);
+            const Batch ds = pj * (Batch::load_unaligned(dp + j) + Batch(shift - dot));
+            ds.store_unaligned(dp + j);
+            batch_p += pj;
+            batch_ds += ds;
+        },
+        [&](int64_t j) {
+            tail_p += p[j];
+            tail_ds += (dp[j] = p[j] * (dp[j] + shift - dot));
+        });
+    p_total += xsimd::hadd(batch_p) + tail_p;
+    ds_total += xsimd::hadd(batch_ds) + tail_ds;
+}
+
+// fused_attention.cpp: the backend's fused_attention kernels (see backend.hpp)
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                             double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                              const Tensor& dz, const AttentionPattern& pattern, double scale,
+                              const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                              Tensor& d_table_k, Tensor& d_table_v);
+
+}  // namespace cpu
+}  // namespace relgrad

@@ -1,0 +1,209 @@
+// fused_attention: equal to the bucketed attention op (itself checked against its composition from
+// ops in test_nn.cpp) to 1e-12 in float64, outputs and all five gradients, for every mask rule,
+// sizes that span several tiles, offsets, asymmetric and per-head tables; independent of the
+// thread count; gradient-checked; bad input rejected.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "check.hpp"
+
+using namespace relgrad;
+using namespace relgrad::testing;
+
+namespace {
+
+struct Case {
+    int64_t B = 2, H = 2, Lq = 5, Lk = 5, Dh = 4;
+    int64_t k_left = 2, k_right = 2;
+    bool relative = true, per_head = false;
+    AttentionPattern pattern;
+    Tensor padding;  // bool [B, Lk], true = a real key, or undefined
+};
+
+// r(i, j) as an [Lq, Lk] tensor, and the pattern's rules as a dense [B, 1, Lq, Lk] mask
+Tensor bucket_index(const Case& c) {
+    std::vector<double> r;
+    for (int64_t i = 0; i < c.Lq; ++i)
+        for (int64_t j = 0; j < c.Lk; ++j)
+            r.push_back(std::clamp(j - (c.pattern.query_offset + i), -c.k_left, c.k_right) + c.k_left);
+    return from_vector(r, {c.Lq, c.Lk}, DType::int64);
+}
+
+Tensor dense_mask(const Case& c) {
+    std::vector<double> keep;
+    for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t i = 0; i < c.Lq; ++i)
+            for (int64_t j = 0; j < c.Lk; ++j) {
+                const int64_t position = c.pattern.query_offset + i;
+                bool visible = !c.pattern.causal || j <= position;
+                if (c.pattern.window >= 0) visible = visible && std::abs(j - position) <= c.pattern.window;
+                if (c.padding.defined()) visible = visible && c.padding.to_vector()[b * c.Lk + j] != 0;
+                keep.push_back(visible);
+            }
+    return from_vector(keep, {c.B, 1, c.Lq, c.Lk}, DType::boolean);
+}
+
+struct Result {
+    Tensor z;
+    std::vector<Tensor> grads;  // q, k, v, [table_k, table_v]
+};
+
+// Runs one form forward and backward with the cotangent w; the inputs come from the seed.
+Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11) {
+    Generator gen(seed);
+    std::vector<Tensor> inputs = {randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype), randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype),
+                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype)};
+    const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
+    if (c.relative) {
+        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype));
+        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype));
+    }
+    const Tensor w = randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype);
+    for (Tensor& t : inputs) t.requires_grad_(true);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
+    Tensor z;
+    if (fused) {
+        AttentionPattern pattern = c.pattern;
+        if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk});
+        const ClippedRelativeTerms rel =
+            c.relative ? ClippedRelativeTerms{inputs[3], inputs[4], c.k_left, c.k_right} : ClippedRelativeTerms{};
+        z = fused_attention(inputs[0], inputs[1], inputs[2], pattern, scale, rel);
+    } else {
+        const RelativeTerms rel = c.relative ? RelativeTerms{inputs[3], inputs[4], bucket_index(c)} : RelativeTerms{};
+        z = attention(inputs[0], inputs[1], inputs[2], dense_mask(c), scale, rel);
+    }
+    sum(mul(z, w)).backward();
+    Result result{z.detach(), {}};
+    for (const Tensor& t : inputs) result.grads.push_back(t.grad());
+    return result;
+}
+
+void check_same(const Result& fused, const Result& expected, double tol) {
+    check_values(fused.z, expected.z.to_vector(), tol);
+    REQUIRE(fused.grads.size() == expected.grads.size());
+    for (std::size_t n = 0; n < fused.grads.size(); ++n) {
+        INFO("gradient of input " << n);
+        check_values(fused.grads[n], expected.grads[n].to_vector(), tol);
+    }
+}
+
+void check_equals_bucketed(const Case& c) { check_same(run(c, true), run(c, false), 1e-12); }
+
+}  // namespace
+
+TEST_CASE("fused attention equals the bucketed op, outputs and gradients, with each mask rule") {
+    Case c;
+    SUBCASE("no mask") { check_equals_bucketed(c); }
+    SUBCASE("causal") {
+        c.pattern.causal = true;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("local window") {
+        c.pattern.window = 1;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("key padding, one sequence padded to a single key") {
+        c.padding = from_vector({1, 1, 1, 1, 1, 1, 0, 0, 0, 0}, {2, 5}, DType::boolean);
+        check_equals_bucketed(c);
+    }
+    SUBCASE("causal, window and padding together; some queries see no key") {
+        c.pattern.causal = true;
+        c.pattern.window = 1;
+        c.padding = from_vector({0, 1, 1, 1, 1, 0, 0, 1, 1, 1}, {2, 5}, DType::boolean);
+        check_equals_bucketed(c);
+    }
+    SUBCASE("without relative terms") {
+        c.relative = false;
+        c.pattern.causal = true;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("per-head, asymmetric tables") {
+        c.per_head = true;
+        c.k_left = 3;
+        c.k_right = 1;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("k >= L and L = 1") {
+        c.k_left = c.k_right = 7;
+        check_equals_bucketed(c);
+        c.Lq = c.Lk = 1;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("k = 0: one bucket") {
+        c.k_left = c.k_right = 0;
+        check_equals_bucketed(c);
+    }
+    SUBCASE("queries at an offset, as in incremental decoding") {
+        c.Lq = 2;
+        c.Lk = 7;
+        c.pattern.query_offset = 5;
+        c.pattern.causal = true;
+        check_equals_bucketed(c);
+    }
+}
+
+TEST_CASE("fused attention over several tiles: the online softmax rescales across key tiles") {
+    // tiles are 64 queries x 256 keys: 3 query tiles and 2 key tiles, the last ones partial
+    Case c;
+    c.B = 1;
+    c.Lq = 150;
+    c.Lk = 300;
+    c.Dh = 3;
+    c.k_left = c.k_right = 8;
+    SUBCASE("dense") { check_equals_bucketed(c); }
+    SUBCASE("causal with padding, so tiles are skipped and rows cut") {
+        c.H = 1;
+        c.pattern.causal = true;
+        c.pattern.query_offset = 100;
+        std::vector<double> keep(300, 1.0);
+        std::fill(keep.begin() + 290, keep.end(), 0.0);
+        c.padding = from_vector(keep, {1, 300}, DType::boolean);
+        check_equals_bucketed(c);
+    }
+    SUBCASE("a local window narrower than a tile") {
+        c.pattern.window = 20;
+        check_equals_bucketed(c);
+    }
+}
+
+TEST_CASE("fused attention in float32 agrees with float64, and does not depend on the thread count") {
+    Case c;
+    c.Lq = c.Lk = 70;
+    c.pattern.causal = true;
+    const Result f32 = run(c, true, DType::float32), f64_result = run(c, true, DType::float64);
+    check_same(f32, f64_result, 1e-4);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Result one = run(c, true);
+    omp_set_num_threads(3);
+    const Result three = run(c, true);
+    omp_set_num_threads(threads);
+    check_same(one, three, 0.0);
+}
+
+TEST_CASE("fused attention rejects bad input with a clear message") {
+    Generator gen(1);
+    const Tensor q = randn({1, 2, 3, 4}, gen, DType::float64), k = randn({1, 2, 5, 4}, gen, DType::float64);
+    const Tensor table = randn({1, 5, 4}, gen, DType::float64);
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, {}, 0.5, {table, table, 2, 1}),
+                         doctest::Contains("must both be [1 or H, k_left + k_right + 1, Dh] = [1 or 2, 4, 4]"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, {}, 0.5, {table, table, -1, 5}),
+                         doctest::Contains("with k_left, k_right >= 0 (got -1, 5)"), std::invalid_argument);
+    AttentionPattern pattern;
+    pattern.window = -2;
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5), "fused_attention: window -2 must be >= 0 (or -1 for none)",
+                         std::invalid_argument);
+    pattern = {};
+    pattern.mask = from_vector({1, 0, 1}, {3}, DType::boolean);
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5), doctest::Contains("shapes [3] and [1, 2, 3, 5]"),
+                         std::invalid_argument);
+    pattern.mask = from_vector({1, 0}, {2, 1, 1, 1}, DType::boolean);
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5),
+                         doctest::Contains("mask of shape [2, 1, 1, 1] does not broadcast to [B, H, Lq, Lk] = [1, 2, 3, 5]"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(fused_attention(q, k.narrow(2, 0, 4), k, {}, 0.5), std::invalid_argument);
+}
+
+TEST_CASE("fused attention passes the gradient check") { gradcheck_op("fused_attention"); }
