@@ -14,6 +14,8 @@ static thread_local bool grad_mode = true;
 bool grad_mode_enabled() { return grad_mode; }
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
+EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
 
 Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
     if (!grad_mode || !is_floating(output.dtype())) return output;  // an integer result has no gradient
@@ -134,6 +136,44 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
     if (!retain_graph) {
         for (Node* node : processed) node->release();
     }
+}
+
+Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& parameters,
+                  const std::function<void()>& before_recompute) {
+    Tensor output;
+    {
+        NoGradGuard no_grad;
+        output = fn(inputs).detach();  // a tensor of its own, even if fn returned an input
+    }
+    std::vector<Tensor> saved;  // the inputs without their graphs, and whether each wants a gradient
+    std::vector<bool> wants_grad;
+    for (const Tensor& input : inputs) {
+        saved.push_back(input.defined() ? input.detach() : Tensor());
+        wants_grad.push_back(input.defined() && input.requires_grad());
+    }
+    // the parameters are inputs of the node only so that it is recorded when they alone need a
+    // gradient; their gradients come from the inner pass, so the node returns none for them
+    std::vector<Tensor> recorded = inputs;
+    recorded.insert(recorded.end(), parameters.begin(), parameters.end());
+    return record(output, "checkpoint", recorded,
+                  [fn, saved, wants_grad, before_recompute, count = recorded.size()](const Tensor& g) {
+                      if (before_recompute) before_recompute();
+                      std::vector<Tensor> fresh;  // new leaves on every pass
+                      for (std::size_t i = 0; i < saved.size(); ++i) {
+                          fresh.push_back(wants_grad[i] ? saved[i].detach().requires_grad_(true) : saved[i]);
+                      }
+                      Tensor recomputed;
+                      {
+                          EnableGradGuard recording;
+                          recomputed = fn(fresh);
+                      }
+                      if (recomputed.requires_grad()) recomputed.backward(g);
+                      std::vector<Tensor> grads(count);
+                      for (std::size_t i = 0; i < saved.size(); ++i) {
+                          if (wants_grad[i]) grads[i] = fresh[i].grad();
+                      }
+                      return grads;
+                  });
 }
 
 }  // namespace relgrad

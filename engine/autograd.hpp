@@ -48,6 +48,18 @@ private:
     bool previous_;
 };
 
+// The opposite, for code that must record inside a backward pass (checkpoint below).
+class EnableGradGuard {
+public:
+    EnableGradGuard();
+    ~EnableGradGuard();
+    EnableGradGuard(const EnableGradGuard&) = delete;
+    EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+private:
+    bool previous_;
+};
+
 // Called by every op: when recording is on and an input requires a gradient, attach a Node to
 // `output` and return it. The backward closure must not capture `output` itself (that would be a
 // reference cycle); capture output.detach() instead.
@@ -55,5 +67,16 @@ Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, Ba
 
 // The reverse-mode pass; Tensor::backward calls this.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
+
+// Gradient checkpointing: trades compute for memory. The forward runs fn(inputs) without
+// recording, so none of fn's intermediates stay alive; the backward runs fn again on the same
+// inputs, this time recording, and runs a backward pass through that fresh graph. `parameters`
+// are the tensors fn reads besides its inputs (a module's weights): the inner pass accumulates
+// their gradients itself. before_recompute runs just before the second call (to restore dropout's
+// random state), so that the second call computes exactly what the first did and the gradients
+// are those of the plain forward.
+using CheckpointFn = std::function<Tensor(const std::vector<Tensor>& inputs)>;
+Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& parameters,
+                  const std::function<void()>& before_recompute = {});
 
 }  // namespace relgrad

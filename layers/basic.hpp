@@ -46,6 +46,9 @@ public:
 
     double p;
 
+protected:
+    void own_generators(std::vector<Generator*>& out) override { out.push_back(&gen_); }
+
 private:
     Generator gen_;
 };

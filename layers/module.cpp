@@ -71,6 +71,29 @@ void Module::train(bool training) {
     for (const auto& child : children_) child.second->train(training);
 }
 
+void Module::collect_generators(std::vector<Generator*>& out) {
+    own_generators(out);
+    for (const auto& child : children_) child.second->collect_generators(out);
+}
+
+std::vector<Generator> Module::random_state() {
+    std::vector<Generator*> generators;
+    collect_generators(generators);
+    std::vector<Generator> state;
+    for (const Generator* gen : generators) state.push_back(*gen);
+    return state;
+}
+
+void Module::set_random_state(const std::vector<Generator>& state) {
+    std::vector<Generator*> generators;
+    collect_generators(generators);
+    if (generators.size() != state.size()) {
+        throw std::invalid_argument("set_random_state: " + std::to_string(state.size()) + " streams for a module with " +
+                                    std::to_string(generators.size()));
+    }
+    for (std::size_t i = 0; i < state.size(); ++i) *generators[i] = state[i];
+}
+
 void Module::reseed(uint64_t seed) {
     Generator derive(seed);
     for (const auto& child : children_) child.second->reseed(derive.next_u64());

@@ -41,6 +41,10 @@ public:
     // Restart every random stream (dropout masks) from `seed`, each child from its own seed
     // derived from it: a trainer that reseeds at every step draws the same masks after a resume.
     virtual void reseed(uint64_t seed);
+    // Where every random stream of this module and its children stands, in a fixed order; setting
+    // it back makes the next forward draw the same masks again (used by gradient checkpointing).
+    std::vector<Generator> random_state();
+    void set_random_state(const std::vector<Generator>& state);
     void eval() { train(false); }
     bool is_training() const { return training_; }
     void zero_grad();
@@ -61,8 +65,11 @@ protected:
     // Stores `value` in `slot` as a parameter; returns the slot.
     Tensor& register_parameter(const std::string& name, Tensor& slot, Tensor value);
     void register_module(const std::string& name, Module& child);
+    // The module's own random streams (Dropout has one); children are visited by the caller.
+    virtual void own_generators(std::vector<Generator*>&) {}
 
 private:
+    void collect_generators(std::vector<Generator*>& out);
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
 
     std::vector<std::pair<std::string, Tensor*>> parameters_;

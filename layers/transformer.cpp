@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/autograd.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
@@ -115,7 +116,17 @@ Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
     return dropout.forward(x);
 }
 
-Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.dim, init) {
+// One block of a stack, checkpointed or not: with checkpointing (and a graph being recorded) only
+// the block's inputs are kept, and the backward pass runs the block again from the random state
+// its dropouts had, so it draws the same masks.
+static Tensor run_block(Module& block, bool checkpointed, const std::vector<Tensor>& inputs, const CheckpointFn& forward) {
+    if (!checkpointed || !grad_mode_enabled()) return forward(inputs);
+    const std::vector<Generator> random_state = block.random_state();
+    return checkpoint(forward, inputs, block.parameters(),
+                      [&block, random_state] { block.set_random_state(random_state); });
+}
+
+Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.dim, init), checkpoint(o.checkpoint) {
     if (o.layers <= 0)
         throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
     for (int64_t i = 0; i < o.layers; ++i) {
@@ -127,7 +138,11 @@ Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.d
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& mask) {
     Tensor h = x;
-    for (auto& layer : layers) h = layer->forward(h, mask);
+    for (auto& layer : layers) {
+        h = run_block(*layer, checkpoint, {h}, [block = layer.get(), mask](const std::vector<Tensor>& in) {
+            return block->forward(in[0], mask);
+        });
+    }
     return final_norm.forward(h);
 }
 
@@ -215,7 +230,8 @@ EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const
       target_embed(target_vocab, o, init),
       encoder(o, init),
       decoder_norm(o.dim, init),
-      output(o.dim, target_vocab, init) {
+      output(o.dim, target_vocab, init),
+      checkpoint(o.checkpoint) {
     register_module("source_embed", source_embed);
     register_module("target_embed", target_embed);
     register_module("encoder", encoder);
@@ -239,7 +255,12 @@ Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& 
     const Tensor self_mask = combine_masks(causal_mask(Lt, Lt), key_padding_mask(target_lengths, Lt));
     const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
     Tensor h = target_embed.forward(target);
-    for (auto& layer : decoder_layers) h = layer->forward(h, memory, self_mask, memory_mask);
+    for (auto& layer : decoder_layers) {
+        h = run_block(*layer, checkpoint, {h, memory},
+                      [block = layer.get(), self_mask, memory_mask](const std::vector<Tensor>& in) {
+                          return block->forward(in[0], in[1], self_mask, memory_mask);
+                      });
+    }
     return output.forward(decoder_norm.forward(h));
 }
 

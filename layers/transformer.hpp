@@ -30,6 +30,9 @@ struct TransformerOptions {
     AttentionImpl impl = AttentionImpl::bucketed;
     bool token_gate = false;  // gated: a token-dependent gate
     int64_t max_len = 512;    // learned positions: the longest input
+    // gradient checkpointing: keep only each block's input in training and recompute the block
+    // in the backward pass (same dropout masks, the same gradients, less memory, more time)
+    bool checkpoint = false;
 };
 
 class EncoderLayer : public Module {
@@ -84,6 +87,7 @@ public:
 
     std::vector<std::unique_ptr<EncoderLayer>> layers;
     LayerNorm final_norm;
+    bool checkpoint;  // TransformerOptions::checkpoint
 };
 
 // The learned gates of every gated attention layer: gates[layer][head] (empty if none).
@@ -139,6 +143,7 @@ public:
     std::vector<std::unique_ptr<DecoderLayer>> decoder_layers;
     LayerNorm decoder_norm;
     Linear output;
+    bool checkpoint;  // TransformerOptions::checkpoint (the decoder's blocks; the encoder has its own)
 };
 
 }  // namespace relgrad

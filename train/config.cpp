@@ -119,6 +119,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     tr.clip_norm = training.number("clip_norm", 0, 1e9, 1.0, true);
     tr.seed = static_cast<uint64_t>(training.integer("seed", 0, int64_t{1} << 53, 1));
     tr.threads = training.integer("threads", 1, 1024, 2);
+    t.checkpoint = training.flag("gradient_checkpointing", false);
     tr.log_every = training.integer("log_every", 1, int64_t{1} << 40, 20);
     training.finish();
 
@@ -186,6 +187,7 @@ nlohmann::json Config::resolved() const {
           {"clip_norm", training.clip_norm},
           {"seed", training.seed},
           {"threads", training.threads},
+          {"gradient_checkpointing", model.transformer.checkpoint},
           {"log_every", training.log_every}}},
         {"evaluation",
          {{"every", evaluation.every},

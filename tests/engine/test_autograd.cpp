@@ -128,3 +128,44 @@ TEST_CASE("a backward that throws can be run again") {
     loss.backward();  // nothing was released by the failed pass
     check_values(x.grad(), {12});
 }
+
+TEST_CASE("checkpoint: the same output and gradients as the plain graph, with nothing of fn kept") {
+    // fn(x, y) = sum_j tanh(x W + y)_j * x_j with a "parameter" W used inside fn
+    Tensor W = f64({0.5, -1, 2, 0.25}, {2, 2}).requires_grad_(true);
+    auto fn = [&W](const std::vector<Tensor>& in) { return mul(tanh(add(matmul(in[0], W), in[1])), in[0]); };
+    const Tensor x0 = f64({0.3, -0.7, 1.1, 0.2}, {2, 2}), y0 = f64({0.1, 0.2, -0.3, 0.4}, {2, 2});
+    const Tensor dz = f64({1, -2, 0.5, 3}, {2, 2});
+
+    Tensor x = x0.detach().requires_grad_(true), y = y0.detach().requires_grad_(true);
+    const Tensor plain = fn({x, y});
+    plain.backward(dz);
+    const std::vector<double> dx = x.grad().to_vector(), dy = y.grad().to_vector(), dW = W.grad().to_vector();
+
+    W.zero_grad();
+    x = x0.detach().requires_grad_(true);
+    y = y0.detach().requires_grad_(true);
+    int calls = 0;
+    const Tensor z = checkpoint(fn, {x, y}, {W}, [&calls] { ++calls; });
+    check_values(z, plain.to_vector(), 0.0);
+    CHECK(z.grad_fn()->op_name == "checkpoint");
+    CHECK(z.grad_fn()->inputs.size() == 3);  // x, y and W: no intermediate of fn
+    z.backward(dz, /*retain_graph=*/true);
+    CHECK(calls == 1);
+    check_values(x.grad(), dx, 1e-15);
+    check_values(y.grad(), dy, 1e-15);
+    check_values(W.grad(), dW, 1e-15);
+    z.backward(dz);  // a second pass recomputes again and adds the same again
+    CHECK(calls == 2);
+    check_values(W.grad(), {2 * dW[0], 2 * dW[1], 2 * dW[2], 2 * dW[3]}, 1e-15);
+
+    // only the parameter needs a gradient: the node is still recorded
+    W.zero_grad();
+    const Tensor only_w = checkpoint(fn, {x0, y0}, {W});
+    CHECK(only_w.requires_grad());
+    only_w.backward(dz);
+    check_values(W.grad(), dW, 1e-15);
+    // an fn that returns its input gives a new tensor, not the input with a node attached
+    const Tensor same = checkpoint([](const std::vector<Tensor>& in) { return in[0]; }, {x}, {});
+    CHECK(same.impl() != x.impl());
+    CHECK(!x.grad_fn());
+}

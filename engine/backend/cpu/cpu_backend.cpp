@@ -137,12 +137,16 @@ BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t
 }
 
 // Splits [0, n) into one contiguous chunk per thread (a single chunk when n is small, where
-// threads would cost more than they save) and calls f(begin, end) for each.
+// threads would cost more than they save) and calls f(begin, end) for each. Chunks start at
+// multiples of 64 elements, so a SIMD loop inside meets the same batches and the same scalar tail
+// whatever the thread count: the results do not depend on it.
 template <class F>
 void in_chunks(int64_t n, F&& f) {
+    constexpr int64_t align = 64;
     const int64_t threads = n >= (int64_t{1} << 15) ? omp_get_max_threads() : 1;
+    auto boundary = [&](int64_t t) { return t == threads ? n : n * t / threads / align * align; };
 #pragma omp parallel for schedule(static) if (threads > 1)
-    for (int64_t t = 0; t < threads; ++t) f(n * t / threads, n * (t + 1) / threads);
+    for (int64_t t = 0; t < threads; ++t) f(boundary(t), boundary(t + 1));
 }
 
 // The common case of a binary op, done as plain loops the compiler vectorizes: a packed output,
@@ -491,20 +495,22 @@ public:
                                             pa + off[0] + a_row, blas_index_t(la.leading_dim), pb + off[1],
                                             blas_index_t(lb.leading_dim), T(0), pc + off[2] + m0 * N, blas_index_t(N));
             };
-            // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: many small
-            // products (attention's per-head gemms) go one per thread, a few big ones are split
-            // by rows of the output. Two thread pools on two cores would only fight.
-            openblas_set_num_threads(1);
+            // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: two thread
+            // pools on two cores would only fight. The work is cut into the same pieces whatever the
+            // thread count, every product into blocks of rows of the output, and the pieces are
+            // shared out: OpenBLAS picks its kernels by the sizes it is given, so cutting by the
+            // thread count would make the results depend on it. Each block packs all of op(B)
+            // again, so blocks are big: about an eighth of the rows, at least 128, and a batch of 8
+            // products or more (attention's, one per head) is cut into the products alone.
             const int64_t count = static_cast<int64_t>(offsets.size());
-            const int64_t threads = omp_get_max_threads();
-            if (count >= threads || M < 2 * threads) {
-#pragma omp parallel for schedule(static)
-                for (int64_t i = 0; i < count; ++i) gemm(offsets[i], 0, M);
-            } else {
-                for (const auto& off : offsets) {
-#pragma omp parallel for schedule(static)
-                    for (int64_t t = 0; t < threads; ++t) gemm(off, M * t / threads, M * (t + 1) / threads);
-                }
+            const int64_t block_rows = count >= 8 ? M : std::max<int64_t>(128, (M + 8 * 64 - 1) / (8 * 64) * 64);
+            openblas_set_num_threads(1);
+            const int64_t blocks = (M + block_rows - 1) / block_rows;
+            const int64_t pieces = count * blocks;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+            for (int64_t piece = 0; piece < pieces; ++piece) {
+                const int64_t block = piece % blocks;
+                gemm(offsets[piece / blocks], block * block_rows, std::min(M, (block + 1) * block_rows));
             }
         });
     }
