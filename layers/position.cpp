@@ -61,6 +61,7 @@ static RelativeOptions checked(const RelativeOptions& o) {
                                     std::to_string(o.k_left) + " and k_right " + std::to_string(o.k_right));
     }
     if (o.max_len < 0) throw std::invalid_argument("RelativePositionEmbedding: max_len must be >= 0");
+    if (o.rank < 0) throw std::invalid_argument("RelativePositionEmbedding: rank must be >= 0 (0: full rank)");
     return o;
 }
 
@@ -70,11 +71,19 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
       heads(heads_),
       k_left(checked(options).k_left),
       k_right(options.k_right),
-      shared(options.share_across_heads) {
+      shared(options.share_across_heads),
+      rank(options.rank) {
     if (head_dim <= 0 || heads <= 0)
         throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
-    register_parameter("weight", weight,
-                       truncated_normal({buckets(), shared ? head_dim : head_dim * heads}, 0.02, init));
+    const int64_t width = shared ? head_dim : head_dim * heads;
+    if (rank == 0) {
+        register_parameter("weight", weight, truncated_normal({buckets(), width}, 0.02, init));
+    } else {
+        // (A B)_rd = sum over rank terms of a_rt b_td: std sqrt(rank) s^2 = 0.02 for factors of std s
+        const double factor_std = std::sqrt(0.02 / std::sqrt(static_cast<double>(rank)));
+        register_parameter("weight_a", weight_a, truncated_normal({buckets(), rank}, factor_std, init));
+        register_parameter("weight_b", weight_b, truncated_normal({rank, width}, factor_std, init));
+    }
     precomputed_ = index(options.max_len, options.max_len);
 }
 
@@ -94,15 +103,18 @@ Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int6
     return from_vector(r, {query_len, key_len}, DType::int64);
 }
 
+Tensor RelativePositionEmbedding::full_weight() const { return rank == 0 ? weight : matmul(weight_a, weight_b); }
+
 Tensor RelativePositionEmbedding::table() const {
     const int64_t K = buckets();
-    if (shared) return weight.unsqueeze(0);                          // [1, K, Dh]
-    return weight.reshape({K, heads, head_dim}).permute({1, 0, 2});  // [H, K, Dh]
+    const Tensor w = full_weight();
+    if (shared) return w.unsqueeze(0);                          // [1, K, Dh]
+    return w.reshape({K, heads, head_dim}).permute({1, 0, 2});  // [H, K, Dh]
 }
 
 Tensor RelativePositionEmbedding::lookup(int64_t query_len, int64_t key_len, int64_t query_offset) const {
     const Tensor r = index(query_len, key_len, query_offset);
-    const Tensor rows = embedding(weight, r);  // [Lq, Lk, Dh] or [Lq, Lk, H * Dh]
+    const Tensor rows = embedding(full_weight(), r);  // [Lq, Lk, Dh] or [Lq, Lk, H * Dh]
     if (shared) return rows.unsqueeze(0);
     return rows.reshape({query_len, key_len, heads, head_dim}).permute({2, 0, 1, 3});  // [H, Lq, Lk, Dh]
 }

@@ -36,6 +36,7 @@ struct RelativeOptions {
     int64_t k_right = 8;             // distances above k_right share the last row
     bool share_across_heads = true;  // one table for all heads, or one per head
     int64_t max_len = 512;           // the index is precomputed up to this length (any L works)
+    int64_t rank = 0;                // > 0: each table is a product E = A B of rank `rank`
 };
 
 class RelativePositionEmbedding : public Module {
@@ -52,9 +53,13 @@ public:
 
     int64_t head_dim, heads, k_left, k_right;
     bool shared;
-    // [K, Dh] when shared, else [K, H * Dh] (row r holds every head's vector for bucket r);
-    // initialised as an embedding table (truncated normal, std 0.02)
-    Tensor weight;
+    int64_t rank;  // 0: the table is `weight` itself; else weight_a weight_b
+    // The table, [K, Dh] when shared, else [K, H * Dh] (row r holds every head's vector for
+    // bucket r); initialised as an embedding table (truncated normal, std 0.02). Low rank: weight
+    // is undefined and the table is weight_a [K, rank] times weight_b [rank, Dh or H * Dh], both
+    // drawn so that their product has entries of std 0.02 too.
+    Tensor weight, weight_a, weight_b;
+    Tensor full_weight() const;  // weight, or weight_a weight_b
 
 private:
     Tensor precomputed_;  // index(max_len, max_len); index(Lq, Lk) is its top-left corner

@@ -60,6 +60,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     t.relative.k_left = model.integer("k_left", 0, 4096, k);
     t.relative.k_right = model.integer("k_right", 0, 4096, k);
     t.relative.share_across_heads = model.flag("share_across_heads", true);
+    t.relative.rank = model.integer("rank", 0, 8192, 0);
     t.impl = parse_attention_impl(model.text("attention", "bucketed", {"reference", "bucketed", "fused"}));
     t.token_gate = model.flag("token_gate", false);
     c.model.pooling = model.text("pooling", "mean", {"mean", "first"}) == "mean" ? Pooling::mean : Pooling::first;
@@ -156,6 +157,7 @@ nlohmann::json Config::resolved() const {
           {"k_left", t.relative.k_left},
           {"k_right", t.relative.k_right},
           {"share_across_heads", t.relative.share_across_heads},
+          {"rank", t.relative.rank},
           {"attention", attention_impl_name(t.impl)},
           {"token_gate", t.token_gate},
           {"pooling", model.pooling == Pooling::mean ? "mean" : "first"}}},

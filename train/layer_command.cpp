@@ -95,6 +95,7 @@ RelativeOptions parse_relative(Spec& spec) {
     o.k_left = spec.integer("k_left", 0, k);
     o.k_right = spec.integer("k_right", 0, k);
     o.share_across_heads = spec.flag("share_across_heads", true);
+    o.rank = spec.integer("rank", 0, 0);
     return o;
 }
 

@@ -209,3 +209,54 @@ TEST_CASE("gated attention: gradient checks, and the gate moves between absolute
         CHECK(fresh.gate_values()[h] == doctest::Approx(1 / (1 + std::exp(-step[h]))));
     }
 }
+
+TEST_CASE("low-rank relative tables: E = A B in every form, gradient-checked") {
+    Generator gen(21);
+    const Init init{gen, DType::float64};
+    RelativeOptions o;
+    o.k_left = 2;
+    o.k_right = 1;
+    o.rank = 2;
+    for (bool shared : {true, false}) {
+        CAPTURE(shared);
+        o.share_across_heads = shared;
+        RelativeMultiHeadAttention reference(6, 2, o, AttentionImpl::reference, init);
+        RelativePositionEmbedding& table = reference.rel_pos_emb_k;
+        CHECK(!table.weight.defined());
+        CHECK(table.weight_a.shape() == Shape{4, 2});
+        CHECK(table.weight_b.shape() == Shape{2, shared ? 3 : 6});
+        check_values(table.full_weight(), matmul(table.weight_a, table.weight_b).to_vector(), 0.0);
+        std::vector<std::string> names;
+        for (const auto& [name, p] : reference.named_parameters()) names.push_back(name);
+        CHECK(std::count(names.begin(), names.end(), "rel_pos_emb_v.weight_b") == 1);
+        // the other two forms, with the same parameters, agree with the reference
+        RelativeMultiHeadAttention bucketed(6, 2, o, AttentionImpl::bucketed, init),
+            fused(6, 2, o, AttentionImpl::fused, init);
+        bucketed.assign_parameters(reference.parameters());
+        fused.assign_parameters(reference.parameters());
+        const Tensor x = random_input({2, 5, 6}, 8), dy = random_input({2, 5, 6}, 9).detach();
+        const Tensor mask = key_padding_mask({5, 3}, 5);
+        const std::vector<Tensor> expected = output_and_grads(reference, x, dy, mask);
+        for (MultiHeadAttention* layer : {static_cast<MultiHeadAttention*>(&bucketed), static_cast<MultiHeadAttention*>(&fused)}) {
+            const std::vector<Tensor> got = output_and_grads(*layer, x, dy, mask);
+            for (std::size_t n = 0; n < got.size(); ++n) CHECK(max_difference(got[n], expected[n]) <= 1e-12);
+        }
+        for (RelativeMultiHeadAttention* layer : {&reference, &bucketed, &fused}) {
+            CAPTURE(attention_impl_name(layer->impl));
+            gradcheck_layer(*layer, {random_input({2, 4, 6}, 10)},
+                            [&](const auto& in) { return layer->forward(in[0], in[0], causal_mask(4, 4)); });
+        }
+    }
+    // the product starts with the full table's spread: entries of std 0.02
+    RelativeOptions wide;
+    wide.k_left = wide.k_right = 200;
+    wide.rank = 4;
+    RelativePositionEmbedding big(64, 1, wide, init);
+    const std::vector<double> entries = big.full_weight().to_vector();
+    double square_sum = 0;
+    for (double e : entries) square_sum += e * e;
+    CHECK(std::sqrt(square_sum / static_cast<double>(entries.size())) == doctest::Approx(0.02).epsilon(0.15));
+    wide.rank = -1;
+    CHECK_THROWS_WITH_AS(RelativePositionEmbedding(4, 1, wide, init),
+                         "RelativePositionEmbedding: rank must be >= 0 (0: full rank)", std::invalid_argument);
+}
