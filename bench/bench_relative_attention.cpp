@@ -1,11 +1,17 @@
 // Relative multi-head attention forward + backward, one implementation and one length per run,
 // so that the process's peak RSS belongs to that configuration alone.
 //
-//   build/bench/bench_relative_attention IMPL L [B D H k repeats]
-//     IMPL: reference | bucketed; defaults B=8 D=256 H=8 k=8 repeats=5 (float32)
+//   build/bench/bench_relative_attention IMPL L [B D H k repeats window]
+//     IMPL: reference | bucketed | fused; defaults B=8 D=256 H=8 k=8 repeats=5 window=-1 (none),
+//     float32; a window w >= 0 lets each query see the keys within w positions (the layer's rule)
 //
-// Prints one JSON line: the median seconds per forward+backward, the peak RSS of the process and
-// the RSS before the first forward (so peak - baseline is what the attention itself needed).
+// Prints one JSON line: the median seconds per forward+backward, the peak RSS of the process, the
+// RSS before the first forward (so peak - baseline is what the attention itself needed), and the
+// most tensor storage alive at once (the allocator's spare blocks not counted). A configuration
+// that does not fit in memory prints {"error": "out of memory"} and exits with 3.
+//
+//   build/bench/bench_relative_attention sgemm [N]
+//     the engine's float32 matmul rate at N x N x N (default 2048), in GFLOP/s, median of 5
 // bench/relative_attention.py runs it for every configuration next to the PyTorch versions.
 #include <sys/resource.h>
 
@@ -36,25 +42,46 @@ double peak_rss_mib() {
     return usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
+int sgemm_rate(int64_t n) {
+    Generator gen(1);
+    const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
+    std::vector<double> seconds;
+    for (int r = 0; r < 6; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        const Tensor c = matmul(a, b);
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (r > 0) seconds.push_back(elapsed);
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const double gflops = 2.0 * n * n * n / seconds[seconds.size() / 2] / 1e9;
+    std::printf("{\"sgemm_n\": %lld, \"gflop_per_second\": %.1f}\n", (long long)n, gflops);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc < 3) {
-        std::fprintf(stderr, "usage: bench_relative_attention reference|bucketed L [B D H k repeats]\n");
+    if (argc < 2 || (argc < 3 && std::string(argv[1]) != "sgemm")) {
+        std::fprintf(stderr, "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window]\n");
         return 2;
     }
     auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
+    if (std::string(argv[1]) == "sgemm") return sgemm_rate(arg(2, 2048));
     try {
         const AttentionImpl impl = parse_attention_impl(argv[1]);
-        const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8), k = arg(6, 8), repeats = arg(7, 5);
+        const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8), k = arg(6, 8), repeats = arg(7, 5),
+                      window = arg(8, -1);
         if (L <= 0 || repeats <= 0) throw std::invalid_argument("L and repeats must be positive");
+        if (window < -1) throw std::invalid_argument("window must be >= 0, or -1 for none");
         Generator gen(1);
         RelativeOptions options;
         options.k_left = options.k_right = k;
         RelativeMultiHeadAttention attention(D, H, options, impl, Init{gen});
+        attention.window = window;
         Tensor x = randn({B, L, D}, gen).requires_grad_(true);
         const Tensor dy = randn({B, L, D}, gen);
         const double baseline = current_rss_mib();
+        reset_peak_memory();
         std::vector<double> seconds;
         for (int64_t r = 0; r < repeats + 1; ++r) {  // the first round warms up
             attention.zero_grad();
@@ -67,9 +94,13 @@ int main(int argc, char** argv) {
         std::sort(seconds.begin(), seconds.end());
         std::printf(
             "{\"impl\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, "
-            "\"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f}\n",
-            argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, seconds[seconds.size() / 2],
-            peak_rss_mib(), baseline);
+            "\"window\": %lld, \"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f, "
+            "\"peak_live_mib\": %.1f}\n",
+            argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, (long long)window,
+            seconds[seconds.size() / 2], peak_rss_mib(), baseline, memory_stats().peak_live_bytes / 1048576.0);
+    } catch (const std::bad_alloc&) {
+        std::printf("{\"error\": \"out of memory\"}\n");
+        return 3;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_relative_attention: %s\n", e.what());
         return 2;

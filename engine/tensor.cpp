@@ -1,6 +1,7 @@
 #include "engine/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
@@ -90,8 +91,21 @@ namespace {
 constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
 constexpr std::size_t kCacheBytes = std::size_t{1} << 30;
 
+std::atomic<int64_t> live_bytes{0}, peak_live_bytes{0};
+
+void count_allocation(int64_t bytes) {
+    const int64_t now = live_bytes.fetch_add(bytes) + bytes;
+    int64_t peak = peak_live_bytes.load();
+    while (now > peak && !peak_live_bytes.compare_exchange_weak(peak, now)) {
+    }
+}
+
 class BlockCache {
 public:
+    std::size_t cached() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return cached_;
+    }
     void* take(std::size_t bytes) {
         std::lock_guard<std::mutex> lock(mutex_);
         for (auto it = blocks_.begin(); it != blocks_.end(); ++it) {
@@ -142,16 +156,24 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
     if (bytes >= kCachedFrom) data_ = block_cache().take(bytes);
     if (!data_) data_ = std::aligned_alloc(64, bytes);
     if (!data_) throw std::bad_alloc();
+    count_allocation(static_cast<int64_t>(bytes));
 }
 
 Storage::~Storage() {
     const std::size_t bytes = rounded_size(nbytes_);
+    live_bytes -= static_cast<int64_t>(bytes);
     if (bytes >= kCachedFrom) {
         block_cache().give(data_, bytes);
     } else {
         std::free(data_);
     }
 }
+
+MemoryStats memory_stats() {
+    return {live_bytes.load(), peak_live_bytes.load(), static_cast<int64_t>(block_cache().cached())};
+}
+
+void reset_peak_memory() { peak_live_bytes = live_bytes.load(); }
 
 // ---------------------------------------------------------------- metadata
 

@@ -54,6 +54,15 @@ private:
     Device device_;
 };
 
+// Bytes of tensor storage alive now, and the most alive at once since the last reset; the spare
+// blocks the allocator keeps for reuse are counted apart (cached). The peak is what a computation
+// really needed, whatever the process's RSS says.
+struct MemoryStats {
+    int64_t live_bytes = 0, peak_live_bytes = 0, cached_bytes = 0;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();  // peak_live_bytes <- live_bytes
+
 struct Node;
 struct TensorImpl;
 

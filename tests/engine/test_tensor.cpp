@@ -137,3 +137,19 @@ TEST_CASE("sizes are validated: negative, overflowing, empty dims") {
     Tensor x = f64({1.5, 2.5}, {2}).requires_grad_(true);
     CHECK_FALSE(x.to(DType::int64).requires_grad());
 }
+
+TEST_CASE("memory stats count live storage and its peak, not the spare blocks") {
+    reset_peak_memory();
+    const MemoryStats before = memory_stats();
+    {
+        const Tensor big = empty({1 << 20}, DType::float32);  // 4 MiB: a cached size once freed
+        const Tensor view = big.narrow(0, 0, 10);           // a view costs nothing
+        CHECK(memory_stats().live_bytes == before.live_bytes + (4 << 20));
+    }
+    const MemoryStats after = memory_stats();
+    CHECK(after.live_bytes == before.live_bytes);
+    CHECK(after.peak_live_bytes == before.live_bytes + (4 << 20));
+    CHECK(after.cached_bytes >= (4 << 20));
+    reset_peak_memory();
+    CHECK(memory_stats().peak_live_bytes == after.live_bytes);
+}
