@@ -203,6 +203,8 @@ std::vector<std::vector<double>> SequenceClassifier::gates() const { return atte
 
 CausalLanguageModel::CausalLanguageModel(int64_t vocab, const TransformerOptions& o, const Init& init)
     : embed(vocab, o, init), decoder(o, init), lm_head(o.dim, vocab, init) {
+    // causal by the layers' rule, not by an [L, L] mask: the fused form skips the hidden tiles
+    for (auto& layer : decoder.layers) layer->self_attention->causal = true;
     register_module("embed", embed);
     register_module("decoder", decoder);
     register_module("lm_head", lm_head);
@@ -211,8 +213,7 @@ CausalLanguageModel::CausalLanguageModel(int64_t vocab, const TransformerOptions
 Tensor CausalLanguageModel::forward(const Tensor& ids, const std::vector<int64_t>& lengths) {
     check_lengths(ids, lengths, "CausalLanguageModel");
     const int64_t L = ids.size(1);
-    const Tensor mask = combine_masks(causal_mask(L, L), key_padding_mask(lengths, L));
-    return lm_head.forward(decoder.forward(embed.forward(ids), mask));
+    return lm_head.forward(decoder.forward(embed.forward(ids), key_padding_mask(lengths, L)));
 }
 
 Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<KVCache>& caches) {
@@ -237,6 +238,7 @@ EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const
     register_module("encoder", encoder);
     for (int64_t i = 0; i < o.layers; ++i) {
         decoder_layers.push_back(std::make_unique<DecoderLayer>(o, init));
+        decoder_layers.back()->self_attention->causal = true;  // the layers' rule (see CausalLanguageModel)
         register_module("decoder_layers." + std::to_string(i), *decoder_layers.back());
     }
     register_module("decoder_norm", decoder_norm);
@@ -252,7 +254,7 @@ Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& 
                               const std::vector<int64_t>& source_lengths) {
     check_lengths(target, target_lengths, "EncoderDecoder target");
     const int64_t Lt = target.size(1);
-    const Tensor self_mask = combine_masks(causal_mask(Lt, Lt), key_padding_mask(target_lengths, Lt));
+    const Tensor self_mask = key_padding_mask(target_lengths, Lt);  // causal: the self-attentions' rule
     const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
     Tensor h = target_embed.forward(target);
     for (auto& layer : decoder_layers) {
