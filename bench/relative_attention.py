@@ -13,7 +13,7 @@ Default (B=8, D=256, H=8, k=8, L in 128 256 512):
   torch bucketed    : gather from Q E_K^T [B, H, L, K], scatter_add of the weights into K buckets
   torch plain       : torch.nn.MultiheadAttention, no position terms
   lower bound       : the layer's matmul FLOPs over the engine's measured sgemm rate
---long: B=1, L from 512 to 16384, relgrad's three forms until one no longer fits (a child that
+--long: B=1, L from 512 to 32768, relgrad's three forms until one no longer fits (a child that
   runs out of its address-space cap, --memory-gib, is reported as not fitting; the bigger L are
   then skipped for it).
 --window: B=1, L=16384: fused with a local window of w=256 against fused full attention.
@@ -206,7 +206,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--long", action="store_true", help="B=1, L from 512 up, until it no longer fits")
-    parser.add_argument("--long-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--long-lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--long-repeats", type=int, default=1)
     parser.add_argument("--memory-gib", type=float, default=16, help="address-space cap of each --long run")
     parser.add_argument("--window", action="store_true", help="fused with a local window against full attention")

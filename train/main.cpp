@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <omp.h>
 
 #include "engine/op_checks.hpp"
 #include "train/config.hpp"
@@ -100,6 +101,10 @@ std::string one_line(std::string message) {
 int main(int argc, char** argv) {
     CLI::App app{"relgrad: a reverse-mode autograd engine and relative-position Transformer layers"};
     app.require_subcommand(1);
+    app.fallthrough();  // --threads may come after the subcommand too
+    int threads = 0;
+    app.add_option("--threads", threads, "threads for every command (train: overrides training.threads)")
+        ->check(CLI::Range(1, 1024));
     std::string filter;
     std::string config_path, out_dir_override;
     std::vector<std::string> overrides;
@@ -145,6 +150,10 @@ int main(int argc, char** argv) {
     layer->add_option("--out", out_dir, "directory for y.npy, dx.npy and grad.<parameter>.npy")->required();
     try {
         app.parse(argc, argv);
+        if (threads > 0) {
+            omp_set_num_threads(threads);
+            overrides.push_back("training.threads=" + std::to_string(threads));
+        }
         if (train->parsed()) {
             train_options.progress = isatty(fileno(stderr));
             relgrad::Config config = load_config(config_path, overrides, out_dir_override);

@@ -27,6 +27,10 @@ if(out MATCHES "softmax")
   message(FATAL_ERROR "--filter matmul also ran other ops:\n${out}")
 endif()
 
+run_relgrad(0 gradcheck --filter matmul --threads 1)  # a global option, before or after the command
+run_relgrad(2 --threads 0 gradcheck --filter matmul)
+expect_one_line_error("^relgrad: --threads: Value 0 not in range 1 to 1024")
+
 run_relgrad(2 gradcheck --filter no_such_op)
 expect_one_line_error("^relgrad: error: no registered op is named 'no_such_op'")
 run_relgrad(2 gradcheck --filter)
