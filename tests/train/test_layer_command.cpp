@@ -71,6 +71,29 @@ TEST_CASE("relgrad layer computes what the layer computes") {
                     [&](const auto& in) { return layer.forward(in[0], in[0], mask); });
 }
 
+TEST_CASE("relgrad layer runs the fused form and low-rank tables: the files match the reference form") {
+    Workspace w;
+    w.write_spec(R"({"type": "relative_attention", "d_model": 6, "n_heads": 3, "k_left": 1, "k_right": 3, "rank": 2,
+                     "impl": "fused", "causal": true, "dtype": "float64"})");
+    Generator gen(4);
+    RelativeOptions o;
+    o.k_left = 1;
+    o.k_right = 3;
+    o.rank = 2;
+    RelativeMultiHeadAttention reference(6, 3, o, AttentionImpl::reference, Init{gen, DType::float64});
+    const Tensor x = random_input({2, 5, 6}, 6), dy = random_input({2, 5, 6}, 7).detach();
+    write_relative_attention(w, reference, x.detach(), dy);
+    REQUIRE(w.error() == "no error");
+    const Tensor y = reference.forward(x, x, causal_mask(5, 5));
+    y.backward(dy);
+    CHECK(max_difference(load_npy((w.out / "y.npy").string()), y) <= 1e-12);
+    CHECK(max_difference(load_npy((w.out / "dx.npy").string()), x.grad()) <= 1e-12);
+    for (const auto& [name, p] : reference.named_parameters()) {
+        CAPTURE(name);
+        CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) <= 1e-12);
+    }
+}
+
 TEST_CASE("bad specs and files are reported with the file and what was expected") {
     Workspace w;
     Generator gen(4);
