@@ -33,6 +33,13 @@ EXPERIMENTS = {
         "variants": dict([("sinusoidal", ["model.position=sinusoidal"])] +
                          [(f"relative-k{k}", [f"model.k={k}"]) for k in (1, 2, 4, 8, 16, 32)]),
     },
+    # 3b. length generalization on real data: German -> English trained on sources of at most 8
+    # words, tested on the held-out pairs of every length
+    "translation-length": {
+        "config": "configs/experiments/translation.json",
+        "variants": {name: ["data.train_max_tokens=8", f"model.position={name}"]
+                     for name in ("sinusoidal", "learned", "relative", "gated")},
+    },
     # 3. length generalization: train on lengths 8-24, test up to 64
     "length": {
         "config": "configs/experiments/length.json",

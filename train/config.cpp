@@ -100,6 +100,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     c.data.tokenizer = data.text("tokenizer", "char", {"char", "word"});
     c.data.min_frequency = data.integer("min_frequency", 1, 1 << 30, 1);
     c.data.max_length = data.integer("max_length", 1, 1 << 20, 128);
+    c.data.train_max_tokens = data.integer("train_max_tokens", 0, 1 << 20, 0);
     data.finish();
 
     // learned positions need a vector for the longest input (+2: bos/eos)
@@ -175,6 +176,7 @@ nlohmann::json Config::resolved() const {
           {"held_out", data.held_out},
           {"tokenizer", data.tokenizer},
           {"min_frequency", data.min_frequency},
+          {"train_max_tokens", data.train_max_tokens},
           {"max_length", data.max_length}}},
         {"training",
          {{"steps", training.steps},

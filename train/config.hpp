@@ -43,6 +43,9 @@ struct DataConfig {
     std::string tokenizer = "char";  // char | word
     int64_t min_frequency = 1;       // word: rarer words become <unk>
     int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
+    // classification and pairs: training examples whose text (source) has more tokens are left
+    // out, the test examples kept whatever their length (0: keep all); for length generalization
+    int64_t train_max_tokens = 0;
 };
 
 struct TrainingConfig {

@@ -427,6 +427,21 @@ std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64
     return split_held_out(std::move(train), d.held_out, seed);
 }
 
+// data.train_max_tokens: the training examples whose text has at most that many tokens (all when
+// it is 0); none left is an error that names the key.
+template <class T, class Length>
+std::vector<T> short_enough(std::vector<T> examples, const DataConfig& d, Length tokens) {
+    if (d.train_max_tokens == 0) return examples;
+    std::vector<T> kept;
+    for (T& example : examples)
+        if (tokens(example) <= d.train_max_tokens) kept.push_back(std::move(example));
+    if (kept.empty()) {
+        throw std::invalid_argument("data.train_max_tokens = " + std::to_string(d.train_max_tokens) +
+                                    " leaves no training example of " + d.train);
+    }
+    return kept;
+}
+
 // The task and, for the file tasks, the tokenizer: the one given (a trained run's), or one built
 // from the training texts.
 std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
@@ -472,8 +487,10 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             }
             return out;
         };
+        std::vector<LabeledTokens> train_examples = short_enough(
+            encode(train, d.train), d, [](const LabeledTokens& e) { return static_cast<int64_t>(e.tokens.size()); });
         return std::make_unique<ClassificationTask>(
-            c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), encode(train, d.train),
+            c, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), std::move(train_examples),
             encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test),
             init);
     }
@@ -493,7 +510,11 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             }
             return out;
         };
-        return std::make_unique<SequencePairTask>(c, tokenizer->vocab_size(), encode(train), encode(test), init);
+        std::vector<TokenPair> train_pairs = short_enough(encode(train), d, [&](const TokenPair& pair) {
+            return static_cast<int64_t>(pair.source.size());
+        });
+        return std::make_unique<SequencePairTask>(c, tokenizer->vocab_size(), std::move(train_pairs), encode(test),
+                                                  init);
     }
     // language_model: one token stream, the last held_out part (or the test file) for evaluation,
     // cut into chunks of max_length + 1 tokens that overlap by one (each token is a target once)
@@ -740,6 +761,7 @@ json train(const Config& config, const TrainOptions& options) {
                     {"position", position_mode_name(config.model.transformer.position)},
                     {"steps", config.training.steps},
                     {"parameters", model.parameter_count()},
+                    {"train_examples", task->train_size()},
                     {"final", last_eval},
                     {"train_seconds", train_seconds},
                     {"tokens_per_second", static_cast<double>(tokens_seen) / std::max(train_seconds, 1e-9)},

@@ -275,6 +275,28 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
     const nlohmann::json pairs = run("pairs", "pairs.jsonl", "pairs");
     CHECK(pairs["metric"] == "bleu");
     CHECK(pairs["final"].contains("token_accuracy"));
+    CHECK(pairs["train_examples"] == 30);  // 40 pairs, a quarter held out
+    {
+        // length generalization: train on the short pairs only, test on every length
+        std::ofstream mixed(dir.path / "mixed.tsv");
+        for (int i = 0; i < 40; ++i) mixed << (i % 4 ? "a b\tb a\n" : "a b c d e\te d c b a\n");
+    }
+    nlohmann::json short_only = tiny_run(dir.path / "short");
+    short_only["task"] = {{"kind", "pairs"}};
+    short_only["data"] = {{"train", (dir.path / "mixed.tsv").string()},
+                          {"test", (dir.path / "mixed.tsv").string()},
+                          {"tokenizer", "word"},
+                          {"train_max_tokens", 3}};
+    short_only["training"] = {{"steps", 2}, {"batch_size", 8}};
+    short_only["evaluation"] = {{"every", 2}, {"length_buckets", {3, 8}}};
+    const nlohmann::json short_summary = train(Config::parse(short_only, "short"), TrainOptions{});
+    CHECK(short_summary["train_examples"] == 30);                           // the 10 long pairs left out
+    CHECK(short_summary["final"]["by_length"]["4-8"]["examples"] == 10);  // but tested
+    short_only["data"]["train_max_tokens"] = 1;
+    short_only["output"]["dir"] = (dir.path / "none").string();
+    CHECK_THROWS_WITH_AS(train(Config::parse(short_only, "short"), TrainOptions{}),
+                         doctest::Contains("data.train_max_tokens = 1 leaves no training example of"),
+                         std::invalid_argument);
     const nlohmann::json lm = run("language_model", "text.txt", "lm");
     CHECK(lm["metric"] == "perplexity");
     CHECK(lm["final"]["perplexity"].get<double>() > 1);
