@@ -222,19 +222,24 @@ std::vector<OpCheck> build() {
     padded.mask = from_vector({1, 1, 1, 0, 1, 0, 0, 1, 1, 1}, {2, 1, 1, 5}, DType::boolean);
     padded.causal = true;
     r.add("fused_attention/relative", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}},
-          [padded](const auto& x) { return fused_attention(x[0], x[1], x[2], padded, 0.5, {x[3], x[4], 2, 2}); });
+          [padded](const auto& x) {
+              return fused_attention(x[0], x[1], x[2], padded, 0.5, {x[3], x[4], 2, 2});
+          });
     AttentionPattern window;
     window.window = 1;
     window.query_offset = 2;
     r.add("fused_attention/per_head", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 4, 4}, {2, 4, 4}},
-          [window](const auto& x) { return fused_attention(x[0], x[1], x[2], window, 0.5, {x[3], x[4], 1, 2}); });
+          [window](const auto& x) {
+              return fused_attention(x[0], x[1], x[2], window, 0.5, {x[3], x[4], 1, 2});
+          });
     r.add("fused_attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}, {1, 3, 4}, {1, 3, 4}},
           [padded](const auto& x) {
-              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], padded, 0.5,
-                                     {x[3], x[4], 1, 1});
+              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], padded, 0.5, {x[3], x[4], 1, 1});
           });
     r.add("fused_attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
-          [](const auto& x) { return fused_attention(x[0], x[1], x[2], {}, 1.0, {x[3], x[4], 0, 0}); });
+          [](const auto& x) {
+              return fused_attention(x[0], x[1], x[2], {}, 1.0, {x[3], x[4], 0, 0});
+          });
     return r.take();
 }
 

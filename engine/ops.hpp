@@ -117,7 +117,7 @@ struct ClippedRelativeTerms {
 // with an online softmax, and the backward recomputes the weights tile by tile from the saved
 // log-sum-exp of each row, so no [Lq, Lk] tensor exists at any time (docs/layers/fused_attention.md).
 // Tiles that the causal or window rule hides entirely are skipped. Returns z [B, H, Lq, Dh].
-Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                       double scale, const ClippedRelativeTerms& relative = {});
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern, double scale,
+                       const ClippedRelativeTerms& relative = {});
 
 }  // namespace relgrad

@@ -88,8 +88,8 @@ void Module::set_random_state(const std::vector<Generator>& state) {
     std::vector<Generator*> generators;
     collect_generators(generators);
     if (generators.size() != state.size()) {
-        throw std::invalid_argument("set_random_state: " + std::to_string(state.size()) + " streams for a module with " +
-                                    std::to_string(generators.size()));
+        throw std::invalid_argument("set_random_state: " + std::to_string(state.size()) +
+                                    " streams for a module with " + std::to_string(generators.size()));
     }
     for (std::size_t i = 0; i < state.size(); ++i) *generators[i] = state[i];
 }

@@ -119,7 +119,8 @@ Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
 // One block of a stack, checkpointed or not: with checkpointing (and a graph being recorded) only
 // the block's inputs are kept, and the backward pass runs the block again from the random state
 // its dropouts had, so it draws the same masks.
-static Tensor run_block(Module& block, bool checkpointed, const std::vector<Tensor>& inputs, const CheckpointFn& forward) {
+static Tensor run_block(Module& block, bool checkpointed, const std::vector<Tensor>& inputs,
+                        const CheckpointFn& forward) {
     if (!checkpointed || !grad_mode_enabled()) return forward(inputs);
     const std::vector<Generator> random_state = block.random_state();
     return checkpoint(forward, inputs, block.parameters(),

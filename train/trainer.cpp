@@ -510,9 +510,8 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             }
             return out;
         };
-        std::vector<TokenPair> train_pairs = short_enough(encode(train), d, [&](const TokenPair& pair) {
-            return static_cast<int64_t>(pair.source.size());
-        });
+        std::vector<TokenPair> train_pairs = short_enough(
+            encode(train), d, [&](const TokenPair& pair) { return static_cast<int64_t>(pair.source.size()); });
         return std::make_unique<SequencePairTask>(c, tokenizer->vocab_size(), std::move(train_pairs), encode(test),
                                                   init);
     }
@@ -721,12 +720,8 @@ json train(const Config& config, const TrainOptions& options) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = static_cast<double>(tokens_seen) / std::max(elapsed, 1e-9);
         if (done % config.training.log_every == 0 || done == config.training.steps) {
-            metrics << json{{"step", done},
-                            {"loss", loss_value},
-                            {"learning_rate", lr},
-                            {"grad_norm", grad_norm},
-                            {"seconds", elapsed},
-                            {"tokens_per_second", tokens_per_second}}
+            metrics << json{{"step", done},           {"loss", loss_value}, {"learning_rate", lr},
+                            {"grad_norm", grad_norm}, {"seconds", elapsed}, {"tokens_per_second", tokens_per_second}}
                            .dump()
                     << "\n"
                     << std::flush;

@@ -135,8 +135,8 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
     if (!rel.table_k.defined() && !rel.table_v.defined()) return;
     const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;
     auto table_ok = [&](const Tensor& t) {
-        return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(1) == K &&
-               t.size(2) == Dh && t.dtype() == q.dtype();
+        return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(1) == K && t.size(2) == Dh &&
+               t.dtype() == q.dtype();
     };
     if (rel.k_left < 0 || rel.k_right < 0 || !table_ok(rel.table_k) || !table_ok(rel.table_v) ||
         rel.table_k.shape() != rel.table_v.shape()) {
@@ -176,7 +176,8 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     return record(z, "fused_attention", inputs,
                   [q, k, v, z = z.detach(), lse, pattern, scale, rel, empty_problem](const Tensor& g) {
                       std::vector<Tensor> grads = {zeros_like(q), zeros_like(k), zeros_like(v)};
-                      if (rel.table_k.defined()) grads.insert(grads.end(), {zeros_like(rel.table_k), zeros_like(rel.table_v)});
+                      if (rel.table_k.defined())
+                          grads.insert(grads.end(), {zeros_like(rel.table_k), zeros_like(rel.table_v)});
                       if (empty_problem) return grads;
                       Tensor unused;
                       backend_for(g.device())

@@ -193,16 +193,17 @@ TEST_CASE("fused attention rejects bad input with a clear message") {
                          doctest::Contains("with k_left, k_right >= 0 (got -1, 5)"), std::invalid_argument);
     AttentionPattern pattern;
     pattern.window = -2;
-    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5), "fused_attention: window -2 must be >= 0 (or -1 for none)",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5),
+                         "fused_attention: window -2 must be >= 0 (or -1 for none)", std::invalid_argument);
     pattern = {};
     pattern.mask = from_vector({1, 0, 1}, {3}, DType::boolean);
     CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5), doctest::Contains("shapes [3] and [1, 2, 3, 5]"),
                          std::invalid_argument);
     pattern.mask = from_vector({1, 0}, {2, 1, 1, 1}, DType::boolean);
-    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5),
-                         doctest::Contains("mask of shape [2, 1, 1, 1] does not broadcast to [B, H, Lq, Lk] = [1, 2, 3, 5]"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        fused_attention(q, k, k, pattern, 0.5),
+        doctest::Contains("mask of shape [2, 1, 1, 1] does not broadcast to [B, H, Lq, Lk] = [1, 2, 3, 5]"),
+        std::invalid_argument);
     CHECK_THROWS_AS(fused_attention(q, k.narrow(2, 0, 4), k, {}, 0.5), std::invalid_argument);
 }
 

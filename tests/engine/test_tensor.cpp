@@ -143,7 +143,7 @@ TEST_CASE("memory stats count live storage and its peak, not the spare blocks") 
     const MemoryStats before = memory_stats();
     {
         const Tensor big = empty({1 << 20}, DType::float32);  // 4 MiB: a cached size once freed
-        const Tensor view = big.narrow(0, 0, 10);           // a view costs nothing
+        const Tensor view = big.narrow(0, 0, 10);             // a view costs nothing
         CHECK(memory_stats().live_bytes == before.live_bytes + (4 << 20));
     }
     const MemoryStats after = memory_stats();

@@ -237,7 +237,8 @@ TEST_CASE("low-rank relative tables: E = A B in every form, gradient-checked") {
         const Tensor x = random_input({2, 5, 6}, 8), dy = random_input({2, 5, 6}, 9).detach();
         const Tensor mask = key_padding_mask({5, 3}, 5);
         const std::vector<Tensor> expected = output_and_grads(reference, x, dy, mask);
-        for (MultiHeadAttention* layer : {static_cast<MultiHeadAttention*>(&bucketed), static_cast<MultiHeadAttention*>(&fused)}) {
+        for (MultiHeadAttention* layer :
+             {static_cast<MultiHeadAttention*>(&bucketed), static_cast<MultiHeadAttention*>(&fused)}) {
             const std::vector<Tensor> got = output_and_grads(*layer, x, dy, mask);
             for (std::size_t n = 0; n < got.size(); ++n) CHECK(max_difference(got[n], expected[n]) <= 1e-12);
         }

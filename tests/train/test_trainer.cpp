@@ -163,7 +163,9 @@ TEST_CASE("the same run with any thread count, fused attention or not, checkpoin
     CHECK(bucketed_checkpointed == bucketed);
     REQUIRE(bucketed.size() == one_thread.size());
     for (std::size_t n = 0; n < bucketed.size(); ++n) {
-        if (bucketed[n].contains("loss")) CHECK(bucketed[n]["loss"].get<double>() == doctest::Approx(one_thread[n]["loss"].get<double>()).epsilon(1e-4));
+        if (bucketed[n].contains("loss"))
+            CHECK(bucketed[n]["loss"].get<double>() ==
+                  doctest::Approx(one_thread[n]["loss"].get<double>()).epsilon(1e-4));
     }
 }
 
@@ -290,7 +292,7 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
     short_only["training"] = {{"steps", 2}, {"batch_size", 8}};
     short_only["evaluation"] = {{"every", 2}, {"length_buckets", {3, 8}}};
     const nlohmann::json short_summary = train(Config::parse(short_only, "short"), TrainOptions{});
-    CHECK(short_summary["train_examples"] == 30);                           // the 10 long pairs left out
+    CHECK(short_summary["train_examples"] == 30);                         // the 10 long pairs left out
     CHECK(short_summary["final"]["by_length"]["4-8"]["examples"] == 10);  // but tested
     short_only["data"]["train_max_tokens"] = 1;
     short_only["output"]["dir"] = (dir.path / "none").string();

@@ -685,13 +685,12 @@ public:
         cpu::fused_attention_forward(q, k, v, pattern, scale, relative, z, lse);
     }
 
-    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
-                                  const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
+    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
                                   const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
                                   Tensor& d_table_k, Tensor& d_table_v) override {
         openblas_set_num_threads(1);
-        cpu::fused_attention_backward(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k,
-                                      d_table_v);
+        cpu::fused_attention_backward(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
     }
 };
 

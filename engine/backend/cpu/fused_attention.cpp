@@ -44,13 +44,13 @@ constexpr int64_t kKeyTile = 256;   // columns of a tile: a [64, 256] score tile
 // C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (single-threaded: the threads are ours)
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+                A, lda, B, ldb, beta, C, ldc);
 }
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+                A, lda, B, ldb, beta, C, ldc);
 }
 
 // The sizes, the rules of the pattern and where each (batch, head) finds its operands.
@@ -86,9 +86,7 @@ struct Problem {
     Shape mask_strides;
 
     // the keys [lo, hi) that the causal and window rules leave to query i
-    int64_t visible_begin(int64_t i) const {
-        return window >= 0 ? std::max<int64_t>(0, query_offset + i - window) : 0;
-    }
+    int64_t visible_begin(int64_t i) const { return window >= 0 ? std::max<int64_t>(0, query_offset + i - window) : 0; }
     int64_t visible_end(int64_t i) const {
         int64_t end = Lk;
         if (causal) end = std::min(end, query_offset + i + 1);
@@ -109,7 +107,7 @@ struct Problem {
             return;
         }
         const int64_t position = query_offset + i;
-        const int64_t left_end = std::clamp(position - k_left + 1, j0, j1);       // r = 0 before it
+        const int64_t left_end = std::clamp(position - k_left + 1, j0, j1);        // r = 0 before it
         const int64_t right_begin = std::clamp(position + k_right, left_end, j1);  // r = K - 1 from it
         if (left_end > j0) f(0, left_end - j0, 0);
         for (int64_t j = left_end; j < right_begin; ++j) f(j - j0, j - j0 + 1, j - position + k_left);
@@ -140,8 +138,8 @@ struct Problem {
 };
 
 template <class T>
-void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern,
-             double scale, const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
+void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern, double scale,
+             const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
     const Problem<T> P(q_in, k_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K;
     const T* q_all = q_in.data<T>();
@@ -213,9 +211,8 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
 
 template <class T>
 void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& z_in, const Tensor& lse_in,
-              const Tensor& dz_in, const AttentionPattern& pattern, double scale,
-              const ClippedRelativeTerms& relative, Tensor& dq_out, Tensor& dk_out, Tensor& dv_out,
-              Tensor& d_table_k, Tensor& d_table_v) {
+              const Tensor& dz_in, const AttentionPattern& pattern, double scale, const ClippedRelativeTerms& relative,
+              Tensor& dq_out, Tensor& dk_out, Tensor& dv_out, Tensor& d_table_k, Tensor& d_table_v) {
     const Problem<T> P(q_in, k_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
     const T c = P.scale;
