@@ -79,7 +79,8 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
     if (rank == 0) {
         register_parameter("weight", weight, truncated_normal({buckets(), width}, 0.02, init));
     } else {
-        // (A B)_rd = sum over rank terms of a_rt b_td: std sqrt(rank) s^2 = 0.02 for factors of std s
+        // (A B)_rd = sum over rank terms of a_rt b_td has std sqrt(rank) s^2 for factors of std s:
+        // s is set for 0.02 (the cut at 2 s makes both this and a full table's spread a little less)
         const double factor_std = std::sqrt(0.02 / std::sqrt(static_cast<double>(rank)));
         register_parameter("weight_a", weight_a, truncated_normal({buckets(), rank}, factor_std, init));
         register_parameter("weight_b", weight_b, truncated_normal({rank, width}, factor_std, init));

@@ -632,9 +632,13 @@ json train(const Config& config, const TrainOptions& options) {
         if (fs::exists(out / "summary.json")) {
             throw std::invalid_argument("--resume: the run in " + out.string() + " is finished (it has summary.json)");
         }
-        json saved = read_json_file(out / "config.json"), wanted = resolved;
-        saved["output"].erase("dir");  // the same run, reached by another path
-        wanted["output"].erase("dir");
+        // read back through the parser, so that a key added to relgrad since has its default
+        json saved = Config::parse(read_json_file(out / "config.json"), (out / "config.json").string()).resolved();
+        json wanted = resolved;
+        for (json* document : {&saved, &wanted}) {
+            (*document)["output"].erase("dir");        // the same run, reached by another path
+            (*document)["training"].erase("threads");  // changes no number of the run
+        }
         const std::string differs = first_difference(wanted, saved);
         if (!differs.empty()) {
             throw std::invalid_argument("--resume: " + differs + " differs from the config " + out.string() +

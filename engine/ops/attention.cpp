@@ -175,9 +175,12 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     if (relative) inputs.insert(inputs.end(), {rel_in.table_k, rel_in.table_v});
     return record(z, "fused_attention", inputs,
                   [q, k, v, z = z.detach(), lse, pattern, scale, rel, empty_problem](const Tensor& g) {
-                      std::vector<Tensor> grads = {zeros_like(q), zeros_like(k), zeros_like(v)};
-                      if (rel.table_k.defined())
-                          grads.insert(grads.end(), {zeros_like(rel.table_k), zeros_like(rel.table_v)});
+                      // zeros when there is nothing to compute; else the kernel writes every element
+                      auto fresh = [empty_problem](const Tensor& t) {
+                          return empty_problem ? zeros_like(t) : empty(t.shape(), t.dtype());
+                      };
+                      std::vector<Tensor> grads = {fresh(q), fresh(k), fresh(v)};
+                      if (rel.table_k.defined()) grads.insert(grads.end(), {fresh(rel.table_k), fresh(rel.table_v)});
                       if (empty_problem) return grads;
                       Tensor unused;
                       backend_for(g.device())

@@ -134,6 +134,24 @@ TEST_CASE("fused attention equals the bucketed op, outputs and gradients, with e
         c.k_left = c.k_right = 0;
         check_equals_bucketed(c);
     }
+    SUBCASE("edge cases: no keys, no queries, offsets outside the keys, a window of 0") {
+        c.Lk = 0;
+        check_equals_bucketed(c);  // every query sees nothing: z = 0
+        c.Lk = 5;
+        c.Lq = 0;
+        check_equals_bucketed(c);
+        c.Lq = 4;
+        c.pattern.query_offset = -3;
+        c.pattern.causal = true;
+        check_equals_bucketed(c);
+        c.pattern.query_offset = 9;  // beyond the last key
+        c.pattern.window = 6;
+        check_equals_bucketed(c);
+        c.pattern = {};
+        c.pattern.window = 0;
+        c.padding = from_vector({1, 0, 1, 1, 1, 1, 1, 1, 0, 1}, {2, 5}, DType::boolean);
+        check_equals_bucketed(c);
+    }
     SUBCASE("queries at an offset, as in incremental decoding") {
         c.Lq = 2;
         c.Lk = 7;

@@ -119,5 +119,14 @@ TEST_CASE("the attention op equals its composition from ops, and rejects bad inp
     CHECK_THROWS_WITH_AS(attention(q, k, v, Tensor(), 0.5, {table_k, table_v, bad_r}),
                          "attention: bucket 4 in the relative index is outside [0, 4)", std::invalid_argument);
     CHECK_THROWS_AS(attention(q, v.narrow(2, 0, 4), v, Tensor(), 0.5), std::invalid_argument);
+    // no keys at all: zero output and zero gradients, the bucket sums included
+    Tensor q_leaf = q.detach().requires_grad_(true), table_leaf = table_k.detach().requires_grad_(true);
+    const Tensor no_keys = k.narrow(2, 0, 0);
+    const Tensor empty_index = from_vector({}, {3, 0}, DType::int64);
+    const Tensor z_none = attention(q_leaf, no_keys, no_keys, Tensor(), 0.5, {table_leaf, table_v, empty_index});
+    check_values(z_none, std::vector<double>(z_none.numel(), 0.0), 0.0);
+    sum(mul(z_none, q)).backward();
+    check_values(q_leaf.grad(), std::vector<double>(q.numel(), 0.0), 0.0);
+    check_values(table_leaf.grad(), std::vector<double>(table_k.numel(), 0.0), 0.0);
     gradcheck_op("attention");
 }

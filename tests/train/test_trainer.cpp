@@ -226,6 +226,19 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     resume.stop_after = 4;
     CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(again.path), "tiny"), resume),
                          "--stop-after 4: the checkpoint is already at step 8", std::invalid_argument);
+    // a run's config.json from before a key existed resumes with the key's default; another
+    // thread count changes no number, so it may differ
+    resume.stop_after = 10;
+    {
+        std::ifstream in(again.path / "config.json");
+        nlohmann::json older = nlohmann::json::parse(in);
+        older["model"].erase("rank");
+        older["training"].erase("gradient_checkpointing");
+        std::ofstream(again.path / "config.json") << older.dump(2);
+    }
+    nlohmann::json more_threads = tiny_run(again.path);
+    more_threads["training"]["threads"] = 3;
+    CHECK(train(Config::parse(more_threads, "tiny"), resume)["stopped_at"] == 10);
     nlohmann::json big_batch = tiny_run(dir_for_batch(again.path));
     big_batch["training"]["batch_size"] = 1000;
     CHECK_THROWS_WITH_AS(train(Config::parse(big_batch, "tiny"), TrainOptions{}),

@@ -235,7 +235,7 @@ struct AttentionRows {
         : H(scores.size(1)),
           Lq(scores.size(2)),
           Lk(scores.size(3)),
-          count(scores.numel() / std::max<int64_t>(Lk, 1)),
+          count(scores.size(0) * H * Lq),  // also when Lk = 0: each row still zeroes its bucket sums
           mask_(mask) {
         if (mask.defined()) mask_step = mask.strides()[3];
         first_run_.assign(Lq + 1, 0);

@@ -151,10 +151,19 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
     T* lse_all = lse_out.data<T>();
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const int64_t tiles = (Lq + kQueryTile - 1) / kQueryTile;
+    // each thread's tile buffers, allocated here so that running out of memory is an exception
+    struct Scratch {
+        std::vector<T> s, qe, acc, w, m, l;
+    };
+    std::vector<Scratch> scratch(omp_get_max_threads());
+    for (Scratch& mine : scratch) {
+        mine = {std::vector<T>(kQueryTile * kKeyTile), std::vector<T>(kQueryTile * K), std::vector<T>(kQueryTile * Dh),
+                std::vector<T>(kQueryTile * K),        std::vector<T>(kQueryTile),     std::vector<T>(kQueryTile)};
+    }
 #pragma omp parallel
     {
-        std::vector<T> s(kQueryTile * kKeyTile), qe(kQueryTile * K), acc(kQueryTile * Dh), w(kQueryTile * K);
-        std::vector<T> m(kQueryTile), l(kQueryTile);
+        Scratch& mine = scratch[omp_get_thread_num()];
+        std::vector<T>&s = mine.s, &qe = mine.qe, &acc = mine.acc, &w = mine.w, &m = mine.m, &l = mine.l;
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < P.B * P.H * tiles; ++task) {
             const int64_t bh = task / tiles, b = bh / P.H, h = bh % P.H;
@@ -230,10 +239,26 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     const T neg_inf = -std::numeric_limits<T>::infinity();
     // each (batch, head)'s share of dE_K and dE_V, summed in a fixed order afterwards
     std::vector<T> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
-#pragma omp parallel
+    // each thread's buffers, allocated here so that running out of memory is an exception
+    struct Scratch {
+        std::vector<T> s, dp, dot, qe, g, p_buckets, ds_buckets;
+    };
+    const int team = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(BH, 1)));
+    std::vector<Scratch> scratch(team);
+    for (Scratch& mine : scratch) {
+        mine = {std::vector<T>(kQueryTile * kKeyTile),
+                std::vector<T>(kQueryTile * kKeyTile),
+                std::vector<T>(Lq),
+                std::vector<T>(Lq * K),
+                std::vector<T>(Lq * K),
+                std::vector<T>(Lq * K),
+                std::vector<T>(Lq * K)};
+    }
+#pragma omp parallel num_threads(team)
     {
-        std::vector<T> s(kQueryTile * kKeyTile), dp(kQueryTile * kKeyTile);
-        std::vector<T> dot(Lq), qe(Lq * K), g(Lq * K), p_buckets(Lq * K), ds_buckets(Lq * K);
+        Scratch& mine = scratch[omp_get_thread_num()];
+        std::vector<T>&s = mine.s, &dp = mine.dp, &dot = mine.dot, &qe = mine.qe, &g = mine.g,
+        &p_buckets = mine.p_buckets, &ds_buckets = mine.ds_buckets;
 #pragma omp for schedule(dynamic)
         for (int64_t bh = 0; bh < BH; ++bh) {
             const int64_t b = bh / P.H, h = bh % P.H;
