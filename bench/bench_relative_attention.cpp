@@ -1,9 +1,11 @@
 // Relative multi-head attention forward + backward, one implementation and one length per run,
 // so that the process's peak RSS belongs to that configuration alone.
 //
-//   build/bench/bench_relative_attention IMPL L [B D H k repeats window]
+//   build/bench/bench_relative_attention IMPL L [B D H k repeats window part]
 //     IMPL: reference | bucketed | fused; defaults B=8 D=256 H=8 k=8 repeats=5 window=-1 (none),
-//     float32; a window w >= 0 lets each query see the keys within w positions (the layer's rule)
+//     part=layer, float32; a window w >= 0 lets each query see the keys within w positions (the
+//     layer's rule); part=core times the attention alone: from q, k, v [B, H, L, D/H] to z, without
+//     the four projections and the head split and merge, which all three forms share
 //
 // Prints one JSON line: the median seconds per forward+backward, the peak RSS of the process, the
 // RSS before the first forward (so peak - baseline is what the attention itself needed), and the
@@ -58,11 +60,18 @@ int sgemm_rate(int64_t n) {
     return 0;
 }
 
+// The layer's attention alone (attend: q, k, v -> z), for part=core.
+struct AttentionCore : RelativeMultiHeadAttention {
+    using RelativeMultiHeadAttention::attend;
+    using RelativeMultiHeadAttention::RelativeMultiHeadAttention;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 2 || (argc < 3 && std::string(argv[1]) != "sgemm")) {
-        std::fprintf(stderr, "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window]\n");
+        std::fprintf(stderr,
+                     "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window part]\n");
         return 2;
     }
     auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
@@ -73,30 +82,40 @@ int main(int argc, char** argv) {
                       window = arg(8, -1);
         if (L <= 0 || repeats <= 0) throw std::invalid_argument("L and repeats must be positive");
         if (window < -1) throw std::invalid_argument("window must be >= 0, or -1 for none");
+        const std::string part = argc > 9 ? argv[9] : "layer";
+        if (part != "layer" && part != "core") throw std::invalid_argument("part must be layer or core");
         Generator gen(1);
         RelativeOptions options;
         options.k_left = options.k_right = k;
-        RelativeMultiHeadAttention attention(D, H, options, impl, Init{gen});
+        AttentionCore attention(D, H, options, impl, Init{gen});
         attention.window = window;
+        const bool core = part == "core";
+        const int64_t Dh = D / H;
         Tensor x = randn({B, L, D}, gen).requires_grad_(true);
-        const Tensor dy = randn({B, L, D}, gen);
+        Tensor q = randn({B, H, L, Dh}, gen).requires_grad_(true), k_in = randn({B, H, L, Dh}, gen).requires_grad_(true),
+               v = randn({B, H, L, Dh}, gen).requires_grad_(true);
+        const Tensor dy = core ? randn({B, H, L, Dh}, gen) : randn({B, L, D}, gen);
         const double baseline = current_rss_mib();
         reset_peak_memory();
         std::vector<double> seconds;
         for (int64_t r = 0; r < repeats + 1; ++r) {  // the first round warms up
             attention.zero_grad();
-            x.zero_grad();
+            for (Tensor* t : {&x, &q, &k_in, &v}) t->zero_grad();
             const auto start = std::chrono::steady_clock::now();
-            attention.forward(x, x).backward(dy);
+            if (core) {
+                attention.attend(x, q, k_in, v, AttentionPattern{Tensor(), false, window, 0}).backward(dy);
+            } else {
+                attention.forward(x, x).backward(dy);
+            }
             const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             if (r > 0) seconds.push_back(elapsed);
         }
         std::sort(seconds.begin(), seconds.end());
         std::printf(
-            "{\"impl\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, "
-            "\"window\": %lld, \"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f, "
+            "{\"impl\": \"%s\", \"part\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, "
+            "\"k\": %lld, \"window\": %lld, \"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f, "
             "\"peak_live_mib\": %.1f}\n",
-            argv[1], (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, (long long)window,
+            argv[1], part.c_str(), (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, (long long)window,
             seconds[seconds.size() / 2], peak_rss_mib(), baseline, memory_stats().peak_live_bytes / 1048576.0);
     } catch (const std::bad_alloc&) {
         std::printf("{\"error\": \"out of memory\"}\n");

@@ -17,6 +17,8 @@ Default (B=8, D=256, H=8, k=8, L in 128 256 512):
   runs out of its address-space cap, --memory-gib, is reported as not fitting; the bigger L are
   then skipped for it).
 --window: B=1, L=16384: fused with a local window of w=256 against fused full attention.
+--core: relgrad's three forms on the attention alone (q, k, v [B, H, L, Dh] to z), without the
+  projections and head split and merge that they share.
 Prints markdown tables; --json writes every row, --plot DIR draws the --long figures.
 """
 import argparse
@@ -102,9 +104,9 @@ def layer_flops(B, L, D, H, k):
     return 24 * B * L * D * D + 12 * B * L * L * D + 12 * B * L * K * D
 
 
-def relgrad_command(args, impl, length, batch, repeats, window=-1):
+def relgrad_command(args, impl, length, batch, repeats, window=-1, part="layer"):
     return ["env", f"OMP_NUM_THREADS={args.threads}", args.relgrad, impl, str(length), str(batch), str(args.dim),
-            str(args.heads), str(args.k), str(repeats), str(window)]
+            str(args.heads), str(args.k), str(repeats), str(window), part]
 
 
 def print_row(cells):
@@ -170,6 +172,20 @@ def window(args, rows):
         rows.append({"mode": "window", "name": name, **result})
 
 
+def attention_core(args, rows):
+    print(f"attention alone: B={args.batch} D={args.dim} H={args.heads} k={args.k} float32, {args.threads} "
+          f"threads, median of {args.repeats}\n")
+    print_row(["L", "implementation", "seconds", "peak RSS MiB", "RSS before MiB", "time / reference"])
+    print_row(["---"] * 6)
+    for length in args.lengths:
+        results = {impl: run(relgrad_command(args, impl, length, args.batch, args.repeats, part="core"))
+                   for impl in ["reference", "bucketed", "fused"]}
+        for impl, result in results.items():
+            print_row([str(length), impl, f"{result['seconds']:.4f}", f"{result['peak_rss_mib']:.0f}",
+                       f"{result['baseline_rss_mib']:.0f}", f"{result['seconds'] / results['reference']['seconds']:.3f}"])
+            rows.append({"mode": "core", **result})
+
+
 def plot(rows, directory):
     import matplotlib
     matplotlib.use("Agg")
@@ -212,6 +228,7 @@ def main():
     parser.add_argument("--window", action="store_true", help="fused with a local window against full attention")
     parser.add_argument("--window-length", type=int, default=16384)
     parser.add_argument("--window-size", type=int, default=256)
+    parser.add_argument("--core", action="store_true", help="the attention alone, relgrad's three forms")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="directory for the --long figure")
     args = parser.parse_args()
@@ -220,7 +237,9 @@ def main():
         long_sequences(args, rows)
     if args.window:
         window(args, rows)
-    if not args.long and not args.window:
+    if args.core:
+        attention_core(args, rows)
+    if not args.long and not args.window and not args.core:
         compare_with_torch(args, rows)
     if args.plot and args.long:
         plot(rows, args.plot)
