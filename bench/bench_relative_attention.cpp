@@ -91,16 +91,18 @@ int main(int argc, char** argv) {
         attention.window = window;
         const bool core = part == "core";
         const int64_t Dh = D / H;
-        Tensor x = randn({B, L, D}, gen).requires_grad_(true);
-        Tensor q = randn({B, H, L, Dh}, gen).requires_grad_(true), k_in = randn({B, H, L, Dh}, gen).requires_grad_(true),
-               v = randn({B, H, L, Dh}, gen).requires_grad_(true);
+        Tensor x = randn({B, L, D}, gen).requires_grad_(true), q, k_in, v;  // q, k, v: part=core only
+        if (core) {
+            for (Tensor* t : {&q, &k_in, &v}) *t = randn({B, H, L, Dh}, gen).requires_grad_(true);
+        }
         const Tensor dy = core ? randn({B, H, L, Dh}, gen) : randn({B, L, D}, gen);
         const double baseline = current_rss_mib();
         reset_peak_memory();
         std::vector<double> seconds;
         for (int64_t r = 0; r < repeats + 1; ++r) {  // the first round warms up
             attention.zero_grad();
-            for (Tensor* t : {&x, &q, &k_in, &v}) t->zero_grad();
+            for (Tensor* t : {&x, &q, &k_in, &v})
+                if (t->defined()) t->zero_grad();
             const auto start = std::chrono::steady_clock::now();
             if (core) {
                 attention.attend(x, q, k_in, v, AttentionPattern{Tensor(), false, window, 0}).backward(dy);
@@ -115,8 +117,9 @@ int main(int argc, char** argv) {
             "{\"impl\": \"%s\", \"part\": \"%s\", \"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, "
             "\"k\": %lld, \"window\": %lld, \"seconds\": %.6f, \"peak_rss_mib\": %.1f, \"baseline_rss_mib\": %.1f, "
             "\"peak_live_mib\": %.1f}\n",
-            argv[1], part.c_str(), (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, (long long)window,
-            seconds[seconds.size() / 2], peak_rss_mib(), baseline, memory_stats().peak_live_bytes / 1048576.0);
+            argv[1], part.c_str(), (long long)L, (long long)B, (long long)D, (long long)H, (long long)k,
+            (long long)window, seconds[seconds.size() / 2], peak_rss_mib(), baseline,
+            memory_stats().peak_live_bytes / 1048576.0);
     } catch (const std::bad_alloc&) {
         std::printf("{\"error\": \"out of memory\"}\n");
         return 3;

@@ -97,30 +97,36 @@ struct Problem {
     bool tile_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
         return visible_begin(i0) < j1 && visible_end(i1 - 1) > j0;  // both bounds grow with i
     }
-    // Calls f(begin, end, bucket) for the runs of one bucket that split the keys [j0, j1) of query
-    // i, offsets from j0: the keys left of the clipping window share bucket 0, those right of it
-    // bucket K - 1, those inside get one bucket each. Without relative terms: one run, bucket -1.
-    template <class F>
-    void for_each_run(int64_t i, int64_t j0, int64_t j1, F&& f) const {
+    // Splits the keys [j0, j1) of query i by their bucket, offsets from j0: calls run(begin, end,
+    // bucket) for the keys left of the clipping window (bucket 0) and right of it (bucket K - 1),
+    // and diagonal(begin, end, first) for the keys inside it, whose buckets count up one per key
+    // from `first`. Without relative terms: one run, bucket -1.
+    template <class Run, class Diagonal>
+    void for_each_run(int64_t i, int64_t j0, int64_t j1, Run&& run, Diagonal&& diagonal) const {
         if (!relative) {
-            f(0, j1 - j0, -1);
+            run(0, j1 - j0, -1);
             return;
         }
         const int64_t position = query_offset + i;
         const int64_t left_end = std::clamp(position - k_left + 1, j0, j1);        // r = 0 before it
         const int64_t right_begin = std::clamp(position + k_right, left_end, j1);  // r = K - 1 from it
-        if (left_end > j0) f(0, left_end - j0, 0);
-        for (int64_t j = left_end; j < right_begin; ++j) f(j - j0, j - j0 + 1, j - position + k_left);
-        if (right_begin < j1) f(right_begin - j0, j1 - j0, K - 1);
+        if (left_end > j0) run(0, left_end - j0, 0);
+        if (right_begin > left_end) diagonal(left_end - j0, right_begin - j0, left_end - position + k_left);
+        if (right_begin < j1) run(right_begin - j0, j1 - j0, K - 1);
     }
     // s <- c (s + QE[i, r]) over the keys [j0, j1) of query i, the keys it may not see to -inf;
     // returns the row's max
     T scores_row(T* s, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t j1, const T* qe_row) const {
         const T neg_inf = -std::numeric_limits<T>::infinity();
         T m = neg_inf;
-        for_each_run(i, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
-            m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
-        });
+        for_each_run(
+            i, j0, j1,
+            [&](int64_t begin, int64_t end, int64_t bucket) {
+                m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
+            },
+            [&](int64_t begin, int64_t end, int64_t first) {
+                m = add_scale_max(s + begin, qe_row + first, end - begin, scale, m);
+            });
         const int64_t lo = std::clamp(visible_begin(i), j0, j1), hi = std::clamp(visible_end(i), lo, j1);
         const bool all_visible = lo == j0 && hi == j1;
         if (all_visible && !mask) return m;
@@ -198,9 +204,14 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
                     l[row] = alpha * l[row] + exp_sum(s_row, cols, new_max);  // s_row is now p
                     m[row] = new_max;
                     if (K > 0) {
-                        P.for_each_run(i0 + row, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
-                            w[row * K + bucket] += sum(s_row + begin, end - begin);
-                        });
+                        P.for_each_run(
+                            i0 + row, j0, j1,
+                            [&](int64_t begin, int64_t end, int64_t bucket) {
+                                w[row * K + bucket] += sum(s_row + begin, end - begin);
+                            },
+                            [&](int64_t begin, int64_t end, int64_t first) {
+                                accumulate(w.data() + row * K + first, s_row + begin, end - begin);
+                            });
                     }
                 }
                 gemm(false, false, rows, Dh, cols, T(1), s.data(), cols, v + j0 * Dh, Dh, T(1), acc.data(), Dh);
@@ -307,15 +318,22 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                         }
                         P.scores_row(s_row, b, h, i, j0, j1, qe.data() + i * K);
                         exp_sum(s_row, cols, lse[i]);  // s_row is now p
-                        P.for_each_run(i, j0, j1, [&](int64_t begin, int64_t end, int64_t bucket) {
-                            T p_total(0), ds_total(0);
-                            softmax_backward_run(s_row + begin, dp_row + begin, end - begin,
-                                                 bucket >= 0 ? g[i * K + bucket] : T(0), dot[i], p_total, ds_total);
-                            if (bucket >= 0) {
-                                p_buckets[i * K + bucket] += p_total;
-                                ds_buckets[i * K + bucket] += ds_total;
-                            }
-                        });  // dp_row is now ds
+                        P.for_each_run(
+                            i, j0, j1,
+                            [&](int64_t begin, int64_t end, int64_t bucket) {
+                                T p_total(0), ds_total(0);
+                                softmax_backward_run(s_row + begin, dp_row + begin, end - begin,
+                                                     bucket >= 0 ? g[i * K + bucket] : T(0), dot[i], p_total, ds_total);
+                                if (bucket >= 0) {
+                                    p_buckets[i * K + bucket] += p_total;
+                                    ds_buckets[i * K + bucket] += ds_total;
+                                }
+                            },
+                            [&](int64_t begin, int64_t end, int64_t first) {
+                                softmax_backward_diagonal(
+                                    s_row + begin, dp_row + begin, end - begin, g.data() + i * K + first, dot[i],
+                                    p_buckets.data() + i * K + first, ds_buckets.data() + i * K + first);
+                            });  // dp_row is now ds
                     }
                     gemm(true, false, cols, Dh, rows, T(1), s.data(), cols, dz_t, Dh, T(1), dv + j0 * Dh, Dh);
                     gemm(true, false, cols, Dh, rows, c, dp.data(), cols, q_t, Dh, T(1), dk + j0 * Dh, Dh);

@@ -113,6 +113,34 @@ T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
     return xsimd::hadd(total) + tail_total;
 }
 
+// s <- scale (s + bias) over [0, n) with a bias per element; returns the max
+template <class T>
+T add_scale_max(T* s, const T* bias, int64_t n, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    Batch batch_max(running_max);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch::load_unaligned(bias + j));
+            v.store_unaligned(s + j);
+            batch_max = xsimd::max(batch_max, v);
+        },
+        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias[j])); });
+    alignas(64) T lanes[Batch::size];
+    batch_max.store_aligned(lanes);
+    return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
+}
+
+// dst <- dst + src over [0, n)
+template <class T>
+void accumulate(T* dst, const T* src, int64_t n) {
+    using Batch = xsimd::batch<T>;
+    simd_loop<T>(
+        n,
+        [&](int64_t j) { (Batch::load_unaligned(dst + j) + Batch::load_unaligned(src + j)).store_unaligned(dst + j); },
+        [&](int64_t j) { dst[j] += src[j]; });
+}
+
 // returns the sum over [0, n)
 template <class T>
 T sum(const T* s, int64_t n) {
@@ -147,6 +175,27 @@ void softmax_backward_run(const T* p, T* dp, int64_t n, T shift, T dot, T& p_tot
         });
     p_total += xsimd::hadd(batch_p) + tail_p;
     ds_total += xsimd::hadd(batch_ds) + tail_ds;
+}
+
+// The same over keys whose buckets count up one per key (inside the clipping window): a shift per
+// element, and p and the new dp added to their own bucket's sums, p_sums[j] and ds_sums[j].
+template <class T>
+void softmax_backward_diagonal(const T* p, T* dp, int64_t n, const T* shift, T dot, T* p_sums, T* ds_sums) {
+    using Batch = xsimd::batch<T>;
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch pj = Batch::load_unaligned(p + j);
+            const Batch ds = pj * (Batch::load_unaligned(dp + j) + Batch::load_unaligned(shift + j) - Batch(dot));
+            ds.store_unaligned(dp + j);
+            (Batch::load_unaligned(p_sums + j) + pj).store_unaligned(p_sums + j);
+            (Batch::load_unaligned(ds_sums + j) + ds).store_unaligned(ds_sums + j);
+        },
+        [&](int64_t j) {
+            dp[j] = p[j] * (dp[j] + shift[j] - dot);
+            p_sums[j] += p[j];
+            ds_sums[j] += dp[j];
+        });
 }
 
 // fused_attention.cpp: the backend's fused_attention kernels (see backend.hpp)
