@@ -92,7 +92,7 @@ def aggregate(summaries):
     first = summaries[0]
     metric = first["metric"]
     result = {"metric": metric, metric: spread([s["final"][metric] for s in summaries])}
-    for key in ("train_seconds", "tokens_per_second", "peak_rss_mib", "steps_per_second"):
+    for key in ("train_seconds", "tokens_per_second", "peak_rss_mib", "peak_live_mib", "steps_per_second"):
         if all(s.get(key) is not None for s in summaries):
             result[key] = spread([s[key] for s in summaries])
     inner = "accuracy" if "accuracy" in next(iter(first["final"]["by_length"].values())) else metric

@@ -764,7 +764,8 @@ json train(const Config& config, const TrainOptions& options) {
                     {"final", last_eval},
                     {"train_seconds", train_seconds},
                     {"tokens_per_second", static_cast<double>(tokens_seen) / std::max(train_seconds, 1e-9)},
-                    {"peak_rss_mib", peak_rss_mib()}};
+                    {"peak_rss_mib", peak_rss_mib()},
+                    {"peak_live_mib", static_cast<double>(memory_stats().peak_live_bytes) / 1048576.0}};
     if (!initial.is_null()) summary["initial"] = initial;
     if (config.model.transformer.position == PositionMode::gated) summary["gates"] = task->gates();
     write_json(out / "summary.json", summary);

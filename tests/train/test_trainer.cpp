@@ -115,7 +115,8 @@ TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives
                              "checkpoint/model/manifest.json", "checkpoint/optimizer/step.txt"}) {
         CHECK_MESSAGE(fs::exists(a.path / file), file);
     }
-    for (const char* key : {"task", "position", "final", "train_seconds", "tokens_per_second", "peak_rss_mib"}) {
+    for (const char* key :
+         {"task", "position", "final", "train_seconds", "tokens_per_second", "peak_rss_mib", "peak_live_mib"}) {
         CHECK_MESSAGE(summary.contains(key), key);
     }
     CHECK(summary["final"].contains("by_length"));
