@@ -197,13 +197,21 @@ TEST_CASE("fused attention in float32 agrees with float64, and does not depend o
     c.pattern.causal = true;
     const Result f32 = run(c, true, DType::float32), f64_result = run(c, true, DType::float64);
     check_same(f32, f64_result, 1e-4);
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const Result one = run(c, true);
-    omp_set_num_threads(3);
-    const Result three = run(c, true);
-    omp_set_num_threads(threads);
-    check_same(one, three, 0.0);
+    // and one sequence with one head over 3 key tiles: its backward is cut into 3 key groups
+    Case single = c;
+    single.B = single.H = 1;
+    single.Lq = 100;
+    single.Lk = 600;
+    for (const Case& each : {c, single}) {
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const Result one = run(each, true);
+        omp_set_num_threads(3);
+        const Result three = run(each, true);
+        omp_set_num_threads(threads);
+        check_same(one, three, 0.0);
+    }
+    check_equals_bucketed(single);
 }
 
 TEST_CASE("fused attention rejects bad input with a clear message") {

@@ -22,8 +22,10 @@
 //   and then: dE_V += P^T dz,  dE_K += c S^T Q,  dq += c S E_K.
 //
 // A row that sees no key keeps l = 0: its z is 0, its lse -inf, and the backward skips it.
-// Threads: the forward splits (batch, head, query tile), the backward (batch, head); each output
-// element is summed by one thread in a fixed order, so results do not depend on the thread count.
+// Threads: the forward splits (batch, head, query tile), the backward (batch, head, key group),
+// with groups of key tiles only when there are fewer than 8 (batch, head) pairs; each output
+// element is summed by one thread in a fixed order, and the cut depends on the shapes alone, so
+// results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -248,13 +250,22 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     T* dk_all = dk_out.data<T>();
     T* dv_all = dv_out.data<T>();
     const T neg_inf = -std::numeric_limits<T>::infinity();
+    // Tasks: (batch, head, key group). With fewer (batch, head) pairs than 8 the key tiles are cut
+    // into groups, so that a single sequence and head still keeps several threads busy; a group
+    // owns dk and dv of its keys and adds into its own share of dq and of the bucket sums P and S,
+    // which are summed over the groups in order afterwards. The cut depends on the shapes alone.
+    const int64_t key_tiles = (Lk + kKeyTile - 1) / kKeyTile;
+    const int64_t groups =
+        std::clamp<int64_t>((8 + BH - 1) / std::max<int64_t>(BH, 1), 1, std::max<int64_t>(key_tiles, 1));
+    const int64_t shares = groups > 1 ? BH * groups : 0;
+    std::vector<T> dq_shares(shares * Lq * Dh), p_shares(shares * Lq * K), ds_shares(shares * Lq * K);
     // each (batch, head)'s share of dE_K and dE_V, summed in a fixed order afterwards
     std::vector<T> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
     // each thread's buffers, allocated here so that running out of memory is an exception
     struct Scratch {
         std::vector<T> s, dp, dot, qe, g, p_buckets, ds_buckets;
     };
-    const int team = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(BH, 1)));
+    const int team = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(BH * groups, 1)));
     std::vector<Scratch> scratch(team);
     for (Scratch& mine : scratch) {
         mine = {std::vector<T>(kQueryTile * kKeyTile),
@@ -265,25 +276,38 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                 std::vector<T>(Lq * K),
                 std::vector<T>(Lq * K)};
     }
+    // after the last key tile: dq += c S E_K, and the (batch, head)'s c S^T Q and P^T dz
+    auto finish = [&](int64_t bh, const T* p_sums, const T* ds_sums) {
+        const int64_t h = bh % P.H;
+        const T* ek = ek_all + (P.tables_per_head ? h : 0) * K * Dh;
+        gemm(false, false, Lq, Dh, K, c, ds_sums, K, ek, Dh, T(1), dq_all + bh * Lq * Dh, Dh);
+        gemm(true, false, K, Dh, Lq, c, ds_sums, K, q_all + bh * Lq * Dh, Dh, T(0), dek_parts.data() + bh * K * Dh, Dh);
+        gemm(true, false, K, Dh, Lq, T(1), p_sums, K, dz_all + bh * Lq * Dh, Dh, T(0), dev_parts.data() + bh * K * Dh,
+             Dh);
+    };
 #pragma omp parallel num_threads(team)
     {
         Scratch& mine = scratch[omp_get_thread_num()];
-        std::vector<T>&s = mine.s, &dp = mine.dp, &dot = mine.dot, &qe = mine.qe, &g = mine.g,
-        &p_buckets = mine.p_buckets, &ds_buckets = mine.ds_buckets;
+        std::vector<T>&s = mine.s, &dp = mine.dp, &dot = mine.dot, &qe = mine.qe, &g = mine.g;
 #pragma omp for schedule(dynamic)
-        for (int64_t bh = 0; bh < BH; ++bh) {
-            const int64_t b = bh / P.H, h = bh % P.H;
+        for (int64_t task = 0; task < BH * groups; ++task) {
+            const int64_t bh = task / groups, group = task % groups, b = bh / P.H, h = bh % P.H;
             const T* q = q_all + bh * Lq * Dh;
             const T* k = k_all + bh * Lk * Dh;
             const T* v = v_all + bh * Lk * Dh;
             const T* z = z_all + bh * Lq * Dh;
             const T* dz = dz_all + bh * Lq * Dh;
             const T* lse = lse_all + bh * Lq;
-            T* dq = dq_all + bh * Lq * Dh;
+            T* dq = groups > 1 ? dq_shares.data() + task * Lq * Dh : dq_all + bh * Lq * Dh;
+            T* p_buckets = groups > 1 ? p_shares.data() + task * Lq * K : mine.p_buckets.data();
+            T* ds_buckets = groups > 1 ? ds_shares.data() + task * Lq * K : mine.ds_buckets.data();
             T* dk = dk_all + bh * Lk * Dh;
             T* dv = dv_all + bh * Lk * Dh;
             const T* ek = ek_all ? ek_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
             const T* ev = ev_all ? ev_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            // this group's keys: whole tiles [key_begin, key_end)
+            const int64_t key_begin = std::min(Lk, key_tiles * group / groups * kKeyTile);
+            const int64_t key_end = std::min(Lk, key_tiles * (group + 1) / groups * kKeyTile);
             for (int64_t i = 0; i < Lq; ++i) {  // D_i = dz_i . z_i
                 T total(0);
                 for (int64_t d = 0; d < Dh; ++d) total += dz[i * Dh + d] * z[i * Dh + d];
@@ -292,14 +316,14 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
             if (ek) {
                 gemm(false, true, Lq, K, Dh, T(1), q, Dh, ek, Dh, T(0), qe.data(), K);  // QE = Q E_K^T
                 gemm(false, true, Lq, K, Dh, T(1), dz, Dh, ev, Dh, T(0), g.data(), K);  // G = dz E_V^T
-                std::fill(p_buckets.begin(), p_buckets.end(), T(0));
-                std::fill(ds_buckets.begin(), ds_buckets.end(), T(0));
+                std::fill(p_buckets, p_buckets + Lq * K, T(0));
+                std::fill(ds_buckets, ds_buckets + Lq * K, T(0));
             }
             std::fill(dq, dq + Lq * Dh, T(0));
-            std::fill(dk, dk + Lk * Dh, T(0));
-            std::fill(dv, dv + Lk * Dh, T(0));
-            for (int64_t j0 = 0; j0 < Lk; j0 += kKeyTile) {
-                const int64_t j1 = std::min(Lk, j0 + kKeyTile), cols = j1 - j0;
+            std::fill(dk + key_begin * Dh, dk + key_end * Dh, T(0));
+            std::fill(dv + key_begin * Dh, dv + key_end * Dh, T(0));
+            for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyTile) {
+                const int64_t j1 = std::min(key_end, j0 + kKeyTile), cols = j1 - j0;
                 for (int64_t i0 = 0; i0 < Lq; i0 += kQueryTile) {
                     const int64_t i1 = std::min(Lq, i0 + kQueryTile), rows = i1 - i0;
                     if (!P.tile_visible(i0, i1, j0, j1)) continue;
@@ -330,9 +354,9 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                                 }
                             },
                             [&](int64_t begin, int64_t end, int64_t first) {
-                                softmax_backward_diagonal(
-                                    s_row + begin, dp_row + begin, end - begin, g.data() + i * K + first, dot[i],
-                                    p_buckets.data() + i * K + first, ds_buckets.data() + i * K + first);
+                                softmax_backward_diagonal(s_row + begin, dp_row + begin, end - begin,
+                                                          g.data() + i * K + first, dot[i], p_buckets + i * K + first,
+                                                          ds_buckets + i * K + first);
                             });  // dp_row is now ds
                     }
                     gemm(true, false, cols, Dh, rows, T(1), s.data(), cols, dz_t, Dh, T(1), dv + j0 * Dh, Dh);
@@ -340,13 +364,24 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                     gemm(false, false, rows, Dh, cols, c, dp.data(), cols, k + j0 * Dh, Dh, T(1), dq + i0 * Dh, Dh);
                 }
             }
-            if (ek) {
-                gemm(false, false, Lq, Dh, K, c, ds_buckets.data(), K, ek, Dh, T(1), dq, Dh);  // dq += c S E_K
-                gemm(true, false, K, Dh, Lq, c, ds_buckets.data(), K, q, Dh, T(0), dek_parts.data() + bh * K * Dh,
-                     Dh);  // c S^T Q
-                gemm(true, false, K, Dh, Lq, T(1), p_buckets.data(), K, dz, Dh, T(0), dev_parts.data() + bh * K * Dh,
-                     Dh);  // P^T dz
+            if (ek && groups == 1) finish(bh, p_buckets, ds_buckets);
+        }
+    }
+    if (groups > 1) {  // sum each (batch, head)'s shares in group order, then finish it
+#pragma omp parallel for schedule(dynamic) num_threads(team)
+        for (int64_t bh = 0; bh < BH; ++bh) {
+            Scratch& mine = scratch[omp_get_thread_num()];
+            T* dq = dq_all + bh * Lq * Dh;
+            std::fill(dq, dq + Lq * Dh, T(0));
+            std::fill(mine.p_buckets.begin(), mine.p_buckets.end(), T(0));
+            std::fill(mine.ds_buckets.begin(), mine.ds_buckets.end(), T(0));
+            for (int64_t group = 0; group < groups; ++group) {
+                const int64_t share = bh * groups + group;
+                accumulate(dq, dq_shares.data() + share * Lq * Dh, Lq * Dh);
+                accumulate(mine.p_buckets.data(), p_shares.data() + share * Lq * K, Lq * K);
+                accumulate(mine.ds_buckets.data(), ds_shares.data() + share * Lq * K, Lq * K);
             }
+            if (P.relative) finish(bh, mine.p_buckets.data(), mine.ds_buckets.data());
         }
     }
     if (!P.relative) return;
