@@ -122,6 +122,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     tr.seed = static_cast<uint64_t>(training.integer("seed", 0, int64_t{1} << 53, 1));
     tr.threads = training.integer("threads", 1, 1024, 2);
     t.checkpoint = training.flag("gradient_checkpointing", false);
+    tr.length_bucketing = training.flag("length_bucketing", false);
     tr.log_every = training.integer("log_every", 1, int64_t{1} << 40, 20);
     training.finish();
 
@@ -192,6 +193,7 @@ nlohmann::json Config::resolved() const {
           {"seed", training.seed},
           {"threads", training.threads},
           {"gradient_checkpointing", model.transformer.checkpoint},
+          {"length_bucketing", training.length_bucketing},
           {"log_every", training.log_every}}},
         {"evaluation",
          {{"every", evaluation.every},

@@ -59,6 +59,7 @@ struct TrainingConfig {
     uint64_t seed = 1;
     int64_t threads = 2;
     int64_t log_every = 20;
+    bool length_bucketing = false;  // draw each batch from examples of about the same length
 };
 
 struct EvaluationConfig {

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -68,6 +69,8 @@ public:
     virtual ~Task() = default;
     virtual Module& model() = 0;
     virtual int64_t train_size() const = 0;
+    // what a training example pads to: its tokens (for pairs, the longer side)
+    virtual int64_t train_length(int64_t i) const = 0;
     // The mean loss over the examples `indices` of the training set; `tokens` receives how many
     // tokens the batch held.
     virtual Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) = 0;
@@ -125,6 +128,7 @@ public:
         return weights_of(model_.encoder);
     }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].tokens.size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
     Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override {
@@ -183,6 +187,9 @@ public:
         return weights_of(model_.encoder);
     }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override {
+        return static_cast<int64_t>(std::max(train_[i].source.size(), train_[i].target.size() + 1));
+    }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
     Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override {
@@ -307,6 +314,7 @@ public:
         return weights_of(model_.decoder);
     }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].size()); }
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
 
     Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override {
@@ -623,6 +631,23 @@ std::string duration(double seconds) {
 
 }  // namespace
 
+std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& lengths, int64_t group_size) {
+    if (group_size <= 0) throw std::invalid_argument("length_groups: group_size must be positive");
+    std::vector<int64_t> order(lengths.size());
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] < lengths[b]; });
+    std::vector<std::vector<int64_t>> groups;
+    for (std::size_t start = 0; start < order.size(); start += static_cast<std::size_t>(group_size)) {
+        const std::size_t end = std::min(order.size(), start + static_cast<std::size_t>(group_size));
+        if (!groups.empty() && end - start < static_cast<std::size_t>(group_size)) {
+            groups.back().insert(groups.back().end(), order.begin() + start, order.begin() + end);  // the rest
+        } else {
+            groups.emplace_back(order.begin() + start, order.begin() + end);
+        }
+    }
+    return groups;
+}
+
 json train(const Config& config, const TrainOptions& options) {
     const fs::path out(config.output.dir);
     const json resolved = config.resolved();
@@ -691,13 +716,25 @@ json train(const Config& config, const TrainOptions& options) {
     const int64_t batch = config.training.batch_size;
     // the sampler's seeds are kept apart from those of the weights and the synthetic data
     const uint64_t sampler_base = Generator(config.training.seed ^ 0x5851f42d4c957f2dULL).next_u64();
+    // length bucketing: groups of 16 batches' worth of examples of about the same length
+    std::vector<std::vector<int64_t>> groups;
+    if (config.training.length_bucketing) {
+        std::vector<int64_t> lengths;
+        for (int64_t i = 0; i < task->train_size(); ++i) lengths.push_back(task->train_length(i));
+        groups = length_groups(lengths, 16 * batch);
+    }
     json last_eval;
     for (; step < config.training.steps; ++step) {
         // the batch and the dropout masks of a step depend on (seed, step) alone
         Generator sampler(sampler_base + static_cast<uint64_t>(step));
         std::vector<int64_t> indices;
-        for (int64_t i = 0; i < batch; ++i)
-            indices.push_back(static_cast<int64_t>(sampler.next_u64() % task->train_size()));
+        if (groups.empty()) {
+            for (int64_t i = 0; i < batch; ++i)
+                indices.push_back(static_cast<int64_t>(sampler.next_u64() % task->train_size()));
+        } else {
+            const std::vector<int64_t>& group = groups[sampler.next_u64() % groups.size()];
+            for (int64_t i = 0; i < batch; ++i) indices.push_back(group[sampler.next_u64() % group.size()]);
+        }
         model.reseed(sampler.next_u64());
 
         model.zero_grad();

@@ -26,6 +26,11 @@ struct TrainingDiverged : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// Length bucketing (training.length_bucketing): the indices of the training examples sorted by
+// length (ties by index) and cut into groups of group_size neighbours, the last group taking what
+// is left; a batch is then drawn from one group, so it pads little.
+std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& lengths, int64_t group_size);
+
 // Trains, evaluates and writes the output directory; returns summary.json's content (or, when
 // stopped by stop_after, {"stopped_at": step} and no summary). Throws
 // std::invalid_argument for an unusable config or output directory and TrainingDiverged.

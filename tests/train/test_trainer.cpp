@@ -170,6 +170,38 @@ TEST_CASE("the same run with any thread count, fused attention or not, checkpoin
     }
 }
 
+TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses them") {
+    const std::vector<int64_t> lengths = {5, 1, 3, 1, 9, 3, 2};
+    const auto groups = length_groups(lengths, 3);
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0] == std::vector<int64_t>{1, 3, 6});     // lengths 1, 1, 2 (ties by index)
+    CHECK(groups[1] == std::vector<int64_t>{2, 5, 0, 4});  // 3, 3, 5 and the rest, 9
+    CHECK(length_groups(lengths, 10) == std::vector<std::vector<int64_t>>{{1, 3, 6, 2, 5, 0, 4}});
+    CHECK(length_groups({}, 4).empty());
+    CHECK_THROWS_AS(length_groups(lengths, 0), std::invalid_argument);
+
+    TempDir a("relgrad_test_bucketing_a"), b("relgrad_test_bucketing_b");
+    auto run = [](const fs::path& out) {
+        nlohmann::json c = tiny_run(out);
+        c["task"]["kind"] = "copy";
+        c["task"]["vocab"] = 10;
+        c["task"]["train_lengths"] = {2, 12};
+        c["task"]["test_lengths"] = {2, 12};
+        c["training"]["length_bucketing"] = true;
+        c["training"]["batch_size"] = 8;
+        train(Config::parse(c, "bucketing"), TrainOptions{});
+        std::vector<nlohmann::json> lines = read_lines(out / "metrics.jsonl");
+        for (auto& line : lines) {
+            line.erase("tokens_per_second");
+            line.erase("seconds");
+        }
+        return lines;
+    };
+    const auto first = run(a.path);
+    CHECK(first.size() == 12 + 3);
+    CHECK(run(b.path) == first);  // batches still come from (seed, step) alone
+}
+
 TEST_CASE("the loss falls: copying short sequences") {
     TempDir out("relgrad_test_train_copy");
     nlohmann::json c = tiny_run(out.path);
