@@ -46,6 +46,16 @@ std::vector<nlohmann::json> read_lines(const fs::path& path) {
     return lines;
 }
 
+// metrics.jsonl without its timing keys: what two runs of the same config must share exactly
+std::vector<nlohmann::json> metrics_without_timing(const fs::path& run) {
+    std::vector<nlohmann::json> lines = read_lines(run / "metrics.jsonl");
+    for (auto& line : lines) {
+        line.erase("tokens_per_second");
+        line.erase("seconds");
+    }
+    return lines;
+}
+
 fs::path dir_for_batch(const fs::path& base) { return base.string() + "-batch"; }
 
 struct TempDir {
@@ -123,14 +133,7 @@ TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives
     REQUIRE(read_lines(a.path / "metrics.jsonl").size() == 12 + 3);  // 12 steps, 3 evaluations (0, 6, 12)
 
     train(Config::parse(tiny_run(b.path), "tiny"), TrainOptions{});
-    auto without_timing = [](std::vector<nlohmann::json> lines) {
-        for (auto& line : lines) {
-            line.erase("tokens_per_second");
-            line.erase("seconds");
-        }
-        return lines;
-    };
-    CHECK(without_timing(read_lines(a.path / "metrics.jsonl")) == without_timing(read_lines(b.path / "metrics.jsonl")));
+    CHECK(metrics_without_timing(a.path) == metrics_without_timing(b.path));
     CHECK_THROWS_WITH_AS(train(Config::parse(tiny_run(a.path), "tiny"), TrainOptions{}),
                          doctest::Contains("already holds a run; pass --resume"), std::invalid_argument);
 }
@@ -148,12 +151,7 @@ TEST_CASE("the same run with any thread count, fused attention or not, checkpoin
         c["training"]["gradient_checkpointing"] = checkpointing;
         c["evaluation"]["every"] = 4;
         train(Config::parse(c, "threads"), TrainOptions{});
-        std::vector<nlohmann::json> lines = read_lines(out / "metrics.jsonl");
-        for (auto& line : lines) {
-            line.erase("tokens_per_second");
-            line.erase("seconds");
-        }
-        return lines;
+        return metrics_without_timing(out);
     };
     TempDir a("relgrad_test_threads_a"), b("relgrad_test_threads_b"), c("relgrad_test_threads_c"),
         d("relgrad_test_threads_d");
@@ -190,12 +188,7 @@ TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses
         c["training"]["length_bucketing"] = true;
         c["training"]["batch_size"] = 8;
         train(Config::parse(c, "bucketing"), TrainOptions{});
-        std::vector<nlohmann::json> lines = read_lines(out / "metrics.jsonl");
-        for (auto& line : lines) {
-            line.erase("tokens_per_second");
-            line.erase("seconds");
-        }
-        return lines;
+        return metrics_without_timing(out);
     };
     const auto first = run(a.path);
     CHECK(first.size() == 12 + 3);
