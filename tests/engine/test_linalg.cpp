@@ -39,6 +39,22 @@ TEST_CASE("transposed, sliced and expanded operands") {
     check_values(matmul(row.expand({4, 5}), bt), naive_matmul(row.expand({4, 5}).contiguous(), bt));
 }
 
+TEST_CASE("big products cut into blocks of rows or of columns give the whole product") {
+    // the CPU backend cuts products into pieces for its threads: by rows when they are tall, by
+    // columns when they are short and wide (here 3 row blocks, and 4 column blocks); B read as is
+    // and transposed, and a batch of two
+    Generator gen(8);
+    const Tensor tall = randn({300, 6}, gen, DType::float64), short_wide = randn({5, 6}, gen, DType::float64);
+    const Tensor b = randn({6, 700}, gen, DType::float64), bt = randn({700, 6}, gen, DType::float64);
+    check_values(matmul(tall, b), naive_matmul(tall, b));
+    check_values(matmul(short_wide, b), naive_matmul(short_wide, b));
+    check_values(matmul(short_wide, bt.transpose(0, 1)), naive_matmul(short_wide, bt.transpose(0, 1).contiguous()));
+    const Tensor pair = randn({2, 5, 6}, gen, DType::float64);
+    const Tensor batched = matmul(pair, b);
+    for (int64_t n = 0; n < 2; ++n)
+        check_values(batched.narrow(0, n, 1).squeeze(0), naive_matmul(pair.narrow(0, n, 1).squeeze(0).contiguous(), b));
+}
+
 TEST_CASE("batched matmul broadcasts batch dims; vectors drop their dim") {
     Generator gen(7);
     const Tensor a = randn({2, 1, 3, 4}, gen, DType::float64), b = randn({5, 4, 2}, gen, DType::float64);

@@ -485,32 +485,42 @@ public:
                     [&](const auto& off) { offsets.push_back(off); });
             // rows [m0, m1) of one product; row m of op(A) starts m * leading_dim in, or m in when
             // A is read transposed
-            auto gemm = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1) {
-                if (m1 <= m0) return;
+            // rows [m0, m1) and columns [n0, n1) of one product; row m of op(A) starts m * leading_dim
+            // in (m when A is read transposed), column n of op(B) n in (n * leading_dim transposed)
+            auto gemm = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                if (m1 <= m0 || n1 <= n0) return;
                 const int64_t a_row = m0 * (la.transposed ? 1 : la.leading_dim);
+                const int64_t b_column = n0 * (lb.transposed ? lb.leading_dim : 1);
                 cxxblas::gemm<blas_index_t>(cxxblas::StorageOrder::RowMajor,
                                             la.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
                                             lb.transposed ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
-                                            blas_index_t(m1 - m0), blas_index_t(N), blas_index_t(K), T(1),
-                                            pa + off[0] + a_row, blas_index_t(la.leading_dim), pb + off[1],
-                                            blas_index_t(lb.leading_dim), T(0), pc + off[2] + m0 * N, blas_index_t(N));
+                                            blas_index_t(m1 - m0), blas_index_t(n1 - n0), blas_index_t(K), T(1),
+                                            pa + off[0] + a_row, blas_index_t(la.leading_dim), pb + off[1] + b_column,
+                                            blas_index_t(lb.leading_dim), T(0), pc + off[2] + m0 * N + n0,
+                                            blas_index_t(N));
             };
             // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: two thread
             // pools on two cores would only fight. The work is cut into the same pieces whatever the
-            // thread count, every product into blocks of rows of the output, and the pieces are
-            // shared out: OpenBLAS picks its kernels by the sizes it is given, so cutting by the
-            // thread count would make the results depend on it. Each block packs all of op(B)
-            // again, so blocks are big: about an eighth of the rows, at least 128, and a batch of 8
-            // products or more (attention's, one per head) is cut into the products alone.
+            // thread count and the pieces are shared out: OpenBLAS picks its kernels by the sizes it
+            // is given, so cutting by the thread count would make the results depend on it. A batch
+            // of 8 products or more (attention's, one per head) is cut into the products alone;
+            // fewer products into blocks of rows, about an eighth of them and at least 128 (each
+            // block packs all of op(B) again, so blocks are big); a product too short for that but
+            // wide (N >= 256, e.g. an output layer while decoding) into blocks of columns alike.
             const int64_t count = static_cast<int64_t>(offsets.size());
-            const int64_t block_rows = count >= 8 ? M : std::max<int64_t>(128, (M + 8 * 64 - 1) / (8 * 64) * 64);
+            auto eighth = [](int64_t n) { return std::max<int64_t>(128, (n + 8 * 64 - 1) / (8 * 64) * 64); };
+            const int64_t block_rows = count >= 8 ? M : eighth(M);
+            const int64_t row_blocks = (M + block_rows - 1) / block_rows;
+            const int64_t block_columns = count < 8 && row_blocks == 1 && N >= 256 ? eighth(N) : N;
+            const int64_t column_blocks = (N + block_columns - 1) / block_columns;
+            const int64_t blocks = row_blocks * column_blocks;
             openblas_set_num_threads(1);
-            const int64_t blocks = (M + block_rows - 1) / block_rows;
             const int64_t pieces = count * blocks;
 #pragma omp parallel for schedule(static) if (pieces > 1)
             for (int64_t piece = 0; piece < pieces; ++piece) {
-                const int64_t block = piece % blocks;
-                gemm(offsets[piece / blocks], block * block_rows, std::min(M, (block + 1) * block_rows));
+                const int64_t row_block = piece % blocks / column_blocks, column_block = piece % column_blocks;
+                gemm(offsets[piece / blocks], row_block * block_rows, std::min(M, (row_block + 1) * block_rows),
+                     column_block * block_columns, std::min(N, (column_block + 1) * block_columns));
             }
         });
     }
