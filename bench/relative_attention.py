@@ -3,7 +3,8 @@
 against PyTorch on the same CPU threads, each configuration in its own process so that its peak
 RSS is its own.
 
-    python3 bench/relative_attention.py --relgrad build/bench/bench_relative_attention [--long] [--window]
+    /usr/bin/python3 bench/relative_attention.py --relgrad build/bench/bench_relative_attention
+        [--long [--plot DIR]] [--window] [--core] [--json FILE]
 
 Default (B=8, D=256, H=8, k=8, L in 128 256 512):
   relgrad reference : builds the [L, L, Dh] tables E[r(i, j)] (layers/attention.cpp)

@@ -6,7 +6,8 @@
 // Relative (Shaw et al. 2018): for query i and key j the distance j - i, clipped to
 // [-k_left, k_right] and shifted, indexes a table of K = k_left + k_right + 1 vectors:
 //   r(i, j) = clip(j - i, -k_left, k_right) + k_left  in [0, K)
-//   RelativePositionEmbedding      the table E [K, Dh] (or one per head) and the index r
+//   RelativePositionEmbedding      the table E [K, Dh] (or one per head, or the rank-r product A B)
+//                                  and the index r
 #pragma once
 
 #include "layers/basic.hpp"

@@ -26,7 +26,7 @@ struct TransformerOptions {
     int64_t layers = 2;
     double dropout = 0.1;
     PositionMode position = PositionMode::relative;
-    RelativeOptions relative;  // k_left, k_right, share_across_heads (relative and gated)
+    RelativeOptions relative;  // k_left, k_right, share_across_heads, rank (relative and gated)
     AttentionImpl impl = AttentionImpl::bucketed;
     bool token_gate = false;  // gated: a token-dependent gate
     int64_t max_len = 512;    // learned positions: the longest input

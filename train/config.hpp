@@ -41,7 +41,7 @@ struct DataConfig {
     std::string test;   // or, when empty, a held-out part of train
     double held_out = 0.1;
     std::string tokenizer = "char";  // char | word
-    int64_t min_frequency = 1;       // word: rarer words become <unk>
+    int64_t min_frequency = 1;       // rarer tokens (characters or words) become <unk>
     int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
     // classification and pairs: training examples whose text (source) has more tokens are left
     // out, the test examples kept whatever their length (0: keep all); for length generalization
@@ -87,7 +87,7 @@ struct Config {
     nlohmann::json resolved() const;
 };
 
-// The quickstart: relative-order classification with relative positions, about half a minute here.
+// The quickstart: relative-order classification with relative positions, about ten seconds here.
 nlohmann::json quickstart_config();
 // Reads a config file (JSON errors with line and column); throws std::invalid_argument.
 nlohmann::json read_config_file(const std::string& path);

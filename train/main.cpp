@@ -1,13 +1,15 @@
 // relgrad: the command-line program.
 //
-//   relgrad train [CONFIG] [--set a.b=v ...] [--out DIR] [--resume]   train (the quickstart by default)
+//   relgrad train [CONFIG] [--set a.b=v ...] [--out DIR] [--resume] [--stop-after N]
+//                                                   train (the quickstart by default)
 //   relgrad validate CONFIG [--set a.b=v ...]       check a config without training
 //   relgrad eval RUN_DIR [--data FILE]              metrics of a trained run on its test data (or FILE)
-//   relgrad generate RUN_DIR --prompt TEXT          greedy continuation (language model) or target (pairs)
+//   relgrad generate RUN_DIR --prompt TEXT [--max-tokens N]   greedy continuation or target (pairs)
 //   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
 //   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
 //   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
+//   --threads N with any of them                    the threads (train, validate: training.threads)
 //
 // Exit codes: 0 success, 1 a gradient check failed or training diverged, 2 bad input (one line
 // on stderr).

@@ -21,7 +21,7 @@ struct TrainOptions {
     int64_t stop_after = -1;  // end this run after that step, checkpoint written (a planned interruption)
 };
 
-// Training produced a NaN or infinite loss; the message names the step.
+// Training produced a NaN or infinite loss or gradient norm; the message names the step.
 struct TrainingDiverged : std::runtime_error {
     using std::runtime_error::runtime_error;
 };

@@ -3,7 +3,8 @@
 // Ops (engine/ops/) are written once on top of these kernels; a kernel knows nothing about
 // autograd. Inputs may be any strided view (transposed, sliced, expanded with stride 0); outputs
 // are freshly allocated by the op unless a kernel says otherwise. The CPU backend (cpu/) is
-// always built; a CUDA backend implements the same list on raw device buffers.
+// always built; a CUDA backend would implement the same list on raw device buffers (not written
+// yet).
 #pragma once
 
 #include <cstdint>
