@@ -59,6 +59,16 @@ static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
     }
 }
 
+// The mask as a bool view expanded to [B, H, Lq, Lk] (no copy of its elements), or undefined.
+static Tensor expanded_bool_mask(const Tensor& mask, const Shape& shape, const std::string& op) {
+    if (!mask.defined()) return Tensor();
+    if (broadcast_shapes(mask.shape(), shape, "attention mask") != shape) {
+        throw std::invalid_argument(op + ": mask of shape " + shape_str(mask.shape()) +
+                                    " does not broadcast to [B, H, Lq, Lk] = " + shape_str(shape));
+    }
+    return mask.to(DType::boolean).expand(shape);
+}
+
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& rel, Tensor* weights) {
     check_attention_inputs(q, k, v, rel);
@@ -70,14 +80,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         NoGradGuard forward_only;
         a = matmul(q, k.transpose(-1, -2));  // a fresh [B, H, Lq, Lk]: the softmax runs in place
         const Tensor bucket_scores = relative ? matmul(q, rel.table_k.transpose(-1, -2)) : Tensor();
-        Tensor expanded_mask;
-        if (mask.defined()) {
-            if (broadcast_shapes(mask.shape(), {B, H, Lq, Lk}, "attention mask") != Shape{B, H, Lq, Lk}) {
-                throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
-                                            " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, H, Lq, Lk}));
-            }
-            expanded_mask = mask.to(DType::boolean).expand({B, H, Lq, Lk});
-        }
+        const Tensor expanded_mask = expanded_bool_mask(mask, {B, H, Lq, Lk}, "attention");
         if (relative) bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype());
         backend.attention_softmax(a, bucket_scores, rel.index, expanded_mask, scale, bucket_weights);
         z = matmul(a, v);
@@ -161,13 +164,7 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
         rel.table_v = rel_in.table_v.detach().contiguous();
     }
     AttentionPattern pattern = pattern_in;
-    if (pattern.mask.defined()) {
-        if (broadcast_shapes(pattern.mask.shape(), {B, H, Lq, Lk}, "attention mask") != Shape{B, H, Lq, Lk}) {
-            throw std::invalid_argument("fused_attention: mask of shape " + shape_str(pattern.mask.shape()) +
-                                        " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, H, Lq, Lk}));
-        }
-        pattern.mask = pattern.mask.to(DType::boolean).expand({B, H, Lq, Lk});
-    }
+    pattern.mask = expanded_bool_mask(pattern.mask, {B, H, Lq, Lk}, "fused_attention");
     const bool empty_problem = q.numel() == 0 || Dh == 0;
     Tensor z = zeros({B, H, Lq, Dh}, q.dtype()), lse = empty({B, H, Lq}, q.dtype());
     if (!empty_problem) backend_for(q.device()).fused_attention(q, k, v, pattern, scale, rel, z, lse);

@@ -31,6 +31,7 @@ Tensor bucket_index(const Case& c) {
 }
 
 Tensor dense_mask(const Case& c) {
+    const std::vector<double> padding = c.padding.defined() ? c.padding.to_vector() : std::vector<double>();
     std::vector<double> keep;
     for (int64_t b = 0; b < c.B; ++b)
         for (int64_t i = 0; i < c.Lq; ++i)
@@ -38,7 +39,7 @@ Tensor dense_mask(const Case& c) {
                 const int64_t position = c.pattern.query_offset + i;
                 bool visible = !c.pattern.causal || j <= position;
                 if (c.pattern.window >= 0) visible = visible && std::abs(j - position) <= c.pattern.window;
-                if (c.padding.defined()) visible = visible && c.padding.to_vector()[b * c.Lk + j] != 0;
+                if (!padding.empty()) visible = visible && padding[b * c.Lk + j] != 0;
                 keep.push_back(visible);
             }
     return from_vector(keep, {c.B, 1, c.Lq, c.Lk}, DType::boolean);
