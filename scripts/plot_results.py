@@ -4,7 +4,8 @@
     python3 scripts/plot_results.py
 
 - EXP_loss.png: training loss per variant (first seed), from metrics.jsonl
-- EXP_by_length.png: the metric per length bucket, mean over seeds with the spread as error bars
+- EXP_by_length.png: the metric per length bucket (BLEU for translation), mean over seeds with the
+  spread as error bars
 - translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
 - gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
@@ -65,7 +66,7 @@ def by_length(experiment, results):
         plt.xticks(range(len(buckets)), buckets)
     metric = next(iter(results.values()))["metric"]
     plt.xlabel("length bucket")
-    plt.ylabel("accuracy" if metric != "perplexity" else metric)
+    plt.ylabel({"bleu": "BLEU"}.get(metric, metric))
     plt.title(f"{experiment}: by length (mean ± std over seeds)")
     plt.legend(fontsize=7)
     plt.tight_layout()
@@ -172,14 +173,15 @@ def attention_maps(results, relgrad="build/relgrad"):
 def main():
     os.makedirs(OUT, exist_ok=True)
     all_results = {}
-    for experiment in ("length", "sentiment", "translation"):
+    for experiment in ("length", "sentiment", "translation", "translation-length"):
         results = load(experiment)
         if results is None:
             continue
         all_results[experiment] = results
         loss_curves(experiment, results)
         by_length(experiment, results)
-        relative_table(experiment, results)
+        if experiment != "translation-length":  # the same kind of table as translation's
+            relative_table(experiment, results)
         if experiment == "translation":
             bleu_vs_k(results)
         if experiment == "length":

@@ -81,11 +81,9 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
         buckets.emplace_back(std::stoll(name.substr(name[0] == '>' ? 1 : 0)) + (name[0] == '>'), name);
     }
     std::sort(buckets.begin(), buckets.end());
-    if (metric == "bleu") std::printf(" (exact match)");
     for (const auto& bucket : buckets) {
         const nlohmann::json& result = final["by_length"][bucket.second];
-        std::printf(" %s: %.4g", bucket.second.c_str(),
-                    result[result.contains("accuracy") ? "accuracy" : metric].get<double>());
+        std::printf(" %s: %.4g", bucket.second.c_str(), result[metric].get<double>());
     }
     std::printf("\nsummary, metrics and checkpoint in %s\n", config.output.dir.c_str());
     return 0;

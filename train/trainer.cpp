@@ -207,11 +207,20 @@ public:
         return cross_entropy(logits.reshape({-1, V}), output.ids.reshape({-1}), Tokenizer::pad);
     }
 
+    // exact match, token accuracy and BLEU, over the test set and per source-length bucket
     json evaluate(int64_t batch_size, const LengthBuckets& buckets) override {
         NoGradGuard no_grad;
-        std::vector<int64_t> hits(buckets.count()), counts(buckets.count());
-        std::vector<std::vector<std::string>> hypotheses, references;
-        int64_t exact = 0, token_hits = 0, token_count = 0;
+        struct Tally {
+            int64_t exact = 0, token_hits = 0, tokens = 0, examples = 0;
+            std::vector<std::vector<std::string>> hypotheses, references;
+            json metrics() const {
+                return {{"accuracy", static_cast<double>(exact) / static_cast<double>(examples)},
+                        {"token_accuracy", static_cast<double>(token_hits) / static_cast<double>(tokens)},
+                        {"bleu", corpus_bleu(hypotheses, references)}};
+            }
+        };
+        Tally all;
+        std::vector<Tally> by_bucket(buckets.count());
         for (std::size_t start = 0; start < test_.size(); start += batch_size) {
             const std::size_t end = std::min(test_.size(), start + batch_size);
             std::vector<std::vector<int64_t>> sources;
@@ -223,23 +232,29 @@ public:
             const std::vector<std::vector<int64_t>> predicted = greedy_decode(sources, longest + 1);
             for (std::size_t r = 0; r < sources.size(); ++r) {
                 const std::vector<int64_t>& target = test_[start + r].target;
-                const bool hit = predicted[r] == target;
-                const int64_t bucket = buckets.bucket_of(static_cast<int64_t>(sources[r].size()));
-                exact += hit;
-                hits[bucket] += hit;
-                counts[bucket] += 1;
+                int64_t token_hits = 0;
                 for (std::size_t j = 0; j < target.size(); ++j) {
                     token_hits += j < predicted[r].size() && predicted[r][j] == target[j];
                 }
-                token_count += static_cast<int64_t>(target.size());
-                hypotheses.push_back(as_words(predicted[r]));
-                references.push_back(as_words(target));
+                for (Tally* tally : {&all, &by_bucket[buckets.bucket_of(static_cast<int64_t>(sources[r].size()))]}) {
+                    tally->exact += predicted[r] == target;
+                    tally->token_hits += token_hits;
+                    tally->tokens += static_cast<int64_t>(target.size());
+                    tally->examples += 1;
+                    tally->hypotheses.push_back(as_words(predicted[r]));
+                    tally->references.push_back(as_words(target));
+                }
             }
         }
-        return {{"accuracy", static_cast<double>(exact) / static_cast<double>(test_.size())},
-                {"token_accuracy", static_cast<double>(token_hits) / static_cast<double>(token_count)},
-                {"bleu", corpus_bleu(hypotheses, references)},
-                {"by_length", by_length(buckets, hits, counts)}};
+        json result = all.metrics();
+        result["by_length"] = json::object();
+        for (int64_t b = 0; b < buckets.count(); ++b) {
+            const Tally& tally = by_bucket[b];
+            if (tally.examples == 0) continue;
+            result["by_length"][buckets.name(b)] = tally.metrics();
+            result["by_length"][buckets.name(b)]["examples"] = tally.examples;
+        }
+        return result;
     }
 
 private:

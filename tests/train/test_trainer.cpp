@@ -216,6 +216,30 @@ TEST_CASE("the loss falls: copying short sequences") {
     CHECK(last < 0.8 * first);
     for (const char* key : {"accuracy", "token_accuracy", "bleu", "by_length"})
         CHECK_MESSAGE(summary["final"].contains(key), key);
+    // every metric also per source-length bucket; the buckets' exact matches add up to the whole
+    const nlohmann::json& buckets = summary["final"]["by_length"];
+    REQUIRE(buckets.size() == 2);
+    int64_t examples = 0;
+    double exact = 0;
+    for (const auto& bucket : buckets) {
+        for (const char* key : {"accuracy", "token_accuracy", "bleu"}) {
+            REQUIRE_MESSAGE(bucket.contains(key), key);
+            CHECK(bucket[key].get<double>() >= 0);
+            CHECK(bucket[key].get<double>() <= 1);
+        }
+        examples += bucket["examples"].get<int64_t>();
+        exact += bucket["accuracy"].get<double>() * bucket["examples"].get<double>();
+    }
+    CHECK(examples == 32);
+    CHECK(exact / 32 == doctest::Approx(summary["final"]["accuracy"].get<double>()).epsilon(1e-12));
+    // with one bucket for every length, the bucket's metrics are the whole test set's
+    c["output"]["dir"] = (out.path / "one_bucket").string();
+    c["training"]["steps"] = 4;
+    c["evaluation"] = {{"every", 4}, {"length_buckets", {8}}};
+    const nlohmann::json one = train(Config::parse(c, "copy"), TrainOptions{})["final"];
+    REQUIRE(one["by_length"].size() == 1);
+    for (const char* key : {"accuracy", "token_accuracy", "bleu"}) CHECK(one["by_length"]["1-8"][key] == one[key]);
+    CHECK(one["token_accuracy"].get<double>() > 0);  // so that the equality compares something
 }
 
 TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
