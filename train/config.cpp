@@ -99,6 +99,11 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     c.data.held_out = data.number("held_out", 0, 0.9, 0.1, true);
     c.data.tokenizer = data.text("tokenizer", "char", {"char", "word"});
     c.data.min_frequency = data.integer("min_frequency", 1, 1 << 30, 1);
+    c.data.lowercase = data.flag("lowercase", false);
+    c.data.split_punctuation = data.flag("split_punctuation", false);
+    if (c.data.split_punctuation && c.data.tokenizer != "word") {
+        data.fail("split_punctuation", "false with the char tokenizer (set data.tokenizer = \"word\")");
+    }
     c.data.max_length = data.integer("max_length", 1, 1 << 20, 128);
     c.data.train_max_tokens = data.integer("train_max_tokens", 0, 1 << 20, 0);
     data.finish();
@@ -177,6 +182,8 @@ nlohmann::json Config::resolved() const {
           {"held_out", data.held_out},
           {"tokenizer", data.tokenizer},
           {"min_frequency", data.min_frequency},
+          {"lowercase", data.lowercase},
+          {"split_punctuation", data.split_punctuation},
           {"train_max_tokens", data.train_max_tokens},
           {"max_length", data.max_length}}},
         {"training",

@@ -42,6 +42,8 @@ struct DataConfig {
     double held_out = 0.1;
     std::string tokenizer = "char";  // char | word
     int64_t min_frequency = 1;       // rarer tokens (characters or words) become <unk>
+    bool lowercase = false;          // the tokenizer's TextOptions (train/tokenizer.hpp)
+    bool split_punctuation = false;  // word tokenizer only
     int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
     // classification and pairs: training examples whose text (source) has more tokens are left
     // out, the test examples kept whatever their length (0: keep all); for length generalization

@@ -82,6 +82,36 @@ double corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
     return brevity_penalty * std::exp(log_precision_sum / max_order);
 }
 
+SequenceScores sequence_scores(const std::vector<std::vector<int64_t>>& outputs,
+                               const std::vector<std::vector<int64_t>>& targets, int64_t unknown) {
+    if (outputs.size() != targets.size()) {
+        throw std::invalid_argument("sequence_scores: " + std::to_string(outputs.size()) + " outputs for " +
+                                    std::to_string(targets.size()) + " targets");
+    }
+    if (outputs.empty()) throw std::invalid_argument("sequence_scores: no outputs");
+    int64_t exact = 0, token_hits = 0, target_tokens = 0;
+    std::vector<std::vector<std::string>> hypotheses, references;
+    for (size_t s = 0; s < outputs.size(); ++s) {
+        const std::vector<int64_t>&output = outputs[s], &target = targets[s];
+        if (target.empty()) throw std::invalid_argument("sequence_scores: target " + std::to_string(s) + " is empty");
+        int64_t hits = 0;
+        for (size_t j = 0; j < target.size(); ++j)
+            hits += j < output.size() && output[j] == target[j] && target[j] != unknown;
+        exact += hits == static_cast<int64_t>(target.size()) && output.size() == target.size();
+        token_hits += hits;
+        target_tokens += static_cast<int64_t>(target.size());
+        // BLEU compares words: ids as text, a target <unk> as a word no output id can equal
+        std::vector<std::string> hypothesis, reference;
+        for (int64_t id : output) hypothesis.push_back(std::to_string(id));
+        for (int64_t id : target) reference.push_back(id == unknown ? "<unk>" : std::to_string(id));
+        hypotheses.push_back(std::move(hypothesis));
+        references.push_back(std::move(reference));
+    }
+    const double n = static_cast<double>(outputs.size());
+    return {static_cast<double>(exact) / n, static_cast<double>(token_hits) / static_cast<double>(target_tokens),
+            corpus_bleu(hypotheses, references)};
+}
+
 double perplexity(double total_nll_nats, int64_t tokens) {
     require_total("perplexity", "total_nll_nats", total_nll_nats);
     require_positive_count("perplexity", "tokens", tokens);

@@ -20,6 +20,19 @@ double accuracy(const std::vector<int64_t>& predicted, const std::vector<int64_t
 double corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
                    const std::vector<std::vector<std::string>>& references);
 
+// The scores of output sequences against their targets (token ids), for sequence pairs:
+//   accuracy        the fraction of outputs equal to their target (exact match)
+//   token_accuracy  the fraction of target positions where the output has the target's token
+//   bleu            corpus_bleu over the token ids
+// A target token `unknown` (<unk>: a word the vocabulary left out) never matches, not even an
+// output <unk>: the real word is not known, and a model must not score by predicting <unk>.
+// Sizes must match and be non-empty; targets must not be empty.
+struct SequenceScores {
+    double accuracy, token_accuracy, bleu;
+};
+SequenceScores sequence_scores(const std::vector<std::vector<int64_t>>& outputs,
+                               const std::vector<std::vector<int64_t>>& targets, int64_t unknown);
+
 // exp(nll / tokens): the model is as unsure as a uniform choice among this many tokens.
 double perplexity(double total_nll_nats, int64_t tokens);
 // nll / (characters ln 2): the average code length in bits per character.

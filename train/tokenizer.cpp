@@ -1,6 +1,7 @@
 #include "train/tokenizer.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -63,8 +64,59 @@ std::vector<std::string> split_words(const std::string& text) {
     return words;
 }
 
-std::vector<std::string> pieces(Tokenizer::Kind kind, const std::string& text) {
-    return kind == Tokenizer::Kind::character ? split_utf8(text) : split_words(text);
+// One character (its UTF-8 bytes) as TextOptions::split_punctuation sees it.
+bool is_punctuation(const std::string& character) {
+    const auto byte = [&](size_t k) { return static_cast<unsigned char>(character[k]); };
+    if (character.size() == 1) return std::ispunct(byte(0)) != 0;  // ASCII: !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~
+    if (character.size() == 2 && byte(0) == 0xC2) return byte(1) >= 0xA1 && byte(1) <= 0xBF;  // U+00A1-U+00BF
+    if (character.size() == 2 && byte(0) == 0xC3) return byte(1) == 0x97 || byte(1) == 0xB7;  // × ÷
+    if (character.size() == 3 && byte(0) == 0xE2) {                                           // U+2010-U+205E
+        const unsigned code = (byte(1) & 0x3Fu) << 6 | (byte(2) & 0x3Fu);                     // low 12 bits
+        return code >= 0x010 && code <= 0x05E;
+    }
+    return false;
+}
+
+// A-Z -> a-z and U+00C0-U+00DE (not U+00D7 ×) -> U+00E0-U+00FE, in UTF-8: C3 80..9E -> C3 A0..BE.
+std::string lowercased(std::string text) {
+    for (size_t i = 0; i < text.size(); ++i) {
+        const auto b = static_cast<unsigned char>(text[i]);
+        if (b >= 'A' && b <= 'Z') {
+            text[i] = static_cast<char>(b + 0x20);
+        } else if (b == 0xC3 && i + 1 < text.size()) {
+            const auto next = static_cast<unsigned char>(text[i + 1]);
+            if (next >= 0x80 && next <= 0x9E && next != 0x97) text[i + 1] = static_cast<char>(next + 0x20);
+            ++i;
+        }
+    }
+    return text;
+}
+
+// Each punctuation character of a word becomes a word of its own; the runs between stay whole.
+std::vector<std::string> split_off_punctuation(const std::vector<std::string>& words) {
+    std::vector<std::string> out;
+    for (const std::string& word : words) {
+        std::string run;
+        for (const std::string& character : split_utf8(word)) {
+            if (!is_punctuation(character)) {
+                run += character;
+                continue;
+            }
+            if (!run.empty()) out.push_back(std::move(run));
+            run.clear();
+            out.push_back(character);
+        }
+        if (!run.empty()) out.push_back(std::move(run));
+    }
+    return out;
+}
+
+std::vector<std::string> pieces(Tokenizer::Kind kind, TextOptions options, const std::string& text) {
+    require_utf8(text);
+    const std::string normalized = options.lowercase ? lowercased(text) : text;
+    if (kind == Tokenizer::Kind::character) return split_utf8(normalized);
+    const std::vector<std::string> words = split_words(normalized);
+    return options.split_punctuation ? split_off_punctuation(words) : words;
 }
 
 }  // namespace
@@ -108,20 +160,25 @@ Tokenizer::Kind parse_tokenizer_kind(const std::string& name) {
 
 std::string tokenizer_kind_name(Tokenizer::Kind kind) { return kind == Tokenizer::Kind::character ? "char" : "word"; }
 
-Tokenizer::Tokenizer(Kind kind, std::vector<std::string> vocabulary) : kind_(kind), vocabulary_(std::move(vocabulary)) {
+Tokenizer::Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vocabulary)
+    : kind_(kind), options_(options), vocabulary_(std::move(vocabulary)) {
     for (size_t id = reserved_names.size(); id < vocabulary_.size(); ++id) {
         ids_.emplace(vocabulary_[id], static_cast<int64_t>(id));
     }
 }
 
-Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency) {
+Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency,
+                           TextOptions options) {
     if (min_frequency < 1) {
         throw std::invalid_argument("Tokenizer::build: min_frequency must be >= 1, got " +
                                     std::to_string(min_frequency));
     }
+    if (kind == Kind::character && options.split_punctuation) {
+        throw std::invalid_argument("Tokenizer::build: split_punctuation is for words (characters are split anyway)");
+    }
     std::map<std::string, int64_t> counts;
     for (const std::string& text : texts) {
-        for (const std::string& piece : pieces(kind, text)) ++counts[piece];
+        for (const std::string& piece : pieces(kind, options, text)) ++counts[piece];
     }
     std::vector<std::pair<std::string, int64_t>> kept;
     for (const auto& [piece, count] : counts) {
@@ -137,14 +194,14 @@ Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int
     std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
     std::vector<std::string> vocabulary = reserved_names;
     for (const auto& entry : kept) vocabulary.push_back(entry.first);
-    return Tokenizer(kind, std::move(vocabulary));
+    return Tokenizer(kind, options, std::move(vocabulary));
 }
 
-std::vector<std::string> Tokenizer::tokens(const std::string& text) const { return pieces(kind_, text); }
+std::vector<std::string> Tokenizer::tokens(const std::string& text) const { return pieces(kind_, options_, text); }
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
     std::vector<int64_t> ids;
-    for (const std::string& piece : pieces(kind_, text)) {
+    for (const std::string& piece : pieces(kind_, options_, text)) {
         const auto found = ids_.find(piece);
         ids.push_back(found == ids_.end() ? unk : found->second);
     }
@@ -168,7 +225,11 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
 }
 
 std::string Tokenizer::to_json() const {
-    return json{{"kind", tokenizer_kind_name(kind_)}, {"tokens", vocabulary_}}.dump();
+    return json{{"kind", tokenizer_kind_name(kind_)},
+                {"lowercase", options_.lowercase},
+                {"split_punctuation", options_.split_punctuation},
+                {"tokens", vocabulary_}}
+        .dump();
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text) {
@@ -181,8 +242,9 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
     }
     if (!document.is_object()) fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + document.dump());
     for (const auto& item : document.items()) {
-        if (item.key() != "kind" && item.key() != "tokens")
-            fail("unknown key '" + item.key() + "' (expected kind and tokens)");
+        if (item.key() != "kind" && item.key() != "tokens" && item.key() != "lowercase" &&
+            item.key() != "split_punctuation")
+            fail("unknown key '" + item.key() + "' (expected kind, lowercase, split_punctuation and tokens)");
     }
     if (!document.contains("kind")) fail("'kind' is required");
     if (!document.contains("tokens")) fail("'tokens' is required");
@@ -190,6 +252,15 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
     if (kind_value != "char" && kind_value != "word")
         fail("'kind' must be \"char\" or \"word\", got " + kind_value.dump());
     const Kind kind = parse_tokenizer_kind(kind_value.get<std::string>());
+    TextOptions options;
+    for (auto [key, value] :
+         {std::pair{"lowercase", &options.lowercase}, {"split_punctuation", &options.split_punctuation}}) {
+        if (!document.contains(key)) continue;
+        if (!document[key].is_boolean())
+            fail(std::string("'") + key + "' must be true or false, got " + document[key].dump());
+        *value = document[key].get<bool>();
+    }
+    if (kind == Kind::character && options.split_punctuation) fail("'split_punctuation' is for words, not characters");
 
     const json& token_list = document["tokens"];
     if (!token_list.is_array()) fail("'tokens' must be an array of strings, got " + token_list.dump());
@@ -207,10 +278,13 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
             }
         } else {
             // A learned token must be exactly one piece of its kind, or encode() could never produce it.
-            const std::vector<std::string> split = pieces(kind, piece);
+            const std::vector<std::string> split = pieces(kind, options, piece);
             if (split.size() != 1 || split[0] != piece) {
                 fail(where + " must be a single " +
-                     (kind == Kind::character ? "character" : "word without whitespace") + ", got " + token.dump());
+                     (kind == Kind::character ? "character" : "word without whitespace") +
+                     (options.lowercase ? ", in lower case" : "") +
+                     (options.split_punctuation ? ", not mixing punctuation and letters" : "") + ", got " +
+                     token.dump());
             }
             if (const auto earlier = seen.find(piece); earlier != seen.end()) {
                 fail(where + " repeats tokens[" + std::to_string(earlier->second) + "] " + token.dump());
@@ -223,7 +297,7 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
         fail("'tokens' must start with the 4 reserved tokens \"<pad>\", \"<unk>\", \"<bos>\", \"<eos>\", got " +
              std::to_string(vocabulary.size()) + " tokens");
     }
-    return Tokenizer(kind, std::move(vocabulary));
+    return Tokenizer(kind, options, std::move(vocabulary));
 }
 
 }  // namespace relgrad

@@ -4,6 +4,14 @@
 // bytes C3 9F); a word is a maximal run of bytes that are not ASCII whitespace (space, \t, \n, \r,
 // \f, \v). Ids 0..3 are reserved (pad, unk, bos, eos); the vocabulary learned from the training
 // texts takes ids 4, 5, ... in a fixed order, so the same texts always give the same ids.
+//
+// Two options (both off by default) change the text before it is cut, so that fewer distinct
+// tokens carry the same words (e.g. for translation with a word vocabulary):
+//   lowercase          A-Z and the Latin-1 capitals À-Þ (not ×) become small letters ("Äpfel" ->
+//                      "äpfel"); every other character stays as it is
+//   split_punctuation  (words only) each punctuation character is a word of its own ("Hi, you!" ->
+//                      "Hi" "," "you" "!"): ASCII punctuation, U+00A1-U+00BF (¡ « » ¿ ...), × and
+//                      ÷, and General Punctuation U+2010-U+205E (– — ‘ ’ “ ” „ …)
 #pragma once
 
 #include <cstddef>
@@ -15,6 +23,11 @@
 
 namespace relgrad {
 
+struct TextOptions {
+    bool lowercase = false;
+    bool split_punctuation = false;  // word tokenizers only
+};
+
 class Tokenizer {
 public:
     enum class Kind { character, word };
@@ -22,7 +35,9 @@ public:
 
     // Vocabulary from training texts: every character (character) or every word (word) seen at
     // least min_frequency times; ids 4.. by decreasing count, ties by the token's bytes.
-    static Tokenizer build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency = 1);
+    // std::invalid_argument for split_punctuation with characters.
+    static Tokenizer build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency = 1,
+                           TextOptions options = {});
 
     std::vector<int64_t> encode(const std::string& text) const;  // unknown tokens -> unk; no bos/eos added
     std::string decode(
@@ -30,15 +45,18 @@ public:
     std::vector<std::string> tokens(const std::string& text) const;  // the pieces encode() maps, for BLEU
     int64_t vocab_size() const { return static_cast<int64_t>(vocabulary_.size()); }
     Kind kind() const { return kind_; }
+    TextOptions options() const { return options_; }
 
-    // {"kind": "char", "tokens": ["<pad>", "<unk>", "<bos>", "<eos>", "e", ...]}: token i has id i.
+    // {"kind": "char", "lowercase": false, "split_punctuation": false, "tokens": ["<pad>", "<unk>",
+    // "<bos>", "<eos>", "e", ...]}: token i has id i. The two options may be left out (false).
     std::string to_json() const;
     static Tokenizer from_json(const std::string& json);  // std::runtime_error "tokenizer JSON: ..." on a bad document
 
 private:
-    Tokenizer(Kind kind, std::vector<std::string> vocabulary);
+    Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vocabulary);
 
     Kind kind_;
+    TextOptions options_;
     std::vector<std::string> vocabulary_;           // id -> token; ids 0..3 hold the reserved names
     std::unordered_map<std::string, int64_t> ids_;  // learned token -> id (the reserved names are not in it)
 };

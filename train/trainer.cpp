@@ -207,20 +207,12 @@ public:
         return cross_entropy(logits.reshape({-1, V}), output.ids.reshape({-1}), Tokenizer::pad);
     }
 
-    // exact match, token accuracy and BLEU, over the test set and per source-length bucket
+    // exact match, token accuracy and BLEU (sequence_scores), over the test set and per
+    // source-length bucket
     json evaluate(int64_t batch_size, const LengthBuckets& buckets) override {
         NoGradGuard no_grad;
-        struct Tally {
-            int64_t exact = 0, token_hits = 0, tokens = 0, examples = 0;
-            std::vector<std::vector<std::string>> hypotheses, references;
-            json metrics() const {
-                return {{"accuracy", static_cast<double>(exact) / static_cast<double>(examples)},
-                        {"token_accuracy", static_cast<double>(token_hits) / static_cast<double>(tokens)},
-                        {"bleu", corpus_bleu(hypotheses, references)}};
-            }
-        };
-        Tally all;
-        std::vector<Tally> by_bucket(buckets.count());
+        std::vector<std::vector<int64_t>> outputs, targets;
+        std::vector<int64_t> bucket_of_example;
         for (std::size_t start = 0; start < test_.size(); start += batch_size) {
             const std::size_t end = std::min(test_.size(), start + batch_size);
             std::vector<std::vector<int64_t>> sources;
@@ -228,31 +220,27 @@ public:
             for (std::size_t i = start; i < end; ++i) {
                 sources.push_back(test_[i].source);
                 longest = std::max<int64_t>(longest, static_cast<int64_t>(test_[i].target.size()));
+                targets.push_back(test_[i].target);
+                bucket_of_example.push_back(buckets.bucket_of(static_cast<int64_t>(test_[i].source.size())));
             }
-            const std::vector<std::vector<int64_t>> predicted = greedy_decode(sources, longest + 1);
-            for (std::size_t r = 0; r < sources.size(); ++r) {
-                const std::vector<int64_t>& target = test_[start + r].target;
-                int64_t token_hits = 0;
-                for (std::size_t j = 0; j < target.size(); ++j) {
-                    token_hits += j < predicted[r].size() && predicted[r][j] == target[j];
-                }
-                for (Tally* tally : {&all, &by_bucket[buckets.bucket_of(static_cast<int64_t>(sources[r].size()))]}) {
-                    tally->exact += predicted[r] == target;
-                    tally->token_hits += token_hits;
-                    tally->tokens += static_cast<int64_t>(target.size());
-                    tally->examples += 1;
-                    tally->hypotheses.push_back(as_words(predicted[r]));
-                    tally->references.push_back(as_words(target));
-                }
-            }
+            for (auto& output : greedy_decode(sources, longest + 1)) outputs.push_back(std::move(output));
         }
-        json result = all.metrics();
+        auto scores = [](const std::vector<std::vector<int64_t>>& out, const std::vector<std::vector<int64_t>>& tgt) {
+            const SequenceScores s = sequence_scores(out, tgt, Tokenizer::unk);
+            return json{{"accuracy", s.accuracy}, {"token_accuracy", s.token_accuracy}, {"bleu", s.bleu}};
+        };
+        json result = scores(outputs, targets);
         result["by_length"] = json::object();
         for (int64_t b = 0; b < buckets.count(); ++b) {
-            const Tally& tally = by_bucket[b];
-            if (tally.examples == 0) continue;
-            result["by_length"][buckets.name(b)] = tally.metrics();
-            result["by_length"][buckets.name(b)]["examples"] = tally.examples;
+            std::vector<std::vector<int64_t>> bucket_outputs, bucket_targets;
+            for (std::size_t i = 0; i < outputs.size(); ++i) {
+                if (bucket_of_example[i] != b) continue;
+                bucket_outputs.push_back(outputs[i]);
+                bucket_targets.push_back(targets[i]);
+            }
+            if (bucket_outputs.empty()) continue;
+            result["by_length"][buckets.name(b)] = scores(bucket_outputs, bucket_targets);
+            result["by_length"][buckets.name(b)]["examples"] = static_cast<int64_t>(bucket_outputs.size());
         }
         return result;
     }
@@ -265,11 +253,6 @@ private:
     static std::vector<int64_t> with_eos(std::vector<int64_t> t) {
         t.push_back(Tokenizer::eos);
         return t;
-    }
-    static std::vector<std::string> as_words(const std::vector<int64_t>& ids) {
-        std::vector<std::string> words;
-        for (int64_t id : ids) words.push_back(std::to_string(id));
-        return words;
     }
 
 public:
@@ -490,6 +473,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
     }
     const DataConfig d = with_data_paths_resolved(c.data);
     const Tokenizer::Kind kind = parse_tokenizer_kind(d.tokenizer);
+    const TextOptions text_options{d.lowercase, d.split_punctuation};
     if (t.kind == TaskKind::classification) {
         auto [train, test] = read_split<LabeledText>(d, seed, read_classification);
         std::vector<std::string> texts, labels;
@@ -497,7 +481,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
         for (const auto& example : train) labels.push_back(example.label);
         std::sort(labels.begin(), labels.end());
         labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
-        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency, text_options);
         auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
             std::vector<LabeledTokens> out;
             for (const auto& example : examples) {
@@ -524,7 +508,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
             texts.push_back(pair.source);
             texts.push_back(pair.target);
         }
-        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency);
+        if (!tokenizer) tokenizer = Tokenizer::build(kind, texts, d.min_frequency, text_options);
         auto encode = [&](const std::vector<TextPair>& pairs) {
             std::vector<TokenPair> out;
             for (const auto& pair : pairs) {
@@ -552,7 +536,7 @@ std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional
     } else {
         test_text = read_text(d.test);
     }
-    if (!tokenizer) tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency);
+    if (!tokenizer) tokenizer = Tokenizer::build(kind, {train_text}, d.min_frequency, text_options);
     auto chunks = [&](const std::string& text, const std::string& where) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
         if (ids.size() < 2)

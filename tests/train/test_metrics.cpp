@@ -176,3 +176,29 @@ TEST_CASE("length buckets: bad bounds") {
                          "LengthBuckets: upper bounds must be positive and increasing; bound 1 is 4, expected >= 9",
                          std::invalid_argument);
 }
+
+TEST_CASE("sequence scores: exact match, token accuracy, BLEU; a target <unk> never matches") {
+    constexpr int64_t unk = 1;
+    // output 5 6 7 8 against target 5 6 7 8: all match; output 9 1 against target 9 1: the <unk>
+    // in the target does not, so that pair is no exact match and 1 of its 2 tokens counts
+    const SequenceScores scores = sequence_scores({{5, 6, 7, 8}, {9, 1}}, {{5, 6, 7, 8}, {9, 1}}, unk);
+    CHECK(scores.accuracy == 0.5);
+    CHECK(scores.token_accuracy == 5.0 / 6.0);
+    // BLEU as corpus_bleu with the target's <unk> a word no output has:
+    //   p1 = (4 + 1)/6, p2 = 3/4 (the 2-gram 9 1 does not match), p3 = 2/2, p4 = 1/1; c = r = 6
+    CHECK(scores.bleu == doctest::Approx(std::pow(5.0 / 6.0 * 3.0 / 4.0, 0.25)).epsilon(1e-14));
+    CHECK(scores.bleu == corpus_bleu({{"5", "6", "7", "8"}, {"9", "1"}}, {{"5", "6", "7", "8"}, {"9", "<unk>"}}));
+    // a shorter output: positions past its end do not match, and it is no exact match
+    const SequenceScores short_output = sequence_scores({{5, 6}}, {{5, 6, 7}}, unk);
+    CHECK(short_output.accuracy == 0.0);
+    CHECK(short_output.token_accuracy == 2.0 / 3.0);
+    // a longer output that starts with the target is no exact match either
+    CHECK(sequence_scores({{5, 6, 7}}, {{5, 6}}, unk).accuracy == 0.0);
+    CHECK(sequence_scores({{5, 6}}, {{5, 6}}, unk).accuracy == 1.0);
+
+    CHECK_THROWS_WITH_AS(sequence_scores({{5}}, {}, unk), "sequence_scores: 1 outputs for 0 targets",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sequence_scores({}, {}, unk), "sequence_scores: no outputs", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sequence_scores({{5}, {}}, {{5}, {}}, unk), "sequence_scores: target 1 is empty",
+                         std::invalid_argument);
+}

@@ -77,6 +77,31 @@ TEST_CASE("words: whitespace-separated, min_frequency and <unk>") {
     CHECK(t.encode("<pad> <unk>") == Ids{Tokenizer::unk, Tokenizer::unk});
 }
 
+TEST_CASE("text options: lower case, punctuation split off") {
+    const TextOptions lower{true, false}, split{false, true}, both{true, true};
+    // A-Z and the Latin-1 capitals (À-Þ, not ×) become small; ß, ẞ (U+1E9E) and the rest stay
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"x"}, 1, lower).tokens("Äpfel ÖL Über ÀÞ ×2 ß ẞ Ω") ==
+          Pieces{"äpfel", "öl", "über", "àþ", "×2", "ß", "ẞ", "Ω"});
+    CHECK(Tokenizer::build(Tokenizer::Kind::character, {"x"}, 1, lower).tokens("AbÉ") == Pieces{"a", "b", "é"});
+    // every punctuation character is a word of its own: ASCII, Latin-1 (¿ « »), × ÷, General
+    // Punctuation (’ „ “ — …); letters of any script and digits are not punctuation
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"x"}, 1, split).tokens("Hi, you! ¿Qué? «oui» 2×3 I’ve") ==
+          Pieces{"Hi", ",", "you", "!", "¿", "Qué", "?", "«", "oui", "»", "2", "×", "3", "I", "’", "ve"});
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"x"}, 1, split).tokens("„Ja“—nein… ok.") ==
+          Pieces{"„", "Ja", "“", "—", "nein", "…", "ok", "."});
+    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"x"}, 1, split).tokens("(...) ‰ ⁋ ÿ") ==
+          Pieces{"(", ".", ".", ".", ")", "‰", "⁋", "ÿ"});  // U+2030 and U+204B in the block, ÿ a letter
+    // with both, "Das" and "das." share one word; the vocabulary and encode see the same pieces
+    const Tokenizer t = Tokenizer::build(Tokenizer::Kind::word, {"Das Haus.", "das haus!"}, 2, both);
+    CHECK(t.vocab_size() == 6);  // das, haus
+    CHECK(t.encode("DAS Haus?") == Ids{4, 5, Tokenizer::unk});
+    CHECK(t.options().lowercase);
+    CHECK(t.options().split_punctuation);
+    CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::character, {"a"}, 1, split),
+                         "Tokenizer::build: split_punctuation is for words (characters are split anyway)",
+                         std::invalid_argument);
+}
+
 TEST_CASE("bad arguments to build and decode") {
     CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::word, {"a"}, 0),
                          "Tokenizer::build: min_frequency must be >= 1, got 0", std::invalid_argument);
@@ -139,8 +164,18 @@ TEST_CASE("JSON round trip") {
             CHECK(back.encode(text) == t.encode(text));
         }
     }
-    CHECK(Tokenizer::build(Tokenizer::Kind::word, {"b a b"}).to_json() ==
-          R"({"kind":"word","tokens":["<pad>","<unk>","<bos>","<eos>","b","a"]})");
+    CHECK(
+        Tokenizer::build(Tokenizer::Kind::word, {"b a b"}).to_json() ==
+        R"({"kind":"word","lowercase":false,"split_punctuation":false,"tokens":["<pad>","<unk>","<bos>","<eos>","b","a"]})");
+    // the text options travel with the vocabulary; documents without them (older runs) read as off
+    const Tokenizer options = Tokenizer::build(Tokenizer::Kind::word, {"A, b"}, 1, TextOptions{true, true});
+    const Tokenizer options_back = Tokenizer::from_json(options.to_json());
+    CHECK(options_back.encode("B,A") == options.encode("b , a"));
+    CHECK(options_back.encode("B,A") == Ids{6, 4, 5});  // "," < "a" < "b" by bytes
+    const Tokenizer older = Tokenizer::from_json(R"({"kind":"word","tokens":["<pad>","<unk>","<bos>","<eos>","A,"]})");
+    CHECK_FALSE(older.options().lowercase);
+    CHECK_FALSE(older.options().split_punctuation);
+    CHECK(older.encode("A, a,") == Ids{4, Tokenizer::unk});
 }
 
 TEST_CASE("a bad tokenizer document is a clear error") {
@@ -151,7 +186,16 @@ TEST_CASE("a bad tokenizer document is a clear error") {
     CHECK(error(R"({"tokens": []})") == "tokenizer JSON: 'kind' is required");
     CHECK(error(R"({"kind": "char"})") == "tokenizer JSON: 'tokens' is required");
     CHECK(error(R"({"kind": "char", "tokens": [], "size": 4})") ==
-          "tokenizer JSON: unknown key 'size' (expected kind and tokens)");
+          "tokenizer JSON: unknown key 'size' (expected kind, lowercase, split_punctuation and tokens)");
+    CHECK(error(R"({"kind": "word", "lowercase": 1, "tokens": []})") ==
+          "tokenizer JSON: 'lowercase' must be true or false, got 1");
+    CHECK(error(R"({"kind": "char", "split_punctuation": true, "tokens": []})") ==
+          "tokenizer JSON: 'split_punctuation' is for words, not characters");
+    CHECK(error(R"({"kind": "word", "lowercase": true, "tokens": [)" + reserved + R"(, "Ab"]})") ==
+          R"(tokenizer JSON: tokens[4] must be a single word without whitespace, in lower case, got "Ab")");
+    CHECK(
+        error(R"({"kind": "word", "split_punctuation": true, "tokens": [)" + reserved + R"(, "a."]})") ==
+        R"(tokenizer JSON: tokens[4] must be a single word without whitespace, not mixing punctuation and letters, got "a.")");
     CHECK(error(R"({"kind": "bpe", "tokens": []})") == R"(tokenizer JSON: 'kind' must be "char" or "word", got "bpe")");
     CHECK(error(R"({"kind": "char", "tokens": "abc"})") ==
           R"(tokenizer JSON: 'tokens' must be an array of strings, got "abc")");

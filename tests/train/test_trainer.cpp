@@ -100,6 +100,11 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "c.json: /task/test_lengths: got [2,9], expected lengths above /task/distance = 3");
     CHECK(error_of({{"evaluation", {{"length_buckets", {8, 8}}}}}) ==
           "c.json: /evaluation/length_buckets: got [8,8], expected increasing bounds");
+    CHECK(error_of({{"data", {{"lowercase", "yes"}}}}) ==
+          "c.json: /data/lowercase: got \"yes\", expected true or false");
+    CHECK(error_of({{"data", {{"split_punctuation", true}}}}) ==
+          "c.json: /data/split_punctuation: got true, expected false with the char tokenizer (set data.tokenizer = "
+          "\"word\")");
     CHECK(error_of(nlohmann::json::array()) == "c.json: /: got [], expected an object");
 }
 
@@ -351,12 +356,20 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
     short_only["data"] = {{"train", (dir.path / "mixed.tsv").string()},
                           {"test", (dir.path / "mixed.tsv").string()},
                           {"tokenizer", "word"},
+                          {"lowercase", true},
+                          {"split_punctuation", true},
                           {"train_max_tokens", 3}};
     short_only["training"] = {{"steps", 2}, {"batch_size", 8}};
     short_only["evaluation"] = {{"every", 2}, {"length_buckets", {3, 8}}};
     const nlohmann::json short_summary = train(Config::parse(short_only, "short"), TrainOptions{});
     CHECK(short_summary["train_examples"] == 30);                         // the 10 long pairs left out
     CHECK(short_summary["final"]["by_length"]["4-8"]["examples"] == 10);  // but tested
+    {
+        std::ifstream saved(dir.path / "short" / "tokenizer.json");  // the text options reach the tokenizer
+        const nlohmann::json tokenizer = nlohmann::json::parse(saved);
+        CHECK(tokenizer["lowercase"] == true);
+        CHECK(tokenizer["split_punctuation"] == true);
+    }
     short_only["data"]["train_max_tokens"] = 1;
     short_only["output"]["dir"] = (dir.path / "none").string();
     CHECK_THROWS_WITH_AS(train(Config::parse(short_only, "short"), TrainOptions{}),

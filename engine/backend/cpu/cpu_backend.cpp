@@ -483,8 +483,6 @@ public:
             std::vector<std::array<int64_t, 3>> offsets;
             walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides},
                     [&](const auto& off) { offsets.push_back(off); });
-            // rows [m0, m1) of one product; row m of op(A) starts m * leading_dim in, or m in when
-            // A is read transposed
             // rows [m0, m1) and columns [n0, n1) of one product; row m of op(A) starts m * leading_dim
             // in (m when A is read transposed), column n of op(B) n in (n * leading_dim transposed)
             auto gemm = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
