@@ -167,6 +167,7 @@ void save_npy(const Tensor& tensor, const std::string& path) {
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     out.write(static_cast<const char*>(packed.storage()->data()) + packed.offset() * dtype_size(packed.dtype()),
               static_cast<std::streamsize>(packed.numel() * dtype_size(packed.dtype())));
+    out.close();  // flushes: a full disk shows here
     if (!out) throw npy_error(path, "write failed");
 }
 

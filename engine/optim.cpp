@@ -50,7 +50,10 @@ void AdamW::save(const std::string& dir) const {
         save_npy(m_[i], dir + "/m." + std::to_string(i) + ".npy");
         save_npy(v_[i], dir + "/v." + std::to_string(i) + ".npy");
     }
-    std::ofstream(dir + "/step.txt") << step_ << "\n";
+    std::ofstream step_file(dir + "/step.txt");
+    step_file << step_ << "\n";
+    step_file.close();
+    if (!step_file) throw std::runtime_error("AdamW::save: could not write " + dir + "/step.txt");
 }
 
 void AdamW::load(const std::string& dir) {

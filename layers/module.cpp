@@ -140,7 +140,11 @@ void Module::save(const std::string& dir) const {
                                           {"shape", tensor.shape()},
                                           {"dtype", dtype_name(tensor.dtype())}});
     }
-    std::ofstream(partial / "manifest.json") << manifest.dump(2) << "\n";
+    std::ofstream manifest_file(partial / "manifest.json");
+    manifest_file << manifest.dump(2) << "\n";
+    manifest_file.close();
+    if (!manifest_file)
+        throw std::runtime_error("Module::save: could not write " + (partial / "manifest.json").string());
     // swap in the new directory; the old one is removed only once the new one is in place
     fs::remove_all(previous);
     if (fs::exists(target)) fs::rename(target, previous);

@@ -57,7 +57,7 @@ def run(relgrad, experiment, variant, sets, seed):
             command += ["--set", assignment]
         command += ["--out", out]
         print("+", " ".join(command), flush=True)
-        resume = os.path.exists(os.path.join(out, "checkpoint"))
+        resume = any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous"))
         if resume:
             command.append("--resume")
         if subprocess.run(command).returncode != 0:

@@ -114,10 +114,15 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
 
     JsonReader training = root.section("training");
     TrainingConfig& tr = c.training;
+    if (training.has("steps") && training.has("epochs")) {
+        training.fail("epochs", "either /training/steps or /training/epochs, not both");
+    }
     tr.steps = training.integer("steps", 1, int64_t{1} << 40, 400);
+    tr.epochs = training.has("epochs") ? training.integer("epochs", 1, 1 << 20) : 0;
     tr.batch_size = training.integer("batch_size", 1, 1 << 20, 32);
     tr.learning_rate = training.number("learning_rate", 0, 10, 1e-3, true);
-    tr.warmup_steps = training.integer("warmup_steps", 0, int64_t{1} << 40, std::min<int64_t>(40, tr.steps / 10));
+    if (training.has("warmup_steps")) tr.warmup_steps = training.integer("warmup_steps", 0, int64_t{1} << 40);
+    if (tr.epochs == 0) tr.warmup_steps = tr.warmup(tr.steps);  // resolved now: steps are known
     tr.schedule = parse_schedule(training.text("schedule", "cosine", {"constant", "linear", "cosine"}));
     tr.adamw.beta1 = training.number("beta1", 0, 0.999999, 0.9);
     tr.adamw.beta2 = training.number("beta2", 0, 0.999999, 0.98);
@@ -153,7 +158,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
 
 nlohmann::json Config::resolved() const {
     const TransformerOptions& t = model.transformer;
-    return {
+    nlohmann::json document = {
         {"model",
          {{"layers", t.layers},
           {"dim", t.dim},
@@ -190,7 +195,7 @@ nlohmann::json Config::resolved() const {
          {{"steps", training.steps},
           {"batch_size", training.batch_size},
           {"learning_rate", training.learning_rate},
-          {"warmup_steps", training.warmup_steps},
+          {"warmup_steps", training.warmup_steps.value_or(0)},
           {"schedule", schedule_name(training.schedule)},
           {"beta1", training.adamw.beta1},
           {"beta2", training.adamw.beta2},
@@ -208,6 +213,13 @@ nlohmann::json Config::resolved() const {
           {"length_buckets", evaluation.length_buckets}}},
         {"output", {{"dir", output.dir}, {"checkpoint_every", output.checkpoint_every}}},
     };
+    // a run by epochs gets its step count (and a default warmup) from its data: resolved by train()
+    if (training.epochs > 0) {
+        document["training"].erase("steps");
+        document["training"]["epochs"] = training.epochs;
+    }
+    if (!training.warmup_steps) document["training"].erase("warmup_steps");
+    return document;
 }
 
 nlohmann::json quickstart_config() {
@@ -264,7 +276,11 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
         const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
         if (key.empty()) throw std::invalid_argument("--set " + assignment + ": empty key in '" + path + "'");
         if (dot == std::string::npos) {
-            (*node)[key] = value;
+            if (value.is_null()) {
+                node->erase(key);  // back to the default
+            } else {
+                (*node)[key] = value;
+            }
             return;
         }
         if (!node->contains(key)) (*node)[key] = nlohmann::json::object();
@@ -272,6 +288,11 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
         if (!node->is_object()) throw std::invalid_argument("--set " + assignment + ": '" + key + "' is not a section");
         start = dot + 1;
     }
+}
+
+int64_t TrainingConfig::total_steps(int64_t train_examples) const {
+    if (epochs == 0) return steps;
+    return (epochs * train_examples + batch_size - 1) / batch_size;
 }
 
 }  // namespace relgrad

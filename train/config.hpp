@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,15 @@ struct DataConfig {
 
 struct TrainingConfig {
     int64_t steps = 400;
+    // > 0 instead of steps: as many steps as draw `epochs` times the training examples, i.e.
+    // ceil(epochs * examples / batch_size) (batches are drawn at random, see docs/training.md)
+    int64_t epochs = 0;
     int64_t batch_size = 32;
     double learning_rate = 1e-3;
-    int64_t warmup_steps = 40;
+    std::optional<int64_t> warmup_steps;  // nothing: min(40, steps / 10)
+    // the steps of a run over `train_examples` examples, and its warmup
+    int64_t total_steps(int64_t train_examples) const;
+    int64_t warmup(int64_t total_steps) const { return warmup_steps.value_or(std::min<int64_t>(40, total_steps / 10)); }
     Schedule schedule = Schedule::cosine;
     AdamWOptions adamw{0.9, 0.98, 1e-8, 0.01};
     double clip_norm = 1.0;

@@ -174,10 +174,12 @@ int main(int argc, char** argv) {
         }
         if (validate->parsed()) {
             const relgrad::Config config = load_config(config_path, overrides, "");
-            std::printf("%s: valid (task %s, %s positions, %lld steps)\n", config_path.c_str(),
+            const bool by_epochs = config.training.epochs > 0;
+            std::printf("%s: valid (task %s, %s positions, %lld %s)\n", config_path.c_str(),
                         relgrad::task_kind_name(config.task.kind),
                         relgrad::position_mode_name(config.model.transformer.position),
-                        static_cast<long long>(config.training.steps));
+                        static_cast<long long>(by_epochs ? config.training.epochs : config.training.steps),
+                        by_epochs ? "epochs" : "steps");
             return 0;
         }
         if (eval->parsed()) {

@@ -588,24 +588,42 @@ double peak_rss_mib() {
     return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
+void write_text(const fs::path& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+    out.close();
+    if (!out) throw std::runtime_error("could not write " + path.string());
+}
+
 void write_json(const fs::path& path, const json& value) {
     const fs::path partial = path.string() + ".partial";
-    std::ofstream(partial) << value.dump(2) << "\n";
+    write_text(partial, value.dump(2) + "\n");
     fs::rename(partial, path);
 }
 
-// checkpoint/ = model/ + optimizer/ + state.json, written beside it and swapped in whole.
+// checkpoint/ = model/ + optimizer/ + state.json, written to checkpoint.partial/ and swapped in by
+// two renames: checkpoint/ -> checkpoint.previous/, checkpoint.partial/ -> checkpoint/. Stopped at
+// any point, one whole checkpoint remains: checkpoint/, or checkpoint.previous/ between the two
+// renames, which recovered_checkpoint() renames back.
 void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& optimizer, int64_t step) {
     const fs::path partial = dir.string() + ".partial", previous = dir.string() + ".previous";
     fs::remove_all(partial);
     fs::create_directories(partial);
     model.save((partial / "model").string());
     optimizer.save((partial / "optimizer").string());
-    std::ofstream(partial / "state.json") << json{{"step", step}}.dump() << "\n";
+    write_text(partial / "state.json", json{{"step", step}}.dump() + "\n");
     fs::remove_all(previous);
     if (fs::exists(dir)) fs::rename(dir, previous);
     fs::rename(partial, dir);
     fs::remove_all(previous);
+}
+
+// Whether the run directory `out` holds a checkpoint; one left as checkpoint.previous/ by a run
+// stopped between save_checkpoint's two renames is first renamed back to checkpoint/.
+bool recovered_checkpoint(const fs::path& out) {
+    const fs::path dir = out / "checkpoint", previous = out / "checkpoint.previous";
+    if (!fs::exists(dir) && fs::exists(previous)) fs::rename(previous, dir);
+    return fs::exists(dir);
 }
 
 int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer) {
@@ -669,7 +687,7 @@ json train(const Config& config, const TrainOptions& options) {
                                         " was trained with");
         }
         tokenizer = saved_tokenizer(out);  // the ids the checkpoint was trained on
-    } else if (fs::exists(out / "checkpoint")) {
+    } else if (recovered_checkpoint(out)) {
         throw std::invalid_argument(out.string() +
                                     " already holds a run; pass --resume to continue it or choose "
                                     "another --out");
@@ -685,10 +703,13 @@ json train(const Config& config, const TrainOptions& options) {
     Module& model = task->model();
     AdamW optimizer(model.parameters(), config.training.adamw);
     const LengthBuckets buckets(config.evaluation.length_buckets);
+    const int64_t total_steps = config.training.total_steps(task->train_size());  // steps, or from epochs
+    const int64_t warmup_steps = config.training.warmup(total_steps);
 
     fs::create_directories(out);
     int64_t step = 0;
     if (options.resume) {
+        recovered_checkpoint(out);
         step = load_checkpoint(out / "checkpoint", model, optimizer);
         if (options.stop_after > 0 && options.stop_after <= step) {
             throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
@@ -723,7 +744,7 @@ json train(const Config& config, const TrainOptions& options) {
         groups = length_groups(lengths, 16 * batch);
     }
     json last_eval;
-    for (; step < config.training.steps; ++step) {
+    for (; step < total_steps; ++step) {
         // the batch and the dropout masks of a step depend on (seed, step) alone
         Generator sampler(sampler_base + static_cast<uint64_t>(step));
         std::vector<int64_t> indices;
@@ -750,8 +771,8 @@ json train(const Config& config, const TrainOptions& options) {
             throw TrainingDiverged("training diverged: the gradient norm is " + std::to_string(grad_norm) +
                                    " at step " + std::to_string(step + 1) + " (try a lower learning rate)");
         }
-        const double lr = learning_rate(config.training.schedule, config.training.learning_rate, step,
-                                        config.training.warmup_steps, config.training.steps);
+        const double lr =
+            learning_rate(config.training.schedule, config.training.learning_rate, step, warmup_steps, total_steps);
         optimizer.step(lr);
         tokens_seen += tokens;
         ++steps_run;
@@ -759,7 +780,7 @@ json train(const Config& config, const TrainOptions& options) {
         const int64_t done = step + 1;
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         const double tokens_per_second = static_cast<double>(tokens_seen) / std::max(elapsed, 1e-9);
-        if (done % config.training.log_every == 0 || done == config.training.steps) {
+        if (done % config.training.log_every == 0 || done == total_steps) {
             metrics << json{{"step", done},           {"loss", loss_value}, {"learning_rate", lr},
                             {"grad_norm", grad_norm}, {"seconds", elapsed}, {"tokens_per_second", tokens_per_second}}
                            .dump()
@@ -767,23 +788,21 @@ json train(const Config& config, const TrainOptions& options) {
                     << std::flush;
         }
         if (options.progress) {
-            const double eta =
-                elapsed / static_cast<double>(steps_run) * static_cast<double>(config.training.steps - done);
+            const double eta = elapsed / static_cast<double>(steps_run) * static_cast<double>(total_steps - done);
             std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s   ", static_cast<long long>(done),
-                         static_cast<long long>(config.training.steps), loss_value, tokens_per_second,
-                         duration(eta).c_str());
+                         static_cast<long long>(total_steps), loss_value, tokens_per_second, duration(eta).c_str());
         }
-        if (done % config.evaluation.every == 0 || done == config.training.steps) {
+        if (done % config.evaluation.every == 0 || done == total_steps) {
             last_eval = evaluate(done);
             if (options.progress) std::fprintf(stderr, "\n");
             std::printf("step %lld: test %s %.4g\n", static_cast<long long>(done), task->metric(),
                         last_eval[task->metric()].get<double>());
             std::fflush(stdout);
         }
-        if (done % config.output.checkpoint_every == 0 || done == config.training.steps || done == options.stop_after) {
+        if (done % config.output.checkpoint_every == 0 || done == total_steps || done == options.stop_after) {
             save_checkpoint(out / "checkpoint", model, optimizer, done);
         }
-        if (done == options.stop_after && done < config.training.steps) {
+        if (done == options.stop_after && done < total_steps) {
             if (options.progress) std::fprintf(stderr, "\n");
             return json{{"stopped_at", done}};
         }
@@ -794,7 +813,7 @@ json train(const Config& config, const TrainOptions& options) {
     json summary = {{"task", task_kind_name(config.task.kind)},
                     {"metric", task->metric()},
                     {"position", position_mode_name(config.model.transformer.position)},
-                    {"steps", config.training.steps},
+                    {"steps", total_steps},
                     {"parameters", model.parameter_count()},
                     {"train_examples", task->train_size()},
                     {"final", last_eval},

@@ -100,6 +100,10 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "c.json: /task/test_lengths: got [2,9], expected lengths above /task/distance = 3");
     CHECK(error_of({{"evaluation", {{"length_buckets", {8, 8}}}}}) ==
           "c.json: /evaluation/length_buckets: got [8,8], expected increasing bounds");
+    CHECK(error_of({{"training", {{"steps", 10}, {"epochs", 2}}}}) ==
+          "c.json: /training/epochs: got 2, expected either /training/steps or /training/epochs, not both");
+    CHECK(error_of({{"training", {{"epochs", 0}}}}) ==
+          "c.json: /training/epochs: got 0, expected an integer in [1, 1048576]");
     CHECK(error_of({{"data", {{"lowercase", "yes"}}}}) ==
           "c.json: /data/lowercase: got \"yes\", expected true or false");
     CHECK(error_of({{"data", {{"split_punctuation", true}}}}) ==
@@ -121,6 +125,11 @@ TEST_CASE("overrides set values by path, read as JSON when they parse") {
     CHECK(parsed.model.transformer.token_gate);
     CHECK_THROWS_WITH_AS(apply_override(c, "steps"), "--set steps: expected path.to.key=value", std::invalid_argument);
     CHECK_THROWS_AS(apply_override(c, "training.steps.x=1"), std::invalid_argument);
+    // null removes a key: from steps to epochs
+    apply_override(c, "training.steps=null");
+    apply_override(c, "training.epochs=3");
+    CHECK_FALSE(c["training"].contains("steps"));
+    CHECK(Config::parse(c, "c").training.epochs == 3);
 }
 
 TEST_CASE("a short run: the loss falls, outputs are written, the same seed gives the same run") {
@@ -237,6 +246,24 @@ TEST_CASE("the loss falls: copying short sequences") {
     }
     CHECK(examples == 32);
     CHECK(exact / 32 == doctest::Approx(summary["final"]["accuracy"].get<double>()).epsilon(1e-12));
+    // by epochs: 2 passes over 400 examples in batches of 16 are 50 steps
+    {
+        nlohmann::json by_epochs = c;
+        by_epochs["output"]["dir"] = (out.path / "epochs").string();
+        by_epochs["training"].erase("steps");
+        by_epochs["training"]["epochs"] = 2;
+        by_epochs["training"].erase("warmup_steps");
+        by_epochs["evaluation"]["every"] = 1000;
+        const Config parsed = Config::parse(by_epochs, "epochs");
+        CHECK(parsed.training.total_steps(400) == 50);
+        CHECK(parsed.training.total_steps(401) == 51);  // a last, partial pass still counts
+        CHECK(parsed.training.warmup(50) == 5);         // min(40, steps / 10)
+        CHECK(Config::parse(parsed.resolved(), "again").resolved() == parsed.resolved());
+        CHECK_FALSE(parsed.resolved()["training"].contains("steps"));
+        const nlohmann::json summary_by_epochs = train(parsed, TrainOptions{});
+        CHECK(summary_by_epochs["steps"] == 50);
+        CHECK(read_lines(out.path / "epochs" / "metrics.jsonl").size() == 2 + 50);  // 2 evaluations, 50 steps
+    }
     // with one bucket for every length, the bucket's metrics are the whole test set's
     c["output"]["dir"] = (out.path / "one_bucket").string();
     c["training"]["steps"] = 4;
@@ -253,14 +280,30 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     TrainOptions first_half;
     first_half.stop_after = 5;  // between two checkpoints of checkpoint_every = 4: resumes from 5
     CHECK(train(Config::parse(tiny_run(parts.path), "tiny"), first_half)["stopped_at"] == 5);
+    // stopped between save_checkpoint's two renames: only checkpoint.previous/ is left, whole
+    fs::rename(parts.path / "checkpoint", parts.path / "checkpoint.previous");
+    CHECK_THROWS_WITH_AS(
+        train(Config::parse(tiny_run(parts.path), "tiny"), TrainOptions{}),
+        (parts.path.string() + " already holds a run; pass --resume to continue it or choose another --out").c_str(),
+        std::invalid_argument);
     TrainOptions resume;
     resume.resume = true;
     train(Config::parse(tiny_run(parts.path), "tiny"), resume);
-    auto weights = [](const fs::path& run) {
-        std::ifstream in(run / "checkpoint" / "model" / "manifest.json");
-        return nlohmann::json::parse(in);
+    CHECK_FALSE(fs::exists(parts.path / "checkpoint.previous"));
+    // the same weights and optimizer moments, byte for byte, and the same logged numbers
+    auto bytes = [](const fs::path& file) {
+        std::ifstream in(file, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     };
-    CHECK(weights(whole.path) == weights(parts.path));
+    int64_t files = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(whole.path / "checkpoint")) {
+        if (!entry.is_regular_file()) continue;
+        const fs::path relative = fs::relative(entry.path(), whole.path);
+        CHECK_MESSAGE(bytes(entry.path()) == bytes(parts.path / relative), relative.string());
+        ++files;
+    }
+    CHECK(files > 10);
+    CHECK(metrics_without_timing(whole.path) == metrics_without_timing(parts.path));
     std::ifstream sa(whole.path / "summary.json"), sb(parts.path / "summary.json");
     const nlohmann::json a = nlohmann::json::parse(sa), b = nlohmann::json::parse(sb);
     CHECK(a["final"] == b["final"]);
