@@ -352,8 +352,10 @@ public:
         }
         json by_length = json::object();
         for (int64_t b = 0; b < buckets.count(); ++b) {
-            if (counts[b] > 0)
-                by_length[buckets.name(b)] = {{"perplexity", perplexity(nll[b], counts[b])}, {"tokens", counts[b]}};
+            if (counts[b] == 0) continue;
+            json& bucket = by_length[buckets.name(b)];
+            bucket = {{"perplexity", perplexity(nll[b], counts[b])}, {"tokens", counts[b]}};
+            if (characters_) bucket["bits_per_char"] = bits_per_char(nll[b], counts[b]);
         }
         json result = {
             {"perplexity", perplexity(total, total_tokens)}, {"tokens", total_tokens}, {"by_length", by_length}};

@@ -425,6 +425,10 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
           doctest::Approx(std::log2(lm["final"]["perplexity"].get<double>()))
               .epsilon(1e-9));  // char tokens: bpc = log2 ppl
     CHECK(lm["final"]["by_length"].contains("1-8"));
+    for (const auto& bucket : lm["final"]["by_length"]) {  // per bucket too
+        CHECK(bucket["bits_per_char"].get<double>() ==
+              doctest::Approx(std::log2(bucket["perplexity"].get<double>())).epsilon(1e-9));
+    }
 
     nlohmann::json c = tiny_run(dir.path / "bad");
     c["task"] = {{"kind", "classification"}};
