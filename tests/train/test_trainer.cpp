@@ -469,6 +469,45 @@ TEST_CASE("a trained run evaluates again to its summary and generates") {
     CHECK(generate((dir.path / "lm").string(), "aaa", 5) == "aaaaa");  // a text of a's continues with a's
 }
 
+TEST_CASE("a sequence-pair run evaluates on another file and translates; a gated run reports its gates") {
+    TempDir dir("relgrad_test_train_pairs_eval");
+    fs::create_directories(dir.path);
+    {
+        std::ofstream train_file(dir.path / "train.tsv"), other(dir.path / "other.tsv");
+        for (int i = 0; i < 40; ++i) train_file << (i % 2 ? "Ja, gut.\tyes, good.\n" : "Nein!\tno!\n");
+        other << "Nein!\tno!\nja , gut .\tyes , good .\nJa Nein\tyes no\n";
+    }
+    nlohmann::json c = tiny_run(dir.path / "pairs");
+    c["model"]["position"] = "gated";
+    c["task"] = {{"kind", "pairs"}};
+    c["data"] = {{"train", (dir.path / "train.tsv").string()},
+                 {"held_out", 0.25},
+                 {"tokenizer", "word"},
+                 {"lowercase", true},
+                 {"split_punctuation", true}};
+    c["training"] = {{"steps", 60}, {"batch_size", 8}, {"learning_rate", 1e-2}, {"warmup_steps", 4}};
+    c["evaluation"] = {{"every", 60}, {"length_buckets", {2, 8}}};
+    const nlohmann::json summary = train(Config::parse(c, "pairs"), TrainOptions{});
+    // the gate g = sigmoid(lambda) of each self-attention and head: the encoder layer's, the decoder layer's
+    REQUIRE(summary["gates"].size() == 2);
+    for (const auto& layer : summary["gates"]) {
+        REQUIRE(layer.size() == 2);
+        for (const auto& gate : layer) {
+            CHECK(gate.get<double>() > 0);
+            CHECK(gate.get<double>() < 1);
+            CHECK(gate.get<double>() != 0.5);  // trained away from its start, lambda = 0
+        }
+    }
+    // another test file, tokenized with the run's options: "ja , gut ." is "Ja, gut." again
+    const nlohmann::json other = evaluate_run((dir.path / "pairs").string(), (dir.path / "other.tsv").string());
+    CHECK(summary["final"]["accuracy"] == 1.0);         // two pairs to learn in 60 steps
+    CHECK(other["by_length"]["3-8"]["examples"] == 1);  // ja , gut .
+    CHECK(other["by_length"]["3-8"]["accuracy"] == 1.0);
+    CHECK(other["by_length"]["1-2"]["examples"] == 2);  // nein !, and ja nein, which it never saw
+    CHECK(other["by_length"]["1-2"]["accuracy"] == 0.5);
+    CHECK(generate((dir.path / "pairs").string(), "JA, GUT.", 10) == "yes , good .");
+}
+
 TEST_CASE("the attention weights of a trained run, per layer") {
     TempDir dir("relgrad_test_train_attention");
     train(Config::parse(tiny_run(dir.path / "run"), "tiny"), TrainOptions{});
