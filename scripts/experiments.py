@@ -109,6 +109,9 @@ def aggregate(summaries):
     first = summaries[0]
     metric = first["metric"]
     result = {"metric": metric, metric: spread([s["final"][metric] for s in summaries])}
+    for key, value in first["final"].items():  # the task's other numbers (token_accuracy, bits_per_char, ...)
+        if key != metric and isinstance(value, (int, float)) and all(key in s["final"] for s in summaries):
+            result[key] = spread([s["final"][key] for s in summaries])
     for key in ("train_seconds", "tokens_per_second", "peak_rss_mib", "peak_live_mib", "steps_per_second"):
         if all(s.get(key) is not None for s in summaries):
             result[key] = spread([s[key] for s in summaries])
