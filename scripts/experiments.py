@@ -33,6 +33,12 @@ EXPERIMENTS = {
         "variants": dict([("sinusoidal", ["model.position=sinusoidal"])] +
                          [(f"relative-k{k}", [f"model.k={k}"]) for k in (1, 2, 4, 8, 16, 32)]),
     },
+    # 2b. the same task trained four times as long (one seed): does k matter once a model translates?
+    "translation-long": {
+        "config": "configs/experiments/translation.json",
+        "variants": {name: ["training.steps=4000", "evaluation.every=1000"] + sets
+                     for name, sets in [("sinusoidal", ["model.position=sinusoidal"]), ("relative-k8", ["model.k=8"])]},
+    },
     # 3b. length generalization on real data: German -> English trained on sources of at most 8
     # words, tested on the held-out pairs of every length
     "translation-length": {
