@@ -173,14 +173,14 @@ def attention_maps(results, relgrad="build/relgrad"):
 def main():
     os.makedirs(OUT, exist_ok=True)
     all_results = {}
-    for experiment in ("length", "sentiment", "translation", "translation-length"):
+    for experiment in ("length", "sentiment", "translation", "translation-long", "translation-length"):
         results = load(experiment)
         if results is None:
             continue
         all_results[experiment] = results
         loss_curves(experiment, results)
         by_length(experiment, results)
-        if experiment != "translation-length":  # the same kind of table as translation's
+        if experiment in ("length", "sentiment", "translation"):  # the others: the same kind as translation's
             relative_table(experiment, results)
         if experiment == "translation":
             bleu_vs_k(results)
