@@ -17,6 +17,27 @@ NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
 EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
 
+// Each input that only this node still holds, and whose own node only it holds, would free that
+// node inside this destructor, and so on down the chain. Those nodes are taken out first and freed
+// one by one from a list instead, each with its inputs already taken.
+Node::~Node() {
+    std::vector<std::shared_ptr<Node>> orphans;
+    auto take_orphans = [&orphans](std::vector<Tensor>& tensors) {
+        for (Tensor& t : tensors) {
+            if (!t.defined() || t.impl_ptr().use_count() != 1) continue;
+            std::shared_ptr<Node>& node = t.impl()->grad_fn;
+            if (node && node.use_count() == 1) orphans.push_back(std::move(node));
+        }
+        tensors.clear();
+    };
+    take_orphans(inputs);
+    while (!orphans.empty()) {
+        std::shared_ptr<Node> node = std::move(orphans.back());
+        orphans.pop_back();
+        take_orphans(node->inputs);
+    }  // each node is freed here with no inputs left: no recursion
+}
+
 Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
     if (!grad_mode || !is_floating(output.dtype())) return output;  // an integer result has no gradient
     bool any_requires_grad = false;
@@ -91,7 +112,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
                                         "; only a single-element tensor gets the implicit gradient 1, so pass a "
                                         "gradient of that shape");
         }
-        seed = ones(root.shape(), root.dtype());
+        seed = ones(root.shape(), root.dtype(), root.device());
     } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
         throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) + " (" +
                                     dtype_name(seed.dtype()) + "), expected " + shape_str(root.shape()) + " (" +

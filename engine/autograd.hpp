@@ -27,6 +27,13 @@ struct Node {
     BackwardFn backward;
     bool released = false;  // set when backward ran without retain_graph
 
+    Node() = default;
+    Node(const Node&) = delete;
+    Node& operator=(const Node&) = delete;
+    // Frees the graph behind this node without recursion: a chain of a million ops dropped
+    // without a backward would otherwise free node by node on the call stack.
+    ~Node();
+
     void release() {
         inputs.clear();
         backward = nullptr;

@@ -11,6 +11,13 @@ namespace relgrad {
 
 namespace {
 
+// Writes value into element `flat` of a packed leaf, on whatever device it lives (an explicit copy
+// of one element from the host).
+void set_element(const Tensor& leaf, int64_t flat, double value) {
+    NoGradGuard no_grad;
+    leaf.detach().view({-1}).narrow(0, flat, 1).copy_(scalar(value, DType::float64).view({1}));
+}
+
 std::string multi_index(int64_t flat, const Shape& shape) {
     Shape index(shape.size());
     for (std::size_t d = shape.size(); d-- > 0;) {
@@ -114,7 +121,8 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     Tensor cotangent;
     {
         NoGradGuard no_grad;
-        cotangent = randn(f(leaves).shape(), gen, DType::float64);
+        const Tensor y = f(leaves);
+        cotangent = randn(y.shape(), gen, DType::float64, y.device());
     }
     Comparison comparison(options);
 
@@ -146,15 +154,14 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     if (!options.fast) {
         for (std::size_t i = 0; i < leaves.size(); ++i) {
             if (!checked[i]) continue;
-            double* x = leaves[i].data<double>();
+            const std::vector<double> x = leaves[i].to_vector();
             const std::vector<double> a = analytic[i].to_vector();
             for (int64_t k = 0; k < leaves[i].numel(); ++k) {
-                const double saved = x[k];
-                x[k] = saved + eps;
+                set_element(leaves[i], k, x[k] + eps);
                 const double plus = project(f, leaves, cotangent);
-                x[k] = saved - eps;
+                set_element(leaves[i], k, x[k] - eps);
                 const double minus = project(f, leaves, cotangent);
-                x[k] = saved;
+                set_element(leaves[i], k, x[k]);
                 comparison.compare(a[k], (plus - minus) / (2 * eps),
                                    "input " + std::to_string(i) + " element " + multi_index(k, leaves[i].shape()));
             }
@@ -168,8 +175,7 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     for (std::size_t i = 0; i < leaves.size(); ++i) {
         if (!checked[i]) continue;
         const std::vector<double> a = analytic[i].to_vector();
-        const double* x = leaves[i].data<double>();
-        saved[i].assign(x, x + leaves[i].numel());
+        saved[i] = leaves[i].to_vector();
         for (int64_t k = 0; k < leaves[i].numel(); ++k) {
             directions[i].push_back(gen.next_normal());
             analytic_projection += a[k] * directions[i][k];
@@ -177,8 +183,11 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     }
     auto shift = [&](double step) {
         for (std::size_t i = 0; i < leaves.size(); ++i) {
-            double* x = leaves[i].data<double>();
-            for (std::size_t k = 0; k < directions[i].size(); ++k) x[k] = saved[i][k] + step * directions[i][k];
+            if (!checked[i]) continue;
+            std::vector<double> x(saved[i].size());
+            for (std::size_t k = 0; k < x.size(); ++k) x[k] = saved[i][k] + step * directions[i][k];
+            NoGradGuard no_grad;
+            leaves[i].detach().copy_(from_vector(x, leaves[i].shape(), DType::float64));
         }
     };
     shift(eps);

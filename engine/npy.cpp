@@ -132,12 +132,13 @@ Tensor load_npy(const std::string& path) {
         throw npy_error(path, "corrupt file: extra bytes after the " + std::to_string(nbytes) +
                                   " data bytes of shape " + shape_str(shape));
     }
-    Tensor tensor = empty(shape, dtype);
-    if (!in.read(static_cast<char*>(tensor.storage()->data()), static_cast<std::streamsize>(nbytes))) {
+    Tensor tensor = empty(shape, dtype);  // on the host; to(device) moves it
+    char* host = static_cast<char*>(tensor.storage()->data());
+    if (!in.read(host, static_cast<std::streamsize>(nbytes))) {
         throw npy_error(path, "read failed");
     }
     if (dtype == DType::boolean) {
-        const auto* bytes = static_cast<const unsigned char*>(tensor.storage()->data());
+        const auto* bytes = reinterpret_cast<const unsigned char*>(host);
         for (std::size_t i = 0; i < nbytes; ++i) {
             if (bytes[i] > 1) throw npy_error(path, "corrupt bool data: byte " + std::to_string(bytes[i]));
         }
@@ -146,7 +147,7 @@ Tensor load_npy(const std::string& path) {
 }
 
 void save_npy(const Tensor& tensor, const std::string& path) {
-    const Tensor packed = tensor.contiguous().detach();
+    const Tensor packed = tensor.detach().to(Device::cpu).contiguous();  // a host copy of a device tensor
     std::string shape;  // a Python tuple: (), (3,), (2, 3)
     for (int64_t s : packed.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
     shape = "(" + shape + (packed.dim() == 1 ? ",)" : ")");

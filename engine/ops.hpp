@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/attention_pattern.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {
@@ -99,20 +100,6 @@ struct RelativeTerms {
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& relative = {}, Tensor* weights = nullptr);
 
-// Which keys each query may see, for fused_attention, without an [Lq, Lk] tensor where the
-// pattern has a rule: query i sits at position query_offset + i, key j at position j.
-struct AttentionPattern {
-    Tensor mask;               // bool, broadcastable to [B, H, Lq, Lk] (e.g. key padding [B, 1, 1, Lk]), or undefined
-    bool causal = false;       // only keys j <= query_offset + i
-    int64_t window = -1;       // if >= 0, only keys with |j - (query_offset + i)| <= window
-    int64_t query_offset = 0;  // also shifts the relative distances
-};
-// Shaw's terms with the bucket computed, not stored: r(i, j) = clip(j - (query_offset + i),
-// -k_left, k_right) + k_left, tables [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
-struct ClippedRelativeTerms {
-    Tensor table_k, table_v;
-    int64_t k_left = 0, k_right = 0;
-};
 // The same attention as `attention` above, in memory linear in L: the keys are visited in tiles
 // with an online softmax, and the backward recomputes the weights tile by tile from the saved
 // log-sum-exp of each row, so no [Lq, Lk] tensor exists at any time (docs/layers/fused_attention.md).

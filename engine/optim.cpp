@@ -40,7 +40,7 @@ void AdamW::step(double lr) {
         v_[i] = add(mul(v_[i], b2), mul(mul(g, g), 1 - b2));
         const Tensor update = div(mul(m_[i], m_correction), add(sqrt(mul(v_[i], v_correction)), options_.eps));
         const Tensor next = sub(mul(p, 1 - lr * options_.weight_decay), mul(update, lr));
-        backend_for(p.device()).copy(next, p);  // p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)
+        p.copy_(next);  // p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)
     }
 }
 
@@ -106,7 +106,7 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
         for (const Tensor& p : parameters) {
             if (!p.grad().defined()) continue;
             Tensor g = p.grad();
-            backend_for(g.device()).copy(mul(g, scale), g);
+            g.copy_(mul(g, scale));
         }
     }
     return norm;

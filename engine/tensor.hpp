@@ -20,12 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/storage.hpp"
+
 namespace relgrad {
 
 // Element types. float32 is the working type, float64 is for gradient checks; int64 holds indices
 // (gather, embedding, targets) and boolean holds masks.
 enum class DType { float32, float64, int64, boolean };
-enum class Device { cpu, cuda };
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -35,33 +36,6 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);  // row-major (C order) strides
-
-// A flat, 64-byte-aligned, uninitialised buffer on one device. Shared by all views of it.
-class Storage {
-public:
-    Storage(std::size_t nbytes, Device device);
-    ~Storage();
-    Storage(const Storage&) = delete;
-    Storage& operator=(const Storage&) = delete;
-
-    void* data() const { return data_; }
-    std::size_t nbytes() const { return nbytes_; }
-    Device device() const { return device_; }
-
-private:
-    void* data_ = nullptr;
-    std::size_t nbytes_ = 0;
-    Device device_;
-};
-
-// Bytes of tensor storage alive now, and the most alive at once since the last reset; the spare
-// blocks the allocator keeps for reuse are counted apart (cached). The peak is what a computation
-// really needed, whatever the process's RSS says.
-struct MemoryStats {
-    int64_t live_bytes = 0, peak_live_bytes = 0, cached_bytes = 0;
-};
-MemoryStats memory_stats();
-void reset_peak_memory();  // peak_live_bytes <- live_bytes
 
 struct Node;
 struct TensorImpl;
@@ -85,7 +59,8 @@ public:
     bool is_contiguous() const;
     const std::shared_ptr<Storage>& storage() const;
 
-    // Pointer to element [0, ..., 0]. T must match dtype() (checked).
+    // Pointer to element [0, ..., 0] in host memory. T must match dtype(), and the tensor must be
+    // on the CPU (both checked): copy a tensor of another device with to(Device::cpu) first.
     template <class T>
     T* data() const;
 
@@ -106,6 +81,11 @@ public:
     double item() const;                    // the single element, as double
     std::vector<double> to_vector() const;  // all elements in C order, as double
     Tensor to(DType dtype) const;           // a converted copy (or *this when dtype matches)
+    Tensor to(Device device) const;         // a copy on `device` (or *this when already there)
+    // Copies src's values into this tensor's elements in place (shapes must match; the dtype is
+    // converted and src may be on any device). Not recorded by autograd: refused on a tensor that
+    // requires a gradient while recording is on.
+    Tensor& copy_(const Tensor& src);
     Tensor contiguous() const;              // *this if already contiguous, else a packed copy
     Tensor clone() const;                   // always a packed copy, no history
 
@@ -141,14 +121,17 @@ struct TensorImpl {
     Tensor grad;                    // accumulated gradient (leaves, or retain_grad())
 };
 
-// --- factories (contiguous, on the CPU)
-Tensor empty(const Shape& shape, DType dtype = DType::float32);
-Tensor zeros(const Shape& shape, DType dtype = DType::float32);
-Tensor ones(const Shape& shape, DType dtype = DType::float32);
-Tensor full(const Shape& shape, double value, DType dtype = DType::float32);
-Tensor scalar(double value, DType dtype = DType::float32);  // a 0-d tensor
-Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::float32);
-Tensor arange(int64_t n, DType dtype = DType::float32);  // 0, 1, ..., n-1
+// --- factories (contiguous; on the CPU unless a device is given). *_like keep t's dtype and device.
+Tensor empty(const Shape& shape, DType dtype = DType::float32, Device device = Device::cpu);
+Tensor zeros(const Shape& shape, DType dtype = DType::float32, Device device = Device::cpu);
+Tensor ones(const Shape& shape, DType dtype = DType::float32, Device device = Device::cpu);
+Tensor full(const Shape& shape, double value, DType dtype = DType::float32, Device device = Device::cpu);
+Tensor scalar(double value, DType dtype = DType::float32, Device device = Device::cpu);  // a 0-d tensor
+// values (C order) made on the host and copied to `device`
+Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::float32,
+                   Device device = Device::cpu);
+Tensor arange(int64_t n, DType dtype = DType::float32, Device device = Device::cpu);  // 0, 1, ..., n-1
+Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 
@@ -164,8 +147,9 @@ private:
     uint64_t state_;
 };
 
-Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::float32);
-Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::float32);  // U[0, 1)
+Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::float32, Device device = Device::cpu);
+Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::float32,
+            Device device = Device::cpu);  // U[0, 1)
 
 // Resolve a possibly negative dim against a rank; throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* op);

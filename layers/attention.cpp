@@ -13,7 +13,7 @@ namespace relgrad {
 
 // ---------------------------------------------------------------- masks
 
-Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len) {
+Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len, Device device) {
     const int64_t B = static_cast<int64_t>(lengths.size());
     std::vector<double> keep(B * key_len);
     for (int64_t b = 0; b < B; ++b) {
@@ -23,7 +23,7 @@ Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len) {
         }
         for (int64_t j = 0; j < key_len; ++j) keep[b * key_len + j] = j < lengths[b];
     }
-    return from_vector(keep, {B, 1, 1, key_len}, DType::boolean);
+    return from_vector(keep, {B, 1, 1, key_len}, DType::boolean, device);
 }
 
 Tensor key_padding_mask(const Tensor& keep) {
@@ -33,21 +33,22 @@ Tensor key_padding_mask(const Tensor& keep) {
     return keep.to(DType::boolean).reshape({keep.size(0), 1, 1, keep.size(1)});
 }
 
-static Tensor position_mask(int64_t query_len, int64_t key_len, const std::function<bool(int64_t, int64_t)>& visible) {
+static Tensor position_mask(int64_t query_len, int64_t key_len, Device device,
+                            const std::function<bool(int64_t, int64_t)>& visible) {
     std::vector<double> keep(query_len * key_len);
     for (int64_t i = 0; i < query_len; ++i)
         for (int64_t j = 0; j < key_len; ++j) keep[i * key_len + j] = visible(i, j);
-    return from_vector(keep, {query_len, key_len}, DType::boolean);
+    return from_vector(keep, {query_len, key_len}, DType::boolean, device);
 }
 
-Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset) {
-    return position_mask(query_len, key_len, [&](int64_t i, int64_t j) { return j <= query_offset + i; });
+Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset, Device device) {
+    return position_mask(query_len, key_len, device, [&](int64_t i, int64_t j) { return j <= query_offset + i; });
 }
 
-Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset) {
+Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset, Device device) {
     if (window < 0)
         throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
-    return position_mask(query_len, key_len,
+    return position_mask(query_len, key_len, device,
                          [&](int64_t i, int64_t j) { return std::llabs(j - (query_offset + i)) <= window; });
 }
 
@@ -58,15 +59,16 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
     return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
 }
 
-Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len) {
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
     if (pattern.window < -1) {
         throw std::invalid_argument("attention: window " + std::to_string(pattern.window) +
                                     " must be >= 0 (or -1 for none)");
     }
     Tensor mask = pattern.mask;
-    if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset));
+    if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset, device));
     if (pattern.window >= 0) {
-        mask = combine_masks(mask, local_window_mask(query_len, key_len, pattern.window, pattern.query_offset));
+        mask = combine_masks(mask,
+                             local_window_mask(query_len, key_len, pattern.window, pattern.query_offset, device));
     }
     return mask;
 }
@@ -120,11 +122,11 @@ Tensor MultiHeadAttention::merge_heads(const Tensor& z) const {
     return z.transpose(1, 2).reshape({z.size(0), z.size(2), dim});
 }
 
-Tensor MultiHeadAttention::scores(const Tensor&, const Tensor& q, const Tensor& k, int64_t) {
-    return matmul(q, k.transpose(-1, -2));
+MultiHeadAttention::Scores MultiHeadAttention::scores(const Tensor&, const Tensor& q, const Tensor& k, int64_t) {
+    return {matmul(q, k.transpose(-1, -2)), Tensor()};
 }
 
-Tensor MultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t) { return matmul(a, v); }
+Tensor MultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t, const Tensor&) { return matmul(a, v); }
 
 Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value, const Tensor& mask,
                                    int64_t query_offset) {
@@ -166,19 +168,20 @@ double MultiHeadAttention::scale() const { return 1.0 / std::sqrt(static_cast<do
 
 Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionPattern& pattern) {
-    return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2)), scale(), {}, &last_weights);
+    return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), {}, &last_weights);
 }
 
 // e = scale * scores, masked keys -inf, a = softmax(e), z = values(a)
 Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                                            const AttentionPattern& pattern) {
     const int64_t query_offset = pattern.query_offset;
-    const Tensor mask = pattern_mask(pattern, q.size(2), k.size(2));
-    Tensor e = mul(scores(query_input, q, k, query_offset), scalar(scale(), q.dtype()));
-    if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype()));
+    const Tensor mask = pattern_mask(pattern, q.size(2), k.size(2), q.device());
+    const Scores s = scores(query_input, q, k, query_offset);
+    Tensor e = mul(s.scores, scalar(scale(), q.dtype(), q.device()));
+    if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype(), q.device()));
     const Tensor a = softmax(e, -1);
     last_weights = a.detach();
-    return values(a, v, query_offset);
+    return values(a, v, query_offset, s.gate);
 }
 
 // ---------------------------------------------------------------- relative (Shaw)
@@ -227,7 +230,7 @@ Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t quer
         return matmul(a.permute({1, 2, 0, 3}), table).permute({2, 0, 1, 3});
     }
     const Tensor r = rel_pos_emb_v.index(Lq, Lk, query_offset).expand({B, heads, Lq, Lk});
-    const Tensor bucket_weights = scatter_add(zeros({B, heads, Lq, rel_pos_emb_v.buckets()}, a.dtype()), -1, r, a);
+    const Tensor bucket_weights = scatter_add(zeros({B, heads, Lq, rel_pos_emb_v.buckets()}, a.dtype(), a.device()), -1, r, a);
     return matmul(bucket_weights, rel_pos_emb_v.table());
 }
 
@@ -238,7 +241,7 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
         case AttentionImpl::bucketed: {
             const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
                                       rel_pos_emb_k.index(q.size(2), k.size(2), pattern.query_offset)};
-            return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2)), scale(), terms, &last_weights);
+            return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), terms, &last_weights);
         }
         case AttentionImpl::fused: {
             last_weights = Tensor();
@@ -250,14 +253,16 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
     throw std::logic_error("unknown attention implementation");
 }
 
-Tensor RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
-                                          int64_t query_offset) {
-    return add(MultiHeadAttention::scores(query_input, q, k, query_offset),
-               relative_scores(q, k.size(2), query_offset));
+MultiHeadAttention::Scores RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q,
+                                                              const Tensor& k, int64_t query_offset) {
+    return {add(MultiHeadAttention::scores(query_input, q, k, query_offset).scores,
+                relative_scores(q, k.size(2), query_offset)),
+            Tensor()};
 }
 
-Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
-    return add(MultiHeadAttention::values(a, v, query_offset), relative_values(a, query_offset));
+Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate) {
+    const Tensor relative = relative_values(a, query_offset);
+    return add(MultiHeadAttention::values(a, v, query_offset, gate), gate.defined() ? mul(gate, relative) : relative);
 }
 
 // ---------------------------------------------------------------- gated
@@ -297,26 +302,21 @@ Tensor GatedPositionAttention::attend(const Tensor& query_input, const Tensor& q
     return attend_composed(query_input, q, k, v, pattern);
 }
 
-Tensor GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
-                                      int64_t query_offset) {
+MultiHeadAttention::Scores GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q,
+                                                          const Tensor& k, int64_t query_offset) {
     const int64_t Lq = q.size(2), Lk = k.size(2);
-    current_gate_ = gate_for(query_input);
-    const Tensor one = scalar(1, q.dtype());
+    const Tensor g = gate_for(query_input);
+    const Tensor one = scalar(1, q.dtype(), q.device());
     // the untied absolute term (P_i U_q) . (P_j U_k), shared by the batch: [1, H, Lq, Lk]
-    const Tensor P = positions.encoding(query_offset + Lq > Lk ? query_offset + Lq : Lk, q.dtype()).unsqueeze(0);
+    const Tensor P =
+        positions.encoding(query_offset + Lq > Lk ? query_offset + Lq : Lk, q.dtype(), q.device()).unsqueeze(0);
     const Tensor pq = split_heads(w_pq.forward(P.narrow(1, query_offset, Lq)));
     const Tensor pk = split_heads(w_pk.forward(P.narrow(1, 0, Lk)));
     const Tensor absolute = matmul(pq, pk.transpose(-1, -2));
     const Tensor relative = relative_scores(q, Lk, query_offset);
-    return add(MultiHeadAttention::scores(query_input, q, k, query_offset),
-               add(mul(current_gate_, relative), mul(sub(one, current_gate_), absolute)));
-}
-
-Tensor GatedPositionAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset) {
-    Tensor z =
-        add(MultiHeadAttention::values(a, v, query_offset), mul(current_gate_, relative_values(a, query_offset)));
-    current_gate_ = Tensor();  // the graph keeps what the backward needs; the layer keeps nothing
-    return z;
+    return {add(MultiHeadAttention::scores(query_input, q, k, query_offset).scores,
+                add(mul(g, relative), mul(sub(one, g), absolute))),
+            g};
 }
 
 }  // namespace relgrad

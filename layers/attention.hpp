@@ -25,17 +25,18 @@ namespace relgrad {
 // --- masks: bool tensors, true = may attend, broadcastable to [B, H, Lq, Lk]
 
 // keys at positions >= lengths[b] are padding: [B, 1, 1, Lk]
-Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len);
+Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len, Device device = Device::cpu);
 // from a [B, Lk] tensor of any dtype, non-zero = a real token: [B, 1, 1, Lk]
 Tensor key_padding_mask(const Tensor& keep);
 // query i (at position query_offset + i) sees keys j <= its position: [Lq, Lk]
-Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset = 0);
+Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset = 0, Device device = Device::cpu);
 // query i sees keys within `window` positions on either side: |j - (query_offset + i)| <= window
-Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset = 0);
+Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset = 0,
+                         Device device = Device::cpu);
 // attend only where both masks allow; an undefined mask allows everything
 Tensor combine_masks(const Tensor& a, const Tensor& b);
 // the pattern's mask with its causal and window rules folded in (undefined if nothing is hidden)
-Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len);
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device = Device::cpu);
 
 // The keys and values of every position decoded so far, [B, H, T, Dh] each, so that decoding one
 // token at a time computes each position's keys and values once.
@@ -85,10 +86,14 @@ protected:
     // The same, composed op by op from scores() and values(): the readable form
     Tensor attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionPattern& pattern);
-    // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]
-    virtual Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
-    // a v plus any position terms: [B, H, Lq, Dh]
-    virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset);
+    // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]; and the gate g the gated
+    // layer weighed its position terms with, which values() applies again (undefined elsewhere)
+    struct Scores {
+        Tensor scores, gate;
+    };
+    virtual Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
+    // a v plus any position terms (the relative one weighed by `gate` where it is defined): [B, H, Lq, Dh]
+    virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate);
     double scale() const;  // 1 / sqrt(Dh)
 
     Tensor split_heads(const Tensor& x) const;  // [B, L, D] -> [B, H, L, Dh]
@@ -108,8 +113,8 @@ protected:
     // fused_attention op
     Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                   const AttentionPattern& pattern) override;
-    Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
-    Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
+    Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
+    Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate) override;
 
     // The relative terms alone: q_i . E_K[r(i,j)] [B, H, Lq, Lk] and sum_j a_ij E_V[r(i,j)] [B, H, Lq, Dh]
     Tensor relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const;
@@ -134,12 +139,10 @@ public:
 protected:
     Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                   const AttentionPattern& pattern) override;  // always composed: the gate scales the terms
-    Tensor scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
-    Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset) override;
+    Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
 
 private:
     Tensor gate_for(const Tensor& query_input) const;  // [1, H, 1, 1] or [B, H, Lq, 1]
-    Tensor current_gate_;                              // set by scores(), used and cleared by values()
 };
 
 }  // namespace relgrad

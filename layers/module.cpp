@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/backend/backend.hpp"
 #include "engine/npy.hpp"
 
 namespace relgrad {
@@ -126,6 +125,22 @@ void Module::to(DType dtype) {
     for (auto& [name, slot] : slots) *slot = slot->to(dtype).detach().requires_grad_(true);
 }
 
+void Module::register_buffer(Tensor& slot) { buffers_.push_back(&slot); }
+
+void Module::to(Device device) {
+    NoGradGuard no_grad;
+    for (auto& [name, slot] : parameters_) *slot = slot->to(device).detach().requires_grad_(true);
+    for (Tensor* buffer : buffers_) {
+        if (buffer->defined()) *buffer = buffer->to(device);
+    }
+    for (auto& [name, child] : children_) child->to(device);
+}
+
+Device Module::device() const {
+    const auto parameters = named_parameters();
+    return parameters.empty() ? Device::cpu : parameters.front().second.device();
+}
+
 void Module::save(const std::string& dir) const {
     const fs::path target(dir);
     const fs::path partial = target.string() + ".partial";
@@ -191,7 +206,7 @@ void Module::load(const std::string& dir) {
     NoGradGuard no_grad;
     for (std::size_t i = 0; i < slots.size(); ++i) {
         Tensor& slot = *slots[i].second;
-        backend_for(slot.device()).copy(loaded[i].to(slot.dtype()), slot);
+        slot.copy_(loaded[i]);  // converted to the parameter's dtype and copied to its device
     }
 }
 

@@ -54,6 +54,10 @@ public:
     void assign_parameters(const std::vector<Tensor>& values);
     // Convert every parameter to `dtype` (new leaves that require a gradient).
     void to(DType dtype);
+    // Move every parameter (new leaves that require a gradient) and buffer to `device`; the
+    // module's forward then computes there. Build the optimizer after moving.
+    void to(Device device);
+    Device device() const;  // where the parameters are (the CPU for a module without any)
 
     // State as a directory: one <name>.npy per parameter plus manifest.json, readable by NumPy
     // alone. save() replaces `dir` atomically: a crash leaves the old state or the new, whole.
@@ -64,6 +68,9 @@ public:
 protected:
     // Stores `value` in `slot` as a parameter; returns the slot.
     Tensor& register_parameter(const std::string& name, Tensor& slot, Tensor value);
+    // A tensor the module keeps beside its parameters (a precomputed index): moved by to(Device),
+    // not trained, not saved.
+    void register_buffer(Tensor& slot);
     void register_module(const std::string& name, Module& child);
     // The module's own random streams (Dropout has one); children are visited by the caller.
     virtual void own_generators(std::vector<Generator*>&) {}
@@ -73,6 +80,7 @@ private:
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
 
     std::vector<std::pair<std::string, Tensor*>> parameters_;
+    std::vector<Tensor*> buffers_;
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
 };

@@ -20,7 +20,7 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t d) : dim(d) {
     if (d <= 0) throw std::invalid_argument("SinusoidalPositionalEncoding: dim must be positive");
 }
 
-Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype) const {
+Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype, Device device) const {
     std::vector<double> values(length * dim);
     for (int64_t p = 0; p < length; ++p) {
         for (int64_t c = 0; c < dim; ++c) {
@@ -29,13 +29,13 @@ Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype) const
             values[p * dim + c] = c % 2 == 0 ? std::sin(angle) : std::cos(angle);  // odd D ends on a sin column
         }
     }
-    return from_vector(values, {length, dim}, dtype);
+    return from_vector(values, {length, dim}, dtype, device);
 }
 
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "SinusoidalPositionalEncoding");
     if (offset < 0) throw std::invalid_argument("SinusoidalPositionalEncoding: negative offset");
-    return add(x, encoding(offset + x.size(1), x.dtype()).narrow(0, offset, x.size(1)));
+    return add(x, encoding(offset + x.size(1), x.dtype(), x.device()).narrow(0, offset, x.size(1)));
 }
 
 LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t d, const Init& init)
@@ -86,6 +86,7 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
         register_parameter("weight_b", weight_b, truncated_normal({rank, width}, factor_std, init));
     }
     precomputed_ = index(options.max_len, options.max_len);
+    register_buffer(precomputed_);
 }
 
 Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int64_t query_offset) const {
@@ -101,7 +102,7 @@ Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int6
             r[i * key_len + j] = static_cast<double>(std::clamp(distance, -k_left, k_right) + k_left);
         }
     }
-    return from_vector(r, {query_len, key_len}, DType::int64);
+    return from_vector(r, {query_len, key_len}, DType::int64, full_weight().device());
 }
 
 Tensor RelativePositionEmbedding::full_weight() const { return rank == 0 ? weight : matmul(weight_a, weight_b); }

@@ -110,7 +110,7 @@ Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
     if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
     // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 would otherwise be
     // about sqrt(D) times shorter than the sinusoids (norm sqrt(D/2)) added to them
-    Tensor x = mul(tokens.forward(ids), scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype()));
+    Tensor x = mul(tokens.forward(ids), scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype(), tokens.weight.device()));
     if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x, offset);
     if (position == PositionMode::learned) x = learned->forward(x, offset);
     return dropout.forward(x);
@@ -186,7 +186,7 @@ SequenceClassifier::SequenceClassifier(int64_t vocab, int64_t classes, const Tra
 Tensor SequenceClassifier::forward(const Tensor& ids, const std::vector<int64_t>& lengths) {
     check_lengths(ids, lengths, "SequenceClassifier");
     const int64_t B = ids.size(0), L = ids.size(1);
-    const Tensor keep = key_padding_mask(lengths, L);  // [B, 1, 1, L]
+    const Tensor keep = key_padding_mask(lengths, L, ids.device());  // [B, 1, 1, L]
     const Tensor h = encoder.forward(embed.forward(ids), keep);
     Tensor pooled;
     if (pooling == Pooling::first) {
@@ -195,7 +195,7 @@ Tensor SequenceClassifier::forward(const Tensor& ids, const std::vector<int64_t>
         std::vector<double> counts;
         for (int64_t n : lengths) counts.push_back(n > 0 ? static_cast<double>(n) : 1.0);
         const Tensor weights = keep.reshape({B, L, 1}).to(h.dtype());
-        pooled = div(sum(mul(h, weights), {1}), from_vector(counts, {B, 1}, h.dtype()));
+        pooled = div(sum(mul(h, weights), {1}), from_vector(counts, {B, 1}, h.dtype(), h.device()));
     }
     return classifier.forward(pooled);
 }
@@ -214,7 +214,7 @@ CausalLanguageModel::CausalLanguageModel(int64_t vocab, const TransformerOptions
 Tensor CausalLanguageModel::forward(const Tensor& ids, const std::vector<int64_t>& lengths) {
     check_lengths(ids, lengths, "CausalLanguageModel");
     const int64_t L = ids.size(1);
-    return lm_head.forward(decoder.forward(embed.forward(ids), key_padding_mask(lengths, L)));
+    return lm_head.forward(decoder.forward(embed.forward(ids), key_padding_mask(lengths, L, ids.device())));
 }
 
 Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<KVCache>& caches) {
@@ -248,15 +248,15 @@ EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const
 
 Tensor EncoderDecoder::encode(const Tensor& source, const std::vector<int64_t>& source_lengths) {
     check_lengths(source, source_lengths, "EncoderDecoder source");
-    return encoder.forward(source_embed.forward(source), key_padding_mask(source_lengths, source.size(1)));
+    return encoder.forward(source_embed.forward(source), key_padding_mask(source_lengths, source.size(1), source.device()));
 }
 
 Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& target_lengths, const Tensor& memory,
                               const std::vector<int64_t>& source_lengths) {
     check_lengths(target, target_lengths, "EncoderDecoder target");
     const int64_t Lt = target.size(1);
-    const Tensor self_mask = key_padding_mask(target_lengths, Lt);  // causal: the self-attentions' rule
-    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
+    const Tensor self_mask = key_padding_mask(target_lengths, Lt, memory.device());  // causal: the self-attentions' rule
+    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1), memory.device());
     Tensor h = target_embed.forward(target);
     for (auto& layer : decoder_layers) {
         h = run_block(*layer, checkpoint, {h, memory},
@@ -271,7 +271,7 @@ Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCa
                                           const std::vector<int64_t>& source_lengths) {
     caches.resize(decoder_layers.size());
     const int64_t offset = caches[0].length();
-    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1));
+    const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1), memory.device());
     Tensor h = target_embed.forward(target, offset);
     for (std::size_t i = 0; i < decoder_layers.size(); ++i) {
         h = decoder_layers[i]->forward_incremental(h, caches[i], memory, memory_mask);

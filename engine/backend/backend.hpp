@@ -2,15 +2,19 @@
 //
 // Ops (engine/ops/) are written once on top of these kernels; a kernel knows nothing about
 // autograd. Inputs may be any strided view (transposed, sliced, expanded with stride 0); outputs
-// are freshly allocated by the op unless a kernel says otherwise. The CPU backend (cpu/) is
-// always built; a CUDA backend would implement the same list on raw device buffers (not written
-// yet).
+// are freshly allocated by the op unless a kernel says otherwise, always on the backend's own
+// device (the ops check that every operand is). A backend also owns its device's memory: it
+// allocates the storages and copies bytes to and from the host. The CPU backend (cpu/) is always
+// built; the guarded CPU backend (guarded/) runs the same kernels as a device the host may not
+// read; a CUDA backend would implement the same list on raw device buffers (not written yet).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "engine/ops.hpp"
+#include "engine/attention_pattern.hpp"
+#include "engine/storage.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {
@@ -35,10 +39,29 @@ enum class BinaryOp { add, sub, mul, div, pow, equal };
 
 enum class ReduceOp { sum, max };
 
+// Kernels a backend may leave out; the op that needs one then falls back to other ops, as ggml's
+// supports_op lets a backend do.
+enum class OptionalKernel {
+    fused_attention,  // fused_attention and fused_attention_backward; else the bucketed attention op
+};
+
+// The address of element [0, ..., 0] of t in its device's memory, for kernels only: host code
+// uses Tensor::data<T>(), which refuses tensors the host cannot read.
+template <class T>
+T* device_data(const Tensor& t) {
+    return static_cast<T*>(t.storage()->data()) + t.offset();
+}
+
 class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char* name() const = 0;
+    virtual bool supports(OptionalKernel kernel) const = 0;
+
+    // --- memory: the device's allocator, and bytes between host memory and device memory
+    virtual CachingAllocator& allocator() = 0;
+    virtual void copy_from_host(const void* host, void* device, std::size_t nbytes) = 0;
+    virtual void copy_to_host(const void* device, void* host, std::size_t nbytes) = 0;
 
     // out[...] = value
     virtual void fill(Tensor& out, double value) = 0;
@@ -55,6 +78,8 @@ public:
     // out[b] = op(a[b]) @ op(b[b]) for every batch index b; a [..., M, K], b [..., K, N] with
     // identical batch dims (expanded by the caller); out contiguous [..., M, N]
     virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    // The index kernels check every index against its dim (an index outside it is an
+    // std::invalid_argument naming the kernel, the index and the dim's size), on the device.
     // out[i][j][k] = x[i][index[i][j][k]][k] (for dim = 1); index int64 of out's shape
     virtual void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
     // out[i][index[i][j][k]][k] += src[i][j][k] (for dim = 1); out contiguous
@@ -69,7 +94,8 @@ public:
 
     // --- attention (engine/ops/attention.cpp). Rows are (b, h, i) of [B, H, Lq, Lk] tensors;
     // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
-    // [B, H, Lq, Lk]; undefined tensors are skipped.
+    // [B, H, Lq, Lk]; undefined tensors are skipped. A bucket outside [0, K) is an
+    // std::invalid_argument, checked by the kernel.
     // In place: scores <- softmax_j(mask ? scale * (scores + bucket_scores[r(i, j)]) : -inf), where
     // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros. If bucket_weights
     // ([B, H, Lq, K]) is defined it receives, per row, the weights summed by bucket:
@@ -82,20 +108,20 @@ public:
     virtual void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                             const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
 
-    // --- fused attention (engine/ops/attention.cpp). q, k, v, z, dz contiguous [B, H, L, Dh];
-    // tables contiguous; the pattern's mask bool and expanded to [B, H, Lq, Lk] (a view).
+    // --- fused attention (engine/ops/attention.cpp), where supports(OptionalKernel::fused_attention);
+    // the defaults throw. q, k, v, z, dz contiguous [B, H, L, Dh]; tables contiguous; the pattern's mask bool and expanded to [B, H, Lq, Lk] (a view).
     // Forward: z (the attention output) and lse [B, H, Lq], the log-sum-exp of each row's scaled
     // scores (-inf for a row that sees no key, whose z is 0).
     virtual void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                 double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) = 0;
+                                 double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
     // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v.
     virtual void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                           const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                           double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                          Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) = 0;
+                                          Tensor& dv, Tensor& d_table_k, Tensor& d_table_v);
 };
 
+// The backend of a device; throws naming the device when none is built for it.
 Backend& backend_for(Device device);
-Backend& cpu_backend();
 
 }  // namespace relgrad

@@ -16,8 +16,11 @@
 // gather_r(X)[i, j] = X[i, r(i, j)] and bucket_sum_r(Y)[i, r] = sum_{j: r(i,j)=r} Y[i, j] are each
 // other's adjoints; both are folded into the two backend row kernels, attention_softmax (which
 // also returns W) and attention_softmax_backward (which also returns dQE).
+#include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
@@ -26,7 +29,9 @@
 
 namespace relgrad {
 
-static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const RelativeTerms& rel) {
+static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                   const RelativeTerms& rel, const char* op) {
+    require_same_device({q, k, v, mask, rel.table_k, rel.table_v, rel.index}, op);
     const bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
                     q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.dtype() == k.dtype() &&
                     k.dtype() == v.dtype();
@@ -48,15 +53,7 @@ static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
                                     shape_str(rel.table_v.shape()) + " must be [1 or H, K, Dh] and the index " +
                                     shape_str(rel.index.shape()) + " int64 [Lq, Lk]");
     }
-    const Tensor index = rel.index.contiguous();
-    const int64_t* r = index.data<int64_t>();
-    const int64_t K = rel.table_k.size(1);
-    for (int64_t n = 0; n < index.numel(); ++n) {
-        if (r[n] < 0 || r[n] >= K) {
-            throw std::invalid_argument("attention: bucket " + std::to_string(r[n]) +
-                                        " in the relative index is outside [0, " + std::to_string(K) + ")");
-        }
-    }
+    // the buckets themselves are checked by the attention_softmax kernel, on the device
 }
 
 // The mask as a bool view expanded to [B, H, Lq, Lk] (no copy of its elements), or undefined.
@@ -71,7 +68,7 @@ static Tensor expanded_bool_mask(const Tensor& mask, const Shape& shape, const s
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& rel, Tensor* weights) {
-    check_attention_inputs(q, k, v, rel);
+    check_attention_inputs(q, k, v, mask, rel, "attention");
     const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
     const bool relative = rel.index.defined();
     Backend& backend = backend_for(q.device());
@@ -81,7 +78,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         a = matmul(q, k.transpose(-1, -2));  // a fresh [B, H, Lq, Lk]: the softmax runs in place
         const Tensor bucket_scores = relative ? matmul(q, rel.table_k.transpose(-1, -2)) : Tensor();
         const Tensor expanded_mask = expanded_bool_mask(mask, {B, H, Lq, Lk}, "attention");
-        if (relative) bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype());
+        if (relative) bucket_weights = empty({B, H, Lq, rel.table_v.size(1)}, q.dtype(), q.device());
         backend.attention_softmax(a, bucket_scores, rel.index, expanded_mask, scale, bucket_weights);
         z = matmul(a, v);
         if (relative) z = add(z, matmul(bucket_weights, rel.table_v));
@@ -104,7 +101,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                 d_buckets = matmul(g, rel.table_v.transpose(-1, -2));
                 grads[4] = sum_to(matmul(bucket_weights.transpose(-1, -2), g), rel.table_v.shape());
             }
-            Tensor d_bucket_scores = relative ? empty(d_buckets.shape(), g.dtype()) : Tensor();
+            Tensor d_bucket_scores = relative ? empty(d_buckets.shape(), g.dtype(), g.device()) : Tensor();
             backend.attention_softmax_backward(ds, a, d_buckets, rel.index, scale, d_bucket_scores);
             grads[0] = matmul(ds, k);                    // dq
             grads[1] = matmul(ds.transpose(-1, -2), q);  // dk
@@ -130,7 +127,8 @@ namespace relgrad {
 
 static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                const ClippedRelativeTerms& rel) {
-    check_attention_inputs(q, k, v, RelativeTerms{});
+    check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()},
+                           "fused_attention");
     if (pattern.window < -1) {
         throw std::invalid_argument("fused_attention: window " + std::to_string(pattern.window) +
                                     " must be >= 0 (or -1 for none)");
@@ -151,9 +149,38 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
     }
 }
 
+// For a backend without the fused kernels: the same attention by the bucketed op, with the
+// pattern's rules and the clipped index written out as [Lq, Lk] tensors (made on the host and
+// copied to q's device). Memory grows as Lq Lk again.
+static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                double scale, const ClippedRelativeTerms& rel) {
+    const int64_t Lq = q.size(2), Lk = k.size(2);
+    std::vector<double> visible(Lq * Lk), bucket(Lq * Lk);
+    for (int64_t i = 0; i < Lq; ++i) {
+        for (int64_t j = 0; j < Lk; ++j) {
+            const int64_t distance = j - (pattern.query_offset + i);
+            visible[i * Lk + j] = (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
+            bucket[i * Lk + j] = static_cast<double>(std::clamp(distance, -rel.k_left, rel.k_right) + rel.k_left);
+        }
+    }
+    Tensor mask = from_vector(visible, {Lq, Lk}, DType::boolean, q.device());
+    if (pattern.mask.defined()) {
+        NoGradGuard no_grad;  // logical and of the two masks
+        mask = mul(mask.to(DType::float32), pattern.mask.to(DType::float32)).to(DType::boolean);
+    }
+    RelativeTerms relative;
+    if (rel.table_k.defined()) {
+        relative = {rel.table_k, rel.table_v, from_vector(bucket, {Lq, Lk}, DType::int64, q.device())};
+    }
+    return attention(q, k, v, mask, scale, relative);
+}
+
 Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern_in,
                        double scale, const ClippedRelativeTerms& rel_in) {
     check_fused_inputs(q_in, k_in, v_in, pattern_in, rel_in);
+    if (!backend_for(q_in.device()).supports(OptionalKernel::fused_attention)) {
+        return bucketed_fallback(q_in, k_in, v_in, pattern_in, scale, rel_in);
+    }
     const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Lk = k_in.size(2), Dh = q_in.size(3);
     const bool relative = rel_in.table_k.defined();
     // the kernels read packed operands; the mask stays a (broadcast) view
@@ -166,7 +193,7 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     AttentionPattern pattern = pattern_in;
     pattern.mask = expanded_bool_mask(pattern.mask, {B, H, Lq, Lk}, "fused_attention");
     const bool empty_problem = q.numel() == 0 || Dh == 0;
-    Tensor z = zeros({B, H, Lq, Dh}, q.dtype()), lse = empty({B, H, Lq}, q.dtype());
+    Tensor z = zeros({B, H, Lq, Dh}, q.dtype(), q.device()), lse = empty({B, H, Lq}, q.dtype(), q.device());
     if (!empty_problem) backend_for(q.device()).fused_attention(q, k, v, pattern, scale, rel, z, lse);
     std::vector<Tensor> inputs = {q_in, k_in, v_in};
     if (relative) inputs.insert(inputs.end(), {rel_in.table_k, rel_in.table_v});
@@ -174,7 +201,7 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                   [q, k, v, z = z.detach(), lse, pattern, scale, rel, empty_problem](const Tensor& g) {
                       // zeros when there is nothing to compute; else the kernel writes every element
                       auto fresh = [empty_problem](const Tensor& t) {
-                          return empty_problem ? zeros_like(t) : empty(t.shape(), t.dtype());
+                          return empty_problem ? zeros_like(t) : empty(t.shape(), t.dtype(), t.device());
                       };
                       std::vector<Tensor> grads = {fresh(q), fresh(k), fresh(v)};
                       if (rel.table_k.defined()) grads.insert(grads.end(), {fresh(rel.table_k), fresh(rel.table_v)});

@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/backend/backend.hpp"
 #include "engine/tensor.hpp"
@@ -17,12 +18,28 @@ inline void require_floating(const Tensor& x, const char* op) {
     }
 }
 
-// A 0-d tensor of t's dtype.
-inline Tensor like_scalar(double value, const Tensor& t) { return scalar(value, t.dtype()); }
+// Every op computes on its inputs' device: throws "<op>: operands on different devices: cpu [2, 3]
+// and guarded_cpu [3]" unless every defined tensor is on the first one's device.
+inline void require_same_device(const std::vector<Tensor>& tensors, const char* op) {
+    const Tensor* first = nullptr;
+    for (const Tensor& t : tensors) {
+        if (!t.defined()) continue;
+        if (!first) {
+            first = &t;
+        } else if (t.device() != first->device()) {
+            throw std::invalid_argument(std::string(op) + ": operands on different devices: " +
+                                        device_name(first->device()) + " " + shape_str(first->shape()) + " and " +
+                                        device_name(t.device()) + " " + shape_str(t.shape()));
+        }
+    }
+}
+
+// A 0-d tensor of t's dtype, on t's device.
+inline Tensor like_scalar(double value, const Tensor& t) { return scalar(value, t.dtype(), t.device()); }
 
 // 1 where x == value, else 0, in x's dtype (no autograd: used inside backward functions).
 inline Tensor equals(const Tensor& x, double value) {
-    Tensor out = empty(x.shape(), x.dtype());
+    Tensor out = empty(x.shape(), x.dtype(), x.device());
     backend_for(x.device()).binary(BinaryOp::equal, x, like_scalar(value, x), out);
     return out;
 }

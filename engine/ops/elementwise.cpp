@@ -46,17 +46,18 @@ static void check_floating_pair(const Tensor& a, const Tensor& b, const char* op
                                     shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " + shape_str(b.shape()));
     }
     require_floating(a, op);
+    require_same_device({a, b}, op);
 }
 
 static Tensor binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
     check_floating_pair(a, b, name);
-    Tensor out = empty(broadcast_shapes(a.shape(), b.shape(), name), a.dtype());
+    Tensor out = empty(broadcast_shapes(a.shape(), b.shape(), name), a.dtype(), a.device());
     backend_for(a.device()).binary(op, a, b, out);
     return out;
 }
 
 static Tensor unary_kernel(UnaryOp op, const Tensor& x, double p0 = 0, double p1 = 0) {
-    Tensor out = empty(x.shape(), x.dtype());
+    Tensor out = empty(x.shape(), x.dtype(), x.device());
     backend_for(x.device()).unary(op, x, out, p0, p1);
     return out;
 }
@@ -195,8 +196,9 @@ Tensor clamp(const Tensor& x, double low, double high) {
 // y = cond ? a : b   da = cond ? g : 0, db = cond ? 0 : g
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     check_floating_pair(a, b, "where");
+    require_same_device({a, b, cond}, "where");
     const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
-    Tensor y = empty(shape, a.dtype());
+    Tensor y = empty(shape, a.dtype(), a.device());
     backend_for(a.device()).where(cond, a, b, y);
     return record(y, "where", {a, b}, [cond = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) {
         const Tensor zero = like_scalar(0, g);

@@ -10,10 +10,11 @@
 
 namespace relgrad {
 
-static void check_index(const Tensor& index, const char* op) {
+static void check_index(const Tensor& x, const Tensor& index, const char* op) {
     if (index.dtype() != DType::int64) {
         throw std::invalid_argument(std::string(op) + ": the index must be int64, got " + dtype_name(index.dtype()));
     }
+    require_same_device({x, index}, op);
 }
 
 // index has x's rank and fits inside x on every dim but `dim`
@@ -30,14 +31,14 @@ static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& inde
 // y[i][j] = x[i][index[i][j]]             (dim = 1)
 // dx[i][index[i][j]] += g[i][j]           (a scatter_add of g into zeros)
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-    check_index(index, "gather");
+    check_index(x, index, "gather");
     require_floating(x, "gather");
     dim = wrap_dim(dim, x.dim(), "gather");
     check_gather_shapes(x, dim, index, "gather");
-    Tensor y = empty(index.shape(), x.dtype());
+    Tensor y = empty(index.shape(), x.dtype(), x.device());
     backend_for(x.device()).gather(x, dim, index, y);
     return record(y, "gather", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
-        Tensor dx = zeros(shape, g.dtype());
+        Tensor dx = zeros(shape, g.dtype(), g.device());
         backend_for(g.device()).scatter_add(dx, dim, index, g);
         return std::vector<Tensor>{dx};
     });
@@ -46,7 +47,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 // y = x; y[i][index[i][j]] += src[i][j]   (dim = 1)
 // dx = g, dsrc[i][j] = g[i][index[i][j]]  (a gather of g)
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-    check_index(index, "scatter_add");
+    check_index(x, index, "scatter_add");
     require_floating(x, "scatter_add");
     dim = wrap_dim(dim, x.dim(), "scatter_add");
     check_gather_shapes(x, dim, index, "scatter_add");
@@ -55,11 +56,11 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
                                     ") must have the index's shape " + shape_str(index.shape()) +
                                     " and the input's dtype " + dtype_name(x.dtype()));
     }
-    Tensor y = empty(x.shape(), x.dtype());
+    Tensor y = empty(x.shape(), x.dtype(), x.device());
     backend_for(x.device()).copy(x, y);
     backend_for(x.device()).scatter_add(y, dim, index, src);
     return record(y, "scatter_add", {x, src}, [dim, index](const Tensor& g) {
-        Tensor dsrc = empty(index.shape(), g.dtype());
+        Tensor dsrc = empty(index.shape(), g.dtype(), g.device());
         backend_for(g.device()).gather(g, dim, index, dsrc);
         return std::vector<Tensor>{g, dsrc};
     });
@@ -67,7 +68,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 // y = x[..., index[n], ...] along dim    dx[..., index[n], ...] += g[..., n, ...]
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-    check_index(index, "index_select");
+    check_index(x, index, "index_select");
     require_floating(x, "index_select");
     if (index.dim() != 1) {
         throw std::invalid_argument("index_select: the index must be 1-d, got shape " + shape_str(index.shape()));
@@ -75,10 +76,10 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     dim = wrap_dim(dim, x.dim(), "index_select");
     Shape shape = x.shape();
     shape[dim] = index.numel();
-    Tensor y = empty(shape, x.dtype());
+    Tensor y = empty(shape, x.dtype(), x.device());
     backend_for(x.device()).index_select(x, dim, index, y);
     return record(y, "index_select", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
-        Tensor dx = zeros(shape, g.dtype());
+        Tensor dx = zeros(shape, g.dtype(), g.device());
         backend_for(g.device()).index_add(dx, dim, index, g);
         return std::vector<Tensor>{dx};
     });
@@ -89,7 +90,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
     if (weight.dim() != 2) {
         throw std::invalid_argument("embedding: the weight must be [V, D], got shape " + shape_str(weight.shape()));
     }
-    check_index(ids, "embedding");
+    check_index(weight, ids, "embedding");
     Shape out_shape = ids.shape();
     out_shape.push_back(weight.size(1));
     return index_select(weight, 0, ids.reshape({-1})).reshape(out_shape);

@@ -14,6 +14,7 @@ namespace relgrad {
 // The transposes are views: BLAS reads them in place with its transpose flag, nothing is copied.
 Tensor matmul(const Tensor& a, const Tensor& b) {
     if (!a.defined() || !b.defined()) throw std::invalid_argument("matmul: undefined tensor");
+    require_same_device({a, b}, "matmul");
     if (a.dim() == 0 || b.dim() == 0) {
         throw std::invalid_argument("matmul: needs tensors of rank >= 1, got shapes " + shape_str(a.shape()) + " and " +
                                     shape_str(b.shape()));
@@ -40,7 +41,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         s.push_back(cols);
         return s;
     };
-    Tensor y = empty(with_matrix(M, N), a.dtype());
+    Tensor y = empty(with_matrix(M, N), a.dtype(), a.device());
     {
         NoGradGuard views_only;  // the expands below are internal views, not graph nodes
         backend_for(a.device()).batched_gemm(a.expand(with_matrix(M, K)), b.expand(with_matrix(K, N)), y);

@@ -16,7 +16,7 @@ static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char*
     require_floating(x, name);
     NoGradGuard views_only;
     const Tensor moved = x.transpose(dim, -1).contiguous();
-    Tensor out = empty(moved.shape(), x.dtype());
+    Tensor out = empty(moved.shape(), x.dtype(), x.device());
     backend_for(x.device()).softmax_last_dim(moved, log, out);
     return out.transpose(dim, -1);
 }
@@ -56,11 +56,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                     " for an input of shape " + shape_str(x.shape()));
     }
     if (!(eps > 0)) throw std::invalid_argument("layer_norm: eps must be positive, got " + std::to_string(eps));
+    require_same_device({x, weight, bias}, "layer_norm");
     Tensor xhat, rstd, y;
     {
         NoGradGuard forward_only;
         const Tensor centered = sub(x, mean(x, {-1}, true));
-        rstd = div(scalar(1, x.dtype()), sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype()))));
+        rstd = div(scalar(1, x.dtype(), x.device()), sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype(), x.device()))));
         xhat = mul(centered, rstd);
         y = add(mul(xhat, weight), bias);
     }
@@ -72,17 +73,20 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 // y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p) from gen   (autograd through mul: dx = g mask/(1-p))
+// The mask is drawn on the host, so that a seed gives the same mask on every device, and copied
+// to x's device.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     if (!(p >= 0 && p <= 1)) throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
     if (!training || p == 0) return x;
     const double keep_scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
     std::vector<double> mask(x.numel());
     for (double& m : mask) m = gen.next_uniform() >= p ? keep_scale : 0.0;
-    return mul(x, from_vector(mask, x.shape(), x.dtype()));
+    return mul(x, from_vector(mask, x.shape(), x.dtype(), x.device()));
 }
 
 // loss = -(1/n) sum_{t_i != ignore} log_softmax(logits)[i, t_i],  n = number of targets kept
-// (autograd through log_softmax, gather and where; an ignored row gets no gradient)
+// (autograd through log_softmax, gather and where; an ignored row gets no gradient). All on the
+// logits' device: the gather kernel checks the targets that are not ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
     if (logits.dim() != 2 || target.dim() != 1 || target.size(0) != logits.size(0)) {
         throw std::invalid_argument("cross_entropy: expects logits [N, C] and target [N], got " +
@@ -92,26 +96,29 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
         throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") +
                                     dtype_name(target.dtype()));
     }
+    require_same_device({logits, target}, "cross_entropy");
     const int64_t N = logits.size(0), C = logits.size(1);
-    const Tensor packed_target = target.contiguous();
-    const int64_t* targets = packed_target.data<int64_t>();
-    std::vector<double> safe_targets(N), kept(N);
-    int64_t count = 0;
-    for (int64_t i = 0; i < N; ++i) {
-        const int64_t t = targets[i];
-        if (t == ignore_index) continue;
-        if (t < 0 || t >= C) {
-            throw std::invalid_argument("cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(i) +
-                                        " is outside [0, " + std::to_string(C) + ") and is not ignore_index " +
-                                        std::to_string(ignore_index));
-        }
-        safe_targets[i] = static_cast<double>(t);
-        kept[i] = 1;
-        ++count;
+    const Tensor column = target.reshape({N, 1});
+    // int64 1 where ignored; ignore_index made on the host, exact (a double cannot hold every int64)
+    Tensor ignore = empty({}, DType::int64);
+    *ignore.data<int64_t>() = ignore_index;
+    Tensor ignored = empty_like(column);
+    backend_for(column.device()).binary(BinaryOp::equal, column, ignore.to(column.device()), ignored);
+    Tensor safe_target = empty_like(column);  // 0 where ignored (the where kernel: int64 has no autograd)
+    backend_for(column.device()).where(ignored, like_scalar(0, column), column, safe_target);
+    Tensor picked;
+    try {
+        picked = gather(log_softmax(logits, 1), 1, safe_target);
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("cross_entropy: a target is outside [0, " + std::to_string(C) +
+                                    ") and is not ignore_index " + std::to_string(ignore_index) + " (" + e.what() +
+                                    ")");
     }
-    const Tensor picked = gather(log_softmax(logits, 1), 1, from_vector(safe_targets, {N, 1}, DType::int64));
-    const Tensor kept_picked = where(from_vector(kept, {N, 1}, DType::boolean), picked, scalar(0, logits.dtype()));
-    return mul(sum(kept_picked), scalar(-1.0 / static_cast<double>(std::max<int64_t>(count, 1)), logits.dtype()));
+    const Tensor kept_picked = where(ignored, like_scalar(0, logits), picked);
+    // -1/n in float64 (n at least 1), then in the logits' dtype
+    const Tensor count = sum(equals(ignored.to(DType::float64), 0));
+    const Tensor factor = div(scalar(-1, DType::float64, logits.device()), clamp(count, 1, static_cast<double>(N) + 1));
+    return mul(sum(kept_picked), factor.to(logits.dtype()));
 }
 
 }  // namespace relgrad

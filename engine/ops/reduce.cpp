@@ -41,7 +41,7 @@ static Shape dropped_shape(const Shape& shape, const std::vector<int64_t>& dims)
 
 static Tensor reduce_kernel(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, const char* name) {
     require_floating(x, name);
-    Tensor out = empty(kept_shape(x.shape(), dims), x.dtype());
+    Tensor out = empty(kept_shape(x.shape(), dims), x.dtype(), x.device());
     backend_for(x.device()).reduce(op, x, dims, out);
     return out;
 }
@@ -62,7 +62,7 @@ Tensor mean(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "mean");
     int64_t count = 1;
     for (int64_t d : dims) count *= x.shape()[d];
-    return mul(sum(x, dims, keepdim), scalar(1.0 / static_cast<double>(count), x.dtype()));
+    return mul(sum(x, dims, keepdim), scalar(1.0 / static_cast<double>(count), x.dtype(), x.device()));
 }
 
 // y = max_{dims} x            dx = g [x == y] / (number of tied maxima)
@@ -76,7 +76,7 @@ Tensor max(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
     }
     Tensor y = reduce_kernel(ReduceOp::max, x, dims, "max");
     y = record(y, "max", {x}, [x = x.detach(), y = y.detach(), dims](const Tensor& g) {
-        Tensor is_max = empty(x.shape(), x.dtype());
+        Tensor is_max = empty(x.shape(), x.dtype(), x.device());
         backend_for(x.device()).binary(BinaryOp::equal, x, y, is_max);
         const Tensor ties = sum(is_max, dims, /*keepdim=*/true);
         return std::vector<Tensor>{div(mul(g.reshape(y.shape()), is_max), ties)};

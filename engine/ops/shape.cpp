@@ -5,6 +5,7 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/ops.hpp"
+#include "engine/ops/common.hpp"
 
 namespace relgrad {
 
@@ -13,6 +14,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
     if (tensors.empty()) throw std::invalid_argument("concat: no tensors given");
     const Tensor& first = tensors[0];
     dim = wrap_dim(dim, first.dim(), "concat");
+    require_same_device(tensors, "concat");
     Shape out_shape = first.shape();
     out_shape[dim] = 0;
     for (const Tensor& t : tensors) {
@@ -25,7 +27,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
         }
         out_shape[dim] += t.shape()[dim];
     }
-    Tensor y = empty(out_shape, first.dtype());
+    Tensor y = empty(out_shape, first.dtype(), first.device());
     std::vector<int64_t> starts;
     {
         NoGradGuard views_only;

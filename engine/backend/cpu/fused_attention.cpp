@@ -31,9 +31,9 @@
 #include <limits>
 #include <vector>
 
-#include <cblas.h>
 #include <omp.h>
 
+#include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/backend/cpu/kernels.hpp"
 
 namespace relgrad {
@@ -42,18 +42,6 @@ namespace {
 
 constexpr int64_t kQueryTile = 64;  // rows of a tile
 constexpr int64_t kKeyTile = 256;   // columns of a tile: a [64, 256] score tile is 64 KiB in float32
-
-// C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (single-threaded: the threads are ours)
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-                A, lda, B, ldb, beta, C, ldc);
-}
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-                A, lda, B, ldb, beta, C, ldc);
-}
 
 // The sizes, the rules of the pattern and where each (batch, head) finds its operands.
 template <class T>
@@ -74,7 +62,7 @@ struct Problem {
           causal(pattern.causal),
           window(pattern.window),
           query_offset(pattern.query_offset),
-          mask(pattern.mask.defined() ? pattern.mask.data<bool>() : nullptr) {
+          mask(pattern.mask.defined() ? device_data<bool>(pattern.mask) : nullptr) {
         if (mask) mask_strides = pattern.mask.strides();
     }
     int64_t B, H, Lq, Lk, Dh;
@@ -150,13 +138,13 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
              const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
     const Problem<T> P(q_in, k_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K;
-    const T* q_all = q_in.data<T>();
-    const T* k_all = k_in.data<T>();
-    const T* v_all = v_in.data<T>();
-    const T* ek_all = P.relative ? relative.table_k.data<T>() : nullptr;
-    const T* ev_all = P.relative ? relative.table_v.data<T>() : nullptr;
-    T* z_all = z_out.data<T>();
-    T* lse_all = lse_out.data<T>();
+    const T* q_all = device_data<T>(q_in);
+    const T* k_all = device_data<T>(k_in);
+    const T* v_all = device_data<T>(v_in);
+    const T* ek_all = P.relative ? device_data<T>(relative.table_k) : nullptr;
+    const T* ev_all = P.relative ? device_data<T>(relative.table_v) : nullptr;
+    T* z_all = device_data<T>(z_out);
+    T* lse_all = device_data<T>(lse_out);
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const int64_t tiles = (Lq + kQueryTile - 1) / kQueryTile;
     // each thread's tile buffers, allocated here so that running out of memory is an exception
@@ -238,17 +226,17 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     const Problem<T> P(q_in, k_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
     const T c = P.scale;
-    const T* q_all = q_in.data<T>();
-    const T* k_all = k_in.data<T>();
-    const T* v_all = v_in.data<T>();
-    const T* z_all = z_in.data<T>();
-    const T* lse_all = lse_in.data<T>();
-    const T* dz_all = dz_in.data<T>();
-    const T* ek_all = P.relative ? relative.table_k.data<T>() : nullptr;
-    const T* ev_all = P.relative ? relative.table_v.data<T>() : nullptr;
-    T* dq_all = dq_out.data<T>();
-    T* dk_all = dk_out.data<T>();
-    T* dv_all = dv_out.data<T>();
+    const T* q_all = device_data<T>(q_in);
+    const T* k_all = device_data<T>(k_in);
+    const T* v_all = device_data<T>(v_in);
+    const T* z_all = device_data<T>(z_in);
+    const T* lse_all = device_data<T>(lse_in);
+    const T* dz_all = device_data<T>(dz_in);
+    const T* ek_all = P.relative ? device_data<T>(relative.table_k) : nullptr;
+    const T* ev_all = P.relative ? device_data<T>(relative.table_v) : nullptr;
+    T* dq_all = device_data<T>(dq_out);
+    T* dk_all = device_data<T>(dk_out);
+    T* dv_all = device_data<T>(dv_out);
     const T neg_inf = -std::numeric_limits<T>::infinity();
     // Tasks: (batch, head, key group). With fewer (batch, head) pairs than 8 the key tiles are cut
     // into groups, so that a single sequence and head still keeps several threads busy; a group
@@ -385,8 +373,8 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
         }
     }
     if (!P.relative) return;
-    T* dek = d_table_k.data<T>();
-    T* dev = d_table_v.data<T>();
+    T* dek = device_data<T>(d_table_k);
+    T* dev = device_data<T>(d_table_v);
     std::fill(dek, dek + d_table_k.numel(), T(0));
     std::fill(dev, dev + d_table_v.numel(), T(0));
     for (int64_t bh = 0; bh < BH; ++bh) {

@@ -1,6 +1,6 @@
 // The CPU backend's attention row kernels: contiguous SIMD loops (xsimd batches, scalar tail)
 // over one row of scores or of their gradient, shared by the bucketed attention kernels
-// (cpu_backend.cpp) and the fused ones (fused_attention.cpp). Each returns the reduction the
+// (attention.cpp) and the fused ones (fused_attention.cpp). Each returns the reduction the
 // caller needs next, so that a row is read once per step of the softmax or its backward. Also the
 // entry points of the fused kernels.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include <xsimd/xsimd.hpp>
 
-#include "engine/ops.hpp"
+#include "engine/attention_pattern.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {

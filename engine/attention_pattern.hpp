@@ -1,0 +1,27 @@
+// relgrad: how a fused attention kernel learns which keys a query sees and Shaw's clipped
+// relative terms, without an [Lq, Lk] tensor. Shared by the op (engine/ops/attention.cpp) and the
+// backends' kernels, which do not include the ops.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/tensor.hpp"
+
+namespace relgrad {
+
+// Which keys each query may see, for fused_attention, without an [Lq, Lk] tensor where the
+// pattern has a rule: query i sits at position query_offset + i, key j at position j.
+struct AttentionPattern {
+    Tensor mask;               // bool, broadcastable to [B, H, Lq, Lk] (e.g. key padding [B, 1, 1, Lk]), or undefined
+    bool causal = false;       // only keys j <= query_offset + i
+    int64_t window = -1;       // if >= 0, only keys with |j - (query_offset + i)| <= window
+    int64_t query_offset = 0;  // also shifts the relative distances
+};
+// Shaw's terms with the bucket computed, not stored: r(i, j) = clip(j - (query_offset + i),
+// -k_left, k_right) + k_left, tables [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
+struct ClippedRelativeTerms {
+    Tensor table_k, table_v;
+    int64_t k_left = 0, k_right = 0;
+};
+
+}  // namespace relgrad

@@ -1,0 +1,62 @@
+// The CPU backend: the Backend interface (backend.hpp) on host memory. Its kernels live by family
+// in the files beside this one, as the ops do in engine/ops/: elementwise.cpp (fill, copy, unary,
+// binary, where), reduce.cpp (reduce, softmax_last_dim), gemm.cpp (batched_gemm and the one BLAS
+// call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
+// attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory
+// and forwards the fused kernels. A CUDA backend mirrors this layout.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/backend/backend.hpp"
+
+namespace relgrad {
+
+class CpuBackend : public Backend {
+public:
+    CpuBackend();
+    const char* name() const override { return "cpu"; }
+    bool supports(OptionalKernel kernel) const override;
+
+    CachingAllocator& allocator() override { return allocator_; }
+    void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
+    void copy_to_host(const void* device, void* host, std::size_t nbytes) override;
+
+    void fill(Tensor& out, double value) override;
+    void copy(const Tensor& src, Tensor& dst) override;
+    void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) override;
+    void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
+    void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) override;
+    void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void softmax_last_dim(const Tensor& x, bool log, Tensor& out) override;
+    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                           double scale, Tensor& bucket_weights) override;
+    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
+                                    double scale, Tensor& d_bucket_scores) override;
+    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
+    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  Tensor& d_table_k, Tensor& d_table_v) override;
+
+private:
+    CachingAllocator allocator_;
+};
+
+namespace cpu {
+// C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (gemm.cpp). Call use_one_blas_thread()
+// first: the threads are relgrad's (OpenMP), and two thread pools on two cores would only fight.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc);
+void use_one_blas_thread();
+}  // namespace cpu
+
+}  // namespace relgrad

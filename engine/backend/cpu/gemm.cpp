@@ -1,0 +1,141 @@
+// The CPU's matrix products (engine/ops/linalg.cpp): every BLAS call of the backend goes through
+// cpu::gemm below, into OpenBLAS by xtensor-blas's cxxblas layer.
+#include <algorithm>
+#include <array>
+
+#include <xtensor-blas/xblas.hpp>
+
+#include "engine/backend/cpu/cpu_backend.hpp"
+#include "engine/backend/cpu/loops.hpp"
+
+// OpenBLAS's thread control (its cblas.h cannot be included next to xtensor-blas)
+extern "C" void openblas_set_num_threads(int threads);
+
+namespace relgrad {
+namespace cpu {
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+    using xt::blas_index_t;
+    cxxblas::gemm<blas_index_t>(cxxblas::StorageOrder::RowMajor,
+                                trans_a ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
+                                trans_b ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans, blas_index_t(M),
+                                blas_index_t(N), blas_index_t(K), alpha, A, blas_index_t(lda), B, blas_index_t(ldb), beta,
+                                C, blas_index_t(ldc));
+}
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+                           int64_t, double, double*, int64_t);
+
+void use_one_blas_thread() { openblas_set_num_threads(1); }
+
+}  // namespace cpu
+
+using namespace cpu;
+
+namespace {
+
+// How BLAS can read a rows x cols matrix stored with (row_stride, col_stride): row-major as it is,
+// or as the transpose of a row-major matrix; `ok` is false when neither works (e.g. stride 0).
+struct BlasOperand {
+    bool ok;
+    bool transposed;
+    int64_t leading_dim;
+};
+
+BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+    if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= std::max<int64_t>(cols, 1))) {
+        return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : row_stride};
+    }
+    if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= std::max<int64_t>(rows, 1))) {
+        return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : col_stride};
+    }
+    return {false, false, 0};
+}
+
+// How a batch of products is cut into pieces for the threads. The cut depends on the shapes alone
+// (see batched_gemm): a batch of kWholeProducts products or more (attention's, one per head) is cut
+// into the products; fewer products are cut into blocks of rows, or, when a product is too short
+// for that but at least kWideColumns wide (an output layer while decoding), into blocks of columns.
+constexpr int64_t kWholeProducts = 8;
+constexpr int64_t kWideColumns = 256;
+
+// The rows (or columns) of one block: about an eighth of n, rounded up to a multiple of 64 and at
+// least 128 (each block packs all of op(B) again, so blocks are kept big).
+int64_t block_size(int64_t n) {
+    constexpr int64_t parts = 8, multiple = 64, smallest = 128;
+    return std::max<int64_t>(smallest, (n + parts * multiple - 1) / (parts * multiple) * multiple);
+}
+
+}  // namespace
+
+void CpuBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
+    const int64_t rank = a_in.dim();
+    const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
+    const int64_t N = b_in.shape()[rank - 1];
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        fill(out, 0.0);
+        return;
+    }
+    // Operands BLAS cannot read in place (e.g. an expanded matrix) are packed first.
+    auto readable = [&](const Tensor& t, int64_t rows, int64_t cols) {
+        const BlasOperand layout = blas_operand(rows, cols, t.strides()[rank - 2], t.strides()[rank - 1]);
+        if (layout.ok) return t;
+        Tensor packed = empty_like(t);
+        copy(t, packed);
+        return packed;
+    };
+    const Tensor a = readable(a_in, M, K);
+    const Tensor b = readable(b_in, K, N);
+    const BlasOperand la = blas_operand(M, K, a.strides()[rank - 2], a.strides()[rank - 1]);
+    const BlasOperand lb = blas_operand(K, N, b.strides()[rank - 2], b.strides()[rank - 1]);
+
+    const Shape batch_shape(a.shape().begin(), a.shape().end() - 2);
+    const Shape a_batch_strides(a.strides().begin(), a.strides().end() - 2);
+    const Shape b_batch_strides(b.strides().begin(), b.strides().end() - 2);
+    const Shape out_batch_strides(out.strides().begin(), out.strides().end() - 2);
+    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+        using T = decltype(tag);
+        const T* pa = device_data<T>(a);
+        const T* pb = device_data<T>(b);
+        T* pc = device_data<T>(out);
+        // the offsets of every batch entry, then one gemm each
+        std::vector<std::array<int64_t, 3>> offsets;
+        walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides},
+                [&](const auto& off) { offsets.push_back(off); });
+        // rows [m0, m1) and columns [n0, n1) of one product; row m of op(A) starts m * leading_dim
+        // in (m when A is read transposed), column n of op(B) n in (n * leading_dim transposed)
+        auto product_block = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+            if (m1 <= m0 || n1 <= n0) return;
+            const int64_t a_row = m0 * (la.transposed ? 1 : la.leading_dim);
+            const int64_t b_column = n0 * (lb.transposed ? lb.leading_dim : 1);
+            gemm<T>(la.transposed, lb.transposed, m1 - m0, n1 - n0, K, T(1), pa + off[0] + a_row, la.leading_dim,
+                    pb + off[1] + b_column, lb.leading_dim, T(0), pc + off[2] + m0 * N + n0, N);
+        };
+        // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: two thread
+        // pools on two cores would only fight. The work is cut into the same pieces whatever the
+        // thread count and the pieces are shared out: OpenBLAS picks its kernels by the sizes it
+        // is given, so cutting by the thread count would make the results depend on it (the rule
+        // is at kWholeProducts above).
+        const int64_t count = static_cast<int64_t>(offsets.size());
+        const int64_t block_rows = count >= kWholeProducts ? M : block_size(M);
+        const int64_t row_blocks = (M + block_rows - 1) / block_rows;
+        const bool cut_columns = count < kWholeProducts && row_blocks == 1 && N >= kWideColumns;
+        const int64_t block_columns = cut_columns ? block_size(N) : N;
+        const int64_t column_blocks = (N + block_columns - 1) / block_columns;
+        const int64_t blocks = row_blocks * column_blocks;
+        use_one_blas_thread();
+        const int64_t pieces = count * blocks;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+        for (int64_t piece = 0; piece < pieces; ++piece) {
+            const int64_t row_block = piece % blocks / column_blocks, column_block = piece % column_blocks;
+            product_block(offsets[piece / blocks], row_block * block_rows, std::min(M, (row_block + 1) * block_rows),
+                 column_block * block_columns, std::min(N, (column_block + 1) * block_columns));
+        }
+    });
+}
+
+}  // namespace relgrad

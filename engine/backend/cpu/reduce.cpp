@@ -1,0 +1,103 @@
+// The CPU's reductions (engine/ops/reduce.cpp) and the softmax over the last dim (engine/ops/nn.cpp),
+// a reduction per row. float32 sums accumulate in float64.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xnoalias.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xreducer.hpp>
+
+#include "engine/backend/cpu/cpu_backend.hpp"
+#include "engine/backend/cpu/loops.hpp"
+
+namespace relgrad {
+
+using namespace cpu;
+
+namespace {
+
+// The two common sums as plain loops: a packed x summed over its leading dims (the bias gradient:
+// one sum per column) or over its trailing dims (one sum per row). float64 accumulators.
+template <class T>
+bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
+    if (!x.is_contiguous() || !out.is_contiguous() || x.numel() == 0) return false;
+    const int64_t rank = x.dim(), count = static_cast<int64_t>(dims.size());
+    const bool leading = dims.front() == 0 && dims.back() == count - 1;
+    const bool trailing = dims.front() == rank - count && dims.back() == rank - 1;
+    if (!leading && !trailing) return false;
+    const int64_t reduced = shape_numel(Shape(x.shape().begin() + dims.front(), x.shape().begin() + dims.back() + 1));
+    const int64_t kept = x.numel() / reduced;
+    const T* in = device_data<T>(x);
+    T* o = device_data<T>(out);
+    if (trailing) {
+#pragma omp parallel for schedule(static) if (x.numel() > (1 << 16))
+        for (int64_t i = 0; i < kept; ++i) {
+            double total = 0;
+            for (int64_t j = 0; j < reduced; ++j) total += in[i * reduced + j];
+            o[i] = static_cast<T>(total);
+        }
+    } else {
+        std::vector<double> totals(kept, 0.0);
+        for (int64_t i = 0; i < reduced; ++i)
+            for (int64_t j = 0; j < kept; ++j) totals[j] += in[i * kept + j];
+        for (int64_t j = 0; j < kept; ++j) o[j] = static_cast<T>(totals[j]);
+    }
+    return true;
+}
+
+}  // namespace
+
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
+    if (dims.empty()) {
+        copy(x, out);
+        return;
+    }
+    dispatch_floating(x.dtype(), "reduce", [&](auto tag) {
+        using T = decltype(tag);
+        if (op == ReduceOp::sum && packed_sum<T>(x, dims, out)) return;
+        const std::vector<std::size_t> axes(dims.begin(), dims.end());
+        auto X = input<T>(x, x);
+        auto O = strided<T>(out);
+        if (op == ReduceOp::sum) {
+            // float32 sums accumulate in float64: adding 2^25 ones one by one in float32 stops at 2^24
+            xt::noalias(O) = xt::cast<T>(xt::sum(xt::cast<double>(X), axes, xt::keep_dims));
+        } else {
+            // xt::amax skips NaN; relgrad's max, like PyTorch's, is NaN when any element is
+            const auto nan_count = xt::eval(xt::sum(xt::cast<int64_t>(xt::isnan(X)), axes, xt::keep_dims));
+            xt::noalias(O) =
+                xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(), xt::amax(X, axes, xt::keep_dims));
+        }
+    });
+}
+
+void CpuBackend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
+    const int64_t C = x.dim() == 0 ? 1 : x.shape().back();
+    if (C == 0) return;
+    const int64_t rows = x.numel() / C;
+    dispatch_floating(x.dtype(), "softmax", [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = device_data<T>(x);
+        T* po = device_data<T>(out);
+        const T neg_inf = -std::numeric_limits<T>::infinity();
+        for (int64_t r = 0; r < rows; ++r) {
+            const T* row = px + r * C;
+            T* dst = po + r * C;
+            T m = neg_inf;
+            for (int64_t j = 0; j < C; ++j) m = std::max(m, row[j]);
+            if (m == neg_inf) {  // every entry masked: no probability mass anywhere
+                std::fill(dst, dst + C, log ? neg_inf : T(0));
+                continue;
+            }
+            T total(0);
+            for (int64_t j = 0; j < C; ++j) total += std::exp(row[j] - m);
+            const T log_total = std::log(total);
+            for (int64_t j = 0; j < C; ++j) {
+                dst[j] = log ? row[j] - m - log_total : std::exp(row[j] - m) / total;
+            }
+        }
+    });
+}
+
+}  // namespace relgrad

@@ -1,0 +1,249 @@
+// Views and copies of a tensor, each with its backward. A view is a new TensorImpl over the same
+// storage with other shape, strides and offset (nothing is copied); its backward maps the gradient
+// back to the input's shape: a view back, an inverse permutation, a sum over broadcast dims, or a
+// zero tensor with the gradient placed in the sliced positions. Copies (to, clone, contiguous)
+// pass the gradient through, converted back to the source's dtype or device.
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
+#include "engine/ops.hpp"
+
+namespace relgrad {
+
+// ---------------------------------------------------------------- views
+
+// A new TensorImpl over the same storage.
+static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = base.storage();
+    impl->shape = std::move(shape);
+    impl->strides = std::move(strides);
+    impl->offset = offset;
+    impl->dtype = base.dtype();
+    return Tensor(impl);
+}
+
+Tensor Tensor::view(const Shape& requested) const {
+    if (!is_contiguous()) {
+        throw std::invalid_argument("view: the tensor of shape " + shape_str(shape()) +
+                                    " is not contiguous; use reshape()");
+    }
+    Shape target = requested;
+    int64_t inferred = -1;
+    for (std::size_t i = 0; i < target.size(); ++i) {
+        if (target[i] != -1) continue;
+        if (inferred >= 0) throw std::invalid_argument("view: more than one -1 in " + shape_str(requested));
+        inferred = static_cast<int64_t>(i);
+        target[i] = 1;
+    }
+    const int64_t known = shape_numel(target);  // throws on a negative size or an overflow
+    const bool fits = inferred >= 0 ? known > 0 && numel() % known == 0 : known == numel();
+    if (!fits) {
+        throw std::invalid_argument("view: cannot view a tensor of shape " + shape_str(shape()) + " (" +
+                                    std::to_string(numel()) + " elements) as " + shape_str(requested));
+    }
+    if (inferred >= 0) target[inferred] = numel() / known;
+    Tensor out = make_view(*this, target, contiguous_strides(target), offset());
+    const Shape input_shape = shape();
+    // d(view)/dx: the gradient viewed back to the input's shape
+    return record(out, "view", {*this},
+                  [input_shape](const Tensor& g) { return std::vector<Tensor>{g.reshape(input_shape)}; });
+}
+
+Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shape); }
+
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+    const int64_t rank = dim();
+    if (static_cast<int64_t>(dims.size()) != rank) {
+        throw std::invalid_argument("permute: " + std::to_string(dims.size()) + " dims given for a tensor of shape " +
+                                    shape_str(shape()));
+    }
+    Shape new_shape(rank), new_strides(rank);
+    std::vector<int64_t> inverse(rank, -1);
+    for (int64_t i = 0; i < rank; ++i) {
+        const int64_t d = wrap_dim(dims[i], rank, "permute");
+        if (inverse[d] != -1) throw std::invalid_argument("permute: dim " + std::to_string(d) + " repeated");
+        inverse[d] = i;
+        new_shape[i] = shape()[d];
+        new_strides[i] = strides()[d];
+    }
+    Tensor out = make_view(*this, new_shape, new_strides, offset());
+    // d(permute)/dx: permute the gradient back with the inverse permutation
+    return record(out, "permute", {*this},
+                  [inverse](const Tensor& g) { return std::vector<Tensor>{g.permute(inverse)}; });
+}
+
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+    std::vector<int64_t> dims(dim());
+    std::iota(dims.begin(), dims.end(), 0);
+    std::swap(dims[wrap_dim(d0, dim(), "transpose")], dims[wrap_dim(d1, dim(), "transpose")]);
+    return permute(dims);
+}
+
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+    d = wrap_dim(d, dim(), "slice");
+    const int64_t n = shape()[d];
+    if (step <= 0) throw std::invalid_argument("slice: step must be positive, got " + std::to_string(step));
+    if (start < 0) start += n;
+    if (end < 0) end += n;
+    if (start < 0 || end > n || start > end) {
+        throw std::invalid_argument("slice: range [" + std::to_string(start) + ", " + std::to_string(end) +
+                                    ") is outside dim " + std::to_string(d) + " of a tensor of shape " +
+                                    shape_str(shape()));
+    }
+    Shape new_shape = shape(), new_strides = strides();
+    new_shape[d] = end == start ? 0 : (end - start - 1) / step + 1;
+    new_strides[d] = new_shape[d] > 1 ? strides()[d] * step : strides()[d];
+    Tensor out = make_view(*this, new_shape, new_strides, offset() + start * strides()[d]);
+    const Shape input_shape = shape();
+    // d(slice)/dx: the gradient placed into the sliced positions of a zero tensor
+    return record(out, "slice", {*this}, [input_shape, d, start, end, step](const Tensor& g) {
+        Tensor grad_input = zeros(input_shape, g.dtype(), g.device());
+        Tensor window = grad_input.slice(d, start, end, step);
+        backend_for(g.device()).copy(g, window);
+        return std::vector<Tensor>{grad_input};
+    });
+}
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+    if (length < 0 || start < 0 || length > size(d) - start) {
+        throw std::invalid_argument("narrow: start " + std::to_string(start) + " and length " + std::to_string(length) +
+                                    " do not fit dim " + std::to_string(d) + " of shape " + shape_str(shape()));
+    }
+    return slice(d, start, start + length, 1);
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+    const int64_t rank = dim();
+    const int64_t new_rank = static_cast<int64_t>(target.size());
+    auto fail = [&] {
+        return std::invalid_argument("expand: cannot expand shape " + shape_str(shape()) + " to " + shape_str(target));
+    };
+    if (new_rank < rank) throw fail();
+    Shape new_shape = target, new_strides(new_rank, 0);
+    for (int64_t i = 0; i < new_rank; ++i) {
+        const int64_t j = i - (new_rank - rank);                   // the matching input dim, if any
+        if (j >= 0 && target[i] == -1) new_shape[i] = shape()[j];  // -1 keeps the size
+        if (new_shape[i] < 0) throw fail();
+        if (j < 0) continue;  // a new leading dim: stride 0
+        if (shape()[j] == new_shape[i]) {
+            new_strides[i] = strides()[j];
+        } else if (shape()[j] != 1) {
+            throw fail();
+        }
+    }
+    shape_numel(new_shape);  // rejects a size overflow
+    Tensor out = make_view(*this, new_shape, new_strides, offset());
+    const Shape input_shape = shape();
+    // d(expand)/dx: sum the gradient over the broadcast dims
+    return record(out, "expand", {*this},
+                  [input_shape](const Tensor& g) { return std::vector<Tensor>{sum_to(g, input_shape)}; });
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+    d = wrap_dim(d, dim() + 1, "unsqueeze");
+    Shape s = shape();
+    s.insert(s.begin() + d, 1);
+    return reshape(s);
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+    d = wrap_dim(d, dim(), "squeeze");
+    if (shape()[d] != 1) {
+        throw std::invalid_argument("squeeze: dim " + std::to_string(d) + " of shape " + shape_str(shape()) +
+                                    " has size " + std::to_string(shape()[d]) + ", not 1");
+    }
+    Shape s = shape();
+    s.erase(s.begin() + d);
+    return reshape(s);
+}
+
+// ---------------------------------------------------------------- values
+
+double Tensor::item() const {
+    if (numel() != 1) {
+        throw std::invalid_argument("item: the tensor has " + std::to_string(numel()) + " elements (shape " +
+                                    shape_str(shape()) + "), expected 1");
+    }
+    return to_vector()[0];
+}
+
+// Packed as float64 on the tensor's own device, then one copy of the bytes to the host.
+std::vector<double> Tensor::to_vector() const {
+    Tensor packed = empty(shape(), DType::float64, device());
+    backend_for(device()).copy(*this, packed);
+    std::vector<double> values(packed.numel());
+    backend_for(device()).copy_to_host(packed.storage()->data(), values.data(), values.size() * sizeof(double));
+    return values;
+}
+
+// The copy kernel rejects a float without an int64 value (NaN, +-inf, beyond +-2^63).
+Tensor Tensor::to(DType target) const {
+    if (target == dtype()) return *this;
+    Tensor out = empty(shape(), target, device());
+    backend_for(device()).copy(*this, out);
+    const DType source = dtype();
+    // d(to)/dx = identity, converted back to the source dtype
+    return record(out, "to", {*this}, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+}
+
+// Between devices, bytes travel through the host: the source packed on its device, copied to a
+// host buffer, then to the target device.
+static void copy_packed_between_devices(const Tensor& packed_src, const Tensor& packed_dst) {
+    const std::size_t nbytes = packed_src.numel() * dtype_size(packed_src.dtype());
+    const char* from = static_cast<const char*>(packed_src.storage()->data()) + packed_src.offset() * dtype_size(packed_src.dtype());
+    char* to = static_cast<char*>(packed_dst.storage()->data()) + packed_dst.offset() * dtype_size(packed_dst.dtype());
+    if (packed_src.device() == Device::cpu) {
+        backend_for(packed_dst.device()).copy_from_host(from, to, nbytes);
+    } else if (packed_dst.device() == Device::cpu) {
+        backend_for(packed_src.device()).copy_to_host(from, to, nbytes);
+    } else {
+        std::vector<char> host(nbytes);
+        backend_for(packed_src.device()).copy_to_host(from, host.data(), nbytes);
+        backend_for(packed_dst.device()).copy_from_host(host.data(), to, nbytes);
+    }
+}
+
+Tensor Tensor::to(Device target) const {
+    if (target == device()) return *this;
+    const Tensor packed = detach().contiguous();
+    Tensor out = empty(shape(), dtype(), target);
+    copy_packed_between_devices(packed, out);
+    const Device source = device();
+    // d(to)/dx = identity, moved back to the source device
+    return record(out, "to_device", {*this}, [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+}
+
+Tensor& Tensor::copy_(const Tensor& src) {
+    if (src.shape() != shape()) {
+        throw std::invalid_argument("copy_: source shape " + shape_str(src.shape()) + " differs from destination shape " +
+                                    shape_str(shape()));
+    }
+    if (grad_mode_enabled() && requires_grad()) {
+        throw std::invalid_argument("copy_: the tensor requires a gradient; copy into it under a NoGradGuard");
+    }
+    NoGradGuard no_grad;
+    if (src.device() == device()) {
+        backend_for(device()).copy(src, *this);
+        return *this;
+    }
+    // across devices: converted and packed on the source's device, moved, then copied into place
+    const Tensor packed = src.to(dtype()).contiguous();
+    Tensor arrived = is_contiguous() ? *this : empty(shape(), dtype(), device());
+    copy_packed_between_devices(packed, arrived);
+    if (arrived.impl() != impl()) backend_for(device()).copy(arrived, *this);
+    return *this;
+}
+
+Tensor Tensor::clone() const {
+    Tensor out = empty(shape(), dtype(), device());
+    backend_for(device()).copy(*this, out);
+    return record(out, "clone", {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+}  // namespace relgrad

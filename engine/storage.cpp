@@ -1,0 +1,109 @@
+#include "engine/storage.hpp"
+
+#include <algorithm>
+#include <new>
+#include <stdexcept>
+
+#include "engine/backend/backend.hpp"
+
+namespace relgrad {
+
+// ---------------------------------------------------------------- devices
+
+const char* device_name(Device device) {
+    switch (device) {
+        case Device::cpu: return "cpu";
+        case Device::guarded_cpu: return "guarded_cpu";
+        case Device::cuda: return "cuda";
+    }
+    throw std::logic_error("unknown device");
+}
+
+Device parse_device(const std::string& name) {
+    for (Device device : {Device::cpu, Device::guarded_cpu, Device::cuda}) {
+        if (name == device_name(device)) return device;
+    }
+    throw std::invalid_argument("unknown device '" + name + "' (expected cpu, guarded_cpu or cuda)");
+}
+
+bool host_can_read(Device device) { return device == Device::cpu; }
+
+// ---------------------------------------------------------------- the caching allocator
+
+namespace {
+
+constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
+constexpr int64_t kCacheBytes = int64_t{1} << 30;
+
+// Small blocks are rounded to 64 bytes (the alignment), cached ones to whole pages.
+std::size_t rounded_size(std::size_t nbytes) {
+    const std::size_t unit = nbytes >= kCachedFrom ? 4096 : 64;
+    return (std::max<std::size_t>(nbytes, 1) + unit - 1) / unit * unit;
+}
+
+}  // namespace
+
+void* CachingAllocator::allocate(std::size_t nbytes) {
+    const std::size_t bytes = rounded_size(nbytes);
+    void* block = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (bytes >= kCachedFrom) {
+            auto same_size = std::find_if(cache_.begin(), cache_.end(), [&](const auto& b) { return b.first == bytes; });
+            if (same_size != cache_.end()) {
+                block = same_size->second;
+                cache_.erase(same_size);
+                cached_ -= static_cast<int64_t>(bytes);
+            }
+        }
+    }
+    if (!block) block = raw_allocate_(bytes);
+    if (!block) throw std::bad_alloc();
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ += static_cast<int64_t>(bytes);
+    peak_ = std::max(peak_, live_);
+    return block;
+}
+
+void CachingAllocator::deallocate(void* block, std::size_t nbytes) {
+    const std::size_t bytes = rounded_size(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_ -= static_cast<int64_t>(bytes);
+    if (bytes < kCachedFrom) {
+        raw_free_(block);
+        return;
+    }
+    cache_.emplace_back(bytes, block);
+    cached_ += static_cast<int64_t>(bytes);
+    while (cached_ > kCacheBytes) {
+        raw_free_(cache_.front().second);
+        cached_ -= static_cast<int64_t>(cache_.front().first);
+        cache_.pop_front();
+    }
+}
+
+MemoryStats CachingAllocator::stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {live_, peak_, cached_};
+}
+
+void CachingAllocator::reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
+}
+
+CachingAllocator::~CachingAllocator() {
+    for (auto& block : cache_) raw_free_(block.second);
+}
+
+MemoryStats memory_stats(Device device) { return backend_for(device).allocator().stats(); }
+void reset_peak_memory(Device device) { backend_for(device).allocator().reset_peak(); }
+
+// ---------------------------------------------------------------- storage
+
+Storage::Storage(std::size_t nbytes, Device device)
+    : data_(backend_for(device).allocator().allocate(nbytes)), nbytes_(nbytes), device_(device) {}
+
+Storage::~Storage() { backend_for(device_).allocator().deallocate(data_, nbytes_); }
+
+}  // namespace relgrad

@@ -1,0 +1,82 @@
+// relgrad: devices, and the memory tensors live in.
+//
+// A Storage is one flat buffer on one device, shared by every view of it. It is allocated and
+// freed through its device's backend (engine/backend/backend.hpp), so the same Tensor code runs on
+// any device; only the backend touches the bytes. Host code reads a tensor's elements only through
+// explicit copies (Tensor::to(Device::cpu), to_vector(), item()); Tensor::data<T>() is for tensors
+// on the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace relgrad {
+
+// cpu: the host. guarded_cpu: the CPU kernels on memory that the host API refuses to touch, a
+// stand-in for an accelerator that proves the ops device-clean (docs/engine.md). cuda: an NVIDIA
+// GPU (not built yet).
+enum class Device { cpu, guarded_cpu, cuda };
+
+const char* device_name(Device device);           // "cpu", "guarded_cpu", "cuda"
+Device parse_device(const std::string& name);     // the inverse; throws naming the choices
+bool host_can_read(Device device);                // true only for the cpu
+
+// Bytes of tensor storage alive now, and the most alive at once since the last reset; the spare
+// blocks the allocator keeps for reuse are counted apart (cached). The peak is what a computation
+// really needed, whatever the process's RSS says.
+struct MemoryStats {
+    int64_t live_bytes = 0, peak_live_bytes = 0, cached_bytes = 0;
+};
+MemoryStats memory_stats(Device device = Device::cpu);
+void reset_peak_memory(Device device = Device::cpu);  // peak_live_bytes <- live_bytes
+
+// A flat, 64-byte-aligned, uninitialised buffer on one device. Shared by all views of it.
+class Storage {
+public:
+    Storage(std::size_t nbytes, Device device);
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const { return data_; }  // an address in the device's memory
+    std::size_t nbytes() const { return nbytes_; }
+    Device device() const { return device_; }
+
+private:
+    void* data_ = nullptr;
+    std::size_t nbytes_ = 0;
+    Device device_;
+};
+
+// One device's allocator: blocks from the device's raw allocation functions, with the live/peak
+// accounting above and a cache of big blocks. A training step frees and asks for the same sizes
+// again, and a fresh buffer costs the system work (a page fault per 4 KiB on first touch on the
+// host, a synchronising call on a GPU), so blocks of 1 MiB or more go to a cache when freed (at
+// most 1 GiB in all, oldest dropped first) and are handed out again for the same rounded size.
+class CachingAllocator {
+public:
+    using RawAllocate = void* (*)(std::size_t nbytes);
+    using RawFree = void (*)(void* block);
+    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free) : raw_allocate_(raw_allocate), raw_free_(raw_free) {}
+    ~CachingAllocator();
+    CachingAllocator(const CachingAllocator&) = delete;
+    CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+    void* allocate(std::size_t nbytes);              // throws std::bad_alloc when the device is full
+    void deallocate(void* block, std::size_t nbytes);  // nbytes as given to allocate
+    MemoryStats stats();
+    void reset_peak();
+
+private:
+    RawAllocate raw_allocate_;
+    RawFree raw_free_;
+    std::mutex mutex_;
+    std::deque<std::pair<std::size_t, void*>> cache_;  // (rounded size, block), oldest first
+    int64_t live_ = 0, peak_ = 0, cached_ = 0;
+};
+
+}  // namespace relgrad
