@@ -16,7 +16,7 @@ struct Values {
     bool positive = false;      // |x| + 0.5
 };
 
-Tensor make_input(const Shape& shape, const Values& values, Generator& gen) {
+Tensor make_input(const Shape& shape, const Values& values, Generator& gen, Device device) {
     std::vector<double> data(shape_numel(shape));
     for (double& v : data) {
         v = gen.next_normal();
@@ -25,21 +25,28 @@ Tensor make_input(const Shape& shape, const Values& values, Generator& gen) {
             if (std::fabs(v - kink) < 0.05) v = kink + 0.1;
         }
     }
-    return from_vector(data, shape, DType::float64).requires_grad_(true);
+    return from_vector(data, shape, DType::float64, device).requires_grad_(true);
 }
 
 Tensor index_tensor(const std::vector<double>& values, const Shape& shape) {
     return from_vector(values, shape, DType::int64);
 }
 
+// A case's constant (an index, a mask), made once on the CPU, on the device of its inputs x.
+Tensor on(const Tensor& constant, const std::vector<Tensor>& x) { return constant.to(x[0].device()); }
+AttentionPattern on(AttentionPattern pattern, const std::vector<Tensor>& x) {
+    if (pattern.mask.defined()) pattern.mask = on(pattern.mask, x);
+    return pattern;
+}
+
 class Registry {
 public:
     void add(const std::string& name, std::vector<Shape> shapes, Function f, Values values = {}) {
         const uint64_t seed = checks_.size() + 1;
-        checks_.push_back({name, [shapes = std::move(shapes), f = std::move(f), values, seed] {
+        checks_.push_back({name, [shapes = std::move(shapes), f = std::move(f), values, seed](Device device) {
                                Generator gen(seed);
                                std::vector<Tensor> inputs;
-                               for (const Shape& s : shapes) inputs.push_back(make_input(s, values, gen));
+                               for (const Shape& s : shapes) inputs.push_back(make_input(s, values, gen, device));
                                GradcheckOptions options;
                                options.seed = seed;
                                return gradcheck(f, inputs, options);
@@ -108,10 +115,10 @@ std::vector<OpCheck> build() {
     r.unary(
         "clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.7); }, Values{{-0.5, 0.7}});
     const Tensor cond = from_vector({1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1}, {3, 4}, DType::boolean);
-    r.add("where", {{3, 4}, {3, 4}}, [cond](const auto& x) { return where(cond, x[0], x[1]); });
+    r.add("where", {{3, 4}, {3, 4}}, [cond](const auto& x) { return where(on(cond, x), x[0], x[1]); });
     r.add("where/broadcast", {{4}, {3, 4}},
-          [cond](const auto& x) { return where(cond.narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1)); });
-    r.add("masked_fill", {{2, 3, 4}}, [cond](const auto& x) { return masked_fill(x[0], cond, 2.5); });
+          [cond](const auto& x) { return where(on(cond, x).narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1)); });
+    r.add("masked_fill", {{2, 3, 4}}, [cond](const auto& x) { return masked_fill(x[0], on(cond, x), 2.5); });
 
     // --- reductions
     for (const std::string name : {"sum", "mean", "max"}) {
@@ -153,17 +160,17 @@ std::vector<OpCheck> build() {
 
     // --- indexing (repeated indices make the backward accumulate)
     const Tensor rows = index_tensor({0, 4, 4, 1, 2, 2, 0, 3, 1, 1, 1, 4}, {3, 4});
-    r.add("gather", {{3, 5}}, [rows](const auto& x) { return gather(x[0], 1, rows); });
-    r.add("gather/dim0", {{5, 4}}, [rows](const auto& x) { return gather(x[0], 0, rows); });
-    r.add("gather/noncontiguous", {{5, 3}}, [rows](const auto& x) { return gather(x[0].transpose(0, 1), 1, rows); });
-    r.add("scatter_add", {{3, 5}, {3, 4}}, [rows](const auto& x) { return scatter_add(x[0], 1, rows, x[1]); });
+    r.add("gather", {{3, 5}}, [rows](const auto& x) { return gather(x[0], 1, on(rows, x)); });
+    r.add("gather/dim0", {{5, 4}}, [rows](const auto& x) { return gather(x[0], 0, on(rows, x)); });
+    r.add("gather/noncontiguous", {{5, 3}}, [rows](const auto& x) { return gather(x[0].transpose(0, 1), 1, on(rows, x)); });
+    r.add("scatter_add", {{3, 5}, {3, 4}}, [rows](const auto& x) { return scatter_add(x[0], 1, on(rows, x), x[1]); });
     const Tensor picks = index_tensor({2, 0, 2, 4}, {4});
-    r.add("index_select", {{5, 3}}, [picks](const auto& x) { return index_select(x[0], 0, picks); });
+    r.add("index_select", {{5, 3}}, [picks](const auto& x) { return index_select(x[0], 0, on(picks, x)); });
     r.add("index_select/noncontiguous", {{5, 3}},
-          [picks](const auto& x) { return index_select(x[0].transpose(0, 1), 1, picks); });
+          [picks](const auto& x) { return index_select(x[0].transpose(0, 1), 1, on(picks, x)); });
     const Tensor ids = index_tensor({1, 5, 1, 0, 3, 3}, {2, 3});
-    r.add("embedding", {{6, 4}}, [ids](const auto& x) { return embedding(x[0], ids); });
-    r.add("embedding/single", {{1, 1}}, [](const auto& x) { return embedding(x[0], index_tensor({0}, {1})); });
+    r.add("embedding", {{6, 4}}, [ids](const auto& x) { return embedding(x[0], on(ids, x)); });
+    r.add("embedding/single", {{1, 1}}, [](const auto& x) { return embedding(x[0], on(index_tensor({0}, {1}), x)); });
 
     // --- softmax family (a masked row gets zero weights and zero gradient)
     const Tensor mask = from_vector({0, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0}, {3, 5}, DType::boolean);
@@ -175,7 +182,7 @@ std::vector<OpCheck> build() {
         r.add(name + "/single", {{1}}, [op](const auto& x) { return op(x[0], 0); });
         // -inf entries of log_softmax are kept out of the checked output (inf - inf is NaN)
         r.add(name + "/masked", {{3, 5}},
-              [op, mask, inf](const auto& x) { return masked_fill(op(masked_fill(x[0], mask, -inf), -1), mask, 0.0); });
+              [op, mask, inf](const auto& x) { return masked_fill(op(masked_fill(x[0], on(mask, x), -inf), -1), on(mask, x), 0.0); });
     }
 
     // --- layers of the nn family
@@ -188,10 +195,10 @@ std::vector<OpCheck> build() {
         return dropout(x[0], 0.3, true, gen);
     });
     const Tensor targets = index_tensor({1, 0, -100, 3, 3}, {5});
-    r.add("cross_entropy", {{5, 4}}, [targets](const auto& x) { return cross_entropy(x[0], targets); });
+    r.add("cross_entropy", {{5, 4}}, [targets](const auto& x) { return cross_entropy(x[0], on(targets, x)); });
     r.add("cross_entropy/noncontiguous", {{4, 5}},
-          [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), targets); });
-    r.add("cross_entropy/single", {{1, 1}}, [](const auto& x) { return cross_entropy(x[0], index_tensor({0}, {1})); });
+          [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), on(targets, x)); });
+    r.add("cross_entropy/single", {{1, 1}}, [](const auto& x) { return cross_entropy(x[0], on(index_tensor({0}, {1}), x)); });
 
     // --- attention as one op (the bucketed relative form); row 1 of the mask sees no key
     const Tensor buckets = index_tensor({1, 2, 3, 3, 4, 0, 1, 2, 2, 3, 0, 0, 1, 1, 2}, {3, 5});
@@ -200,17 +207,17 @@ std::vector<OpCheck> build() {
           [](const auto& x) { return attention(x[0], x[1], x[2], Tensor(), 0.5); });
     r.add("attention/relative", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}},
           [buckets](const auto& x) {
-              return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], buckets});
+              return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], on(buckets, x)});
           });
     r.add("attention/per_head", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 5, 4}, {2, 5, 4}},
           [buckets, keys_seen](const auto& x) {
-              return attention(x[0], x[1], x[2], keys_seen, 0.5, {x[3], x[4], buckets});
+              return attention(x[0], x[1], x[2], on(keys_seen, x), 0.5, {x[3], x[4], on(buckets, x)});
           });
     r.add("attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}}, [keys_seen](const auto& x) {
-        return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], keys_seen, 0.5);
+        return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], on(keys_seen, x), 0.5);
     });
     r.add("attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}}, [](const auto& x) {
-        return attention(x[0], x[1], x[2], Tensor(), 1.0, {x[3], x[4], index_tensor({0}, {1, 1})});
+        return attention(x[0], x[1], x[2], Tensor(), 1.0, {x[3], x[4], on(index_tensor({0}, {1, 1}), x)});
     });
 
     // --- fused attention (tiled, online softmax); query 0 of batch 1 sees no key in the masked cases
@@ -223,7 +230,7 @@ std::vector<OpCheck> build() {
     padded.causal = true;
     r.add("fused_attention/relative", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}},
           [padded](const auto& x) {
-              return fused_attention(x[0], x[1], x[2], padded, 0.5, {x[3], x[4], 2, 2});
+              return fused_attention(x[0], x[1], x[2], on(padded, x), 0.5, {x[3], x[4], 2, 2});
           });
     AttentionPattern window;
     window.window = 1;
@@ -234,7 +241,7 @@ std::vector<OpCheck> build() {
           });
     r.add("fused_attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}, {1, 3, 4}, {1, 3, 4}},
           [padded](const auto& x) {
-              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], padded, 0.5, {x[3], x[4], 1, 1});
+              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], on(padded, x), 0.5, {x[3], x[4], 1, 1});
           });
     r.add("fused_attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
           [](const auto& x) {

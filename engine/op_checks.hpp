@@ -13,7 +13,7 @@ namespace relgrad {
 
 struct OpCheck {
     std::string name;
-    std::function<GradcheckResult()> run;
+    std::function<GradcheckResult(Device device)> run;  // with the inputs on `device`
 };
 
 const std::vector<OpCheck>& registered_op_checks();

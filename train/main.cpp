@@ -7,7 +7,7 @@
 //   relgrad generate RUN_DIR --prompt TEXT [--max-tokens N]   greedy continuation or target (pairs)
 //   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
 //   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
-//   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
+//   relgrad gradcheck [--filter OP] [--device D]    run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
 //   --threads N with any of them                    the threads (train, validate: training.threads)
 //
@@ -32,14 +32,15 @@
 
 namespace {
 
-int run_gradcheck(const std::string& filter) {
+int run_gradcheck(const std::string& filter, const std::string& device) {
     const std::vector<relgrad::OpCheck> checks = relgrad::op_checks_for(filter);
     if (checks.empty()) throw std::invalid_argument("no registered op is named '" + filter + "'");
+    const relgrad::Device on = relgrad::parse_device(device);
     std::printf("%-32s %12s %12s  %s\n", "op", "max abs err", "max rel err", "pass");
     int failed = 0;
     std::string reports;
     for (const relgrad::OpCheck& check : checks) {
-        const relgrad::GradcheckResult result = check.run();
+        const relgrad::GradcheckResult result = check.run(on);
         std::printf("%-32s %12.3e %12.3e  %s\n", check.name.c_str(), result.max_abs_error, result.max_rel_error,
                     result.passed ? "yes" : "NO");
         if (!result.passed) {
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
 
     CLI::App* gradcheck = app.add_subcommand("gradcheck", "run the gradient check of every registered op");
     gradcheck->add_option("--filter", filter, "run only the cases of this op (e.g. matmul)");
+    std::string gradcheck_device = "cpu";
+    gradcheck->add_option("--device", gradcheck_device, "cpu, or guarded_cpu (the CPU kernels as a device)");
     std::string spec, in_dir, out_dir;
     CLI::App* layer = app.add_subcommand("layer", "run one layer forward and backward on .npy files");
     layer->add_option("--spec", spec, "the layer as JSON: type and options")->required();
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
             std::printf("%s\n", written.c_str());
             return 0;
         }
-        if (gradcheck->parsed()) return run_gradcheck(filter);
+        if (gradcheck->parsed()) return run_gradcheck(filter, gradcheck_device);
         if (layer->parsed()) relgrad::run_layer_command(spec, in_dir, out_dir);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help

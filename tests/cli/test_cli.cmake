@@ -27,6 +27,14 @@ if(out MATCHES "softmax")
   message(FATAL_ERROR "--filter matmul also ran other ops:\n${out}")
 endif()
 
+# every check on the guarded CPU device, whose memory the host may not read
+run_relgrad(0 gradcheck --device guarded_cpu)
+if(NOT out MATCHES "fused_attention/relative +[0-9.e+-]+ +[0-9.e+-]+ +yes" OR NOT out MATCHES " passed, 0 failed")
+  message(FATAL_ERROR "gradcheck --device guarded_cpu:\n${out}")
+endif()
+run_relgrad(2 gradcheck --device tpu)
+expect_one_line_error("^relgrad: error: unknown device 'tpu' \\(expected cpu, guarded_cpu or cuda\\)")
+
 run_relgrad(0 gradcheck --filter matmul --threads 1)  # a global option, before or after the command
 run_relgrad(2 --threads 0 gradcheck --filter matmul)
 expect_one_line_error("^relgrad: --threads: Value 0 not in range 1 to 1024")

@@ -14,13 +14,21 @@
 namespace relgrad::testing {
 
 // Runs every registered gradient check of `op` (engine/op_checks.cpp) and fails with the
-// gradcheck report of each case that does not pass.
+// gradcheck report of each case that does not pass. Each case runs twice: on the CPU, and on the
+// guarded CPU device, whose memory the host API refuses to touch; both must pass and measure
+// exactly the same errors (the same kernels on the same values), so an op that reads device
+// memory from the host, mixes devices or allocates on the wrong one fails here.
 inline void gradcheck_op(const std::string& op) {
     const std::vector<OpCheck> checks = op_checks_for(op);
     REQUIRE_MESSAGE(!checks.empty(), "no gradient checks are registered for " << op);
     for (const OpCheck& check : checks) {
-        const GradcheckResult result = check.run();
-        CHECK_MESSAGE(result.passed, check.name << ": " << result.report);
+        const GradcheckResult on_cpu = check.run(Device::cpu);
+        CHECK_MESSAGE(on_cpu.passed, check.name << ": " << on_cpu.report);
+        GradcheckResult on_device;
+        CHECK_NOTHROW(on_device = check.run(Device::guarded_cpu));
+        CHECK_MESSAGE(on_device.passed, check.name << " on guarded_cpu: " << on_device.report);
+        CHECK_MESSAGE(on_device.max_abs_error == on_cpu.max_abs_error, check.name << " on guarded_cpu");
+        CHECK_MESSAGE(on_device.max_rel_error == on_cpu.max_rel_error, check.name << " on guarded_cpu");
     }
 }
 

@@ -31,6 +31,22 @@ TEST_CASE("a graph deeper than any call stack") {
     CHECK(x.grad().item() == 200001);
 }
 
+TEST_CASE("a graph deeper than any call stack is freed without a backward too") {
+    // dropping the last tensor frees a million nodes in a loop, not one call inside another
+    Tensor x = scalar(1.0, DType::float64).requires_grad_(true);
+    Tensor y = x;
+    for (int i = 0; i < 1000000; ++i) y = neg(y);
+    CHECK(y.item() == 1.0);
+    const std::weak_ptr<Node> first_node = [&] {  // the node of the first neg, deep down the chain
+        Tensor t = y;
+        while (t.grad_fn()->inputs[0].grad_fn()) t = t.grad_fn()->inputs[0];
+        return std::weak_ptr<Node>(t.grad_fn());
+    }();
+    CHECK_FALSE(first_node.expired());
+    y = Tensor();
+    CHECK(first_node.expired());
+}
+
 TEST_CASE("the graph is freed after backward unless retained") {
     Tensor x = f64({2}, {1}).requires_grad_(true);
     const Tensor y = sum(x * x);

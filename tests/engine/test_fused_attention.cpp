@@ -1,12 +1,14 @@
 // fused_attention: equal to the bucketed attention op (itself checked against its composition from
 // ops in test_nn.cpp) to 1e-12 in float64, outputs and all five gradients, for every mask rule,
 // sizes that span several tiles, offsets, asymmetric and per-head tables; independent of the
-// thread count; gradient-checked; bad input rejected.
+// thread count; the same on the guarded CPU device, and the bucketed fallback of a device without
+// fused kernels; gradient-checked; bad input rejected.
 #include <omp.h>
 
 #include <algorithm>
 
 #include "check.hpp"
+#include "engine/backend/guarded/guarded_cpu_backend.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -51,28 +53,31 @@ struct Result {
 };
 
 // Runs one form forward and backward with the cotangent w; the inputs come from the seed.
-Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11) {
+Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11,
+           Device device = Device::cpu) {
     Generator gen(seed);
-    std::vector<Tensor> inputs = {randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype), randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype),
-                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype)};
+    std::vector<Tensor> inputs = {randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype, device),
+                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype, device),
+                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype, device)};
     const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
     if (c.relative) {
-        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype));
-        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype));
+        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype, device));
+        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype, device));
     }
-    const Tensor w = randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype);
+    const Tensor w = randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype, device);
     for (Tensor& t : inputs) t.requires_grad_(true);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
     Tensor z;
     if (fused) {
         AttentionPattern pattern = c.pattern;
-        if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk});
+        if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk}).to(device);
         const ClippedRelativeTerms rel =
             c.relative ? ClippedRelativeTerms{inputs[3], inputs[4], c.k_left, c.k_right} : ClippedRelativeTerms{};
         z = fused_attention(inputs[0], inputs[1], inputs[2], pattern, scale, rel);
     } else {
-        const RelativeTerms rel = c.relative ? RelativeTerms{inputs[3], inputs[4], bucket_index(c)} : RelativeTerms{};
-        z = attention(inputs[0], inputs[1], inputs[2], dense_mask(c), scale, rel);
+        const RelativeTerms rel =
+            c.relative ? RelativeTerms{inputs[3], inputs[4], bucket_index(c).to(device)} : RelativeTerms{};
+        z = attention(inputs[0], inputs[1], inputs[2], dense_mask(c).to(device), scale, rel);
     }
     sum(mul(z, w)).backward();
     Result result{z.detach(), {}};
@@ -89,7 +94,19 @@ void check_same(const Result& fused, const Result& expected, double tol) {
     }
 }
 
-void check_equals_bucketed(const Case& c) { check_same(run(c, true), run(c, false), 1e-12); }
+// Fused against bucketed on the CPU; then on the guarded CPU device, whose fused kernels must give
+// the CPU's results exactly, and which, with its fused kernels switched off, must fall back to the
+// bucketed op (the same results as the bucketed op on the CPU).
+void check_equals_bucketed(const Case& c) {
+    const Result fused = run(c, true), bucketed = run(c, false);
+    check_same(fused, bucketed, 1e-12);
+    check_same(run(c, true, DType::float64, 11, Device::guarded_cpu), fused, 0);
+    GuardedCpuBackend& guarded = guarded_cpu_backend();
+    guarded.offers_fused_attention = false;
+    const Result fallback = run(c, true, DType::float64, 11, Device::guarded_cpu);
+    guarded.offers_fused_attention = true;
+    check_same(fallback, bucketed, 0);
+}
 
 }  // namespace
 

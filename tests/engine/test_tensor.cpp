@@ -153,3 +153,72 @@ TEST_CASE("memory stats count live storage and its peak, not the spare blocks") 
     reset_peak_memory();
     CHECK(memory_stats().peak_live_bytes == after.live_bytes);
 }
+
+TEST_CASE("a tensor knows its device; only explicit copies cross to the host") {
+    const Device device = Device::guarded_cpu;
+    const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64, device);
+    CHECK(x.device() == device);
+    // the host API refuses the device's memory; copies give its values
+    CHECK_THROWS_WITH_AS(x.data<double>(),
+                         "data<T>: the tensor is on the guarded_cpu device, which the host cannot read; copy it with "
+                         "to(Device::cpu) first",
+                         std::logic_error);
+    CHECK(x.to_vector() == std::vector<double>{1, 2, 3, 4, 5, 6});
+    CHECK(x.transpose(0, 1).to_vector() == std::vector<double>{1, 4, 2, 5, 3, 6});
+    CHECK(x.narrow(0, 0, 1).narrow(1, 2, 1).item() == 3);
+    const Tensor host = x.transpose(0, 1).to(Device::cpu);
+    CHECK(host.device() == Device::cpu);
+    CHECK(host.data<double>()[1] == 4);
+    // factories take a device and *_like keep it, as every op's result does
+    for (const Tensor& t : {zeros_like(x), ones_like(x), empty_like(x), full({2}, 7, DType::int64, device),
+                            arange(3, DType::float32, device), exp(x), sum(x, {0}), x.to(DType::float32),
+                            matmul(x, x.transpose(0, 1)), x.contiguous(), x.transpose(0, 1).clone()}) {
+        CHECK(t.device() == device);
+    }
+    // copy_: in place, across devices and dtypes, into a strided destination
+    Tensor target = zeros({3, 2}, DType::float32);
+    target.copy_(x.transpose(0, 1));
+    CHECK(target.to_vector() == std::vector<double>{1, 4, 2, 5, 3, 6});
+    Tensor on_device = zeros({2, 3}, DType::float64, device);
+    on_device.transpose(0, 1).copy_(from_vector({6, 5, 4, 3, 2, 1}, {3, 2}, DType::float32));
+    CHECK(on_device.to_vector() == std::vector<double>{6, 4, 2, 5, 3, 1});
+    CHECK_THROWS_AS(on_device.copy_(zeros({3})), std::invalid_argument);
+    Tensor leaf = zeros({2}, DType::float64, device).requires_grad_(true);
+    CHECK_THROWS_WITH_AS(leaf.copy_(ones({2}, DType::float64)),
+                         "copy_: the tensor requires a gradient; copy into it under a NoGradGuard",
+                         std::invalid_argument);
+}
+
+TEST_CASE("an op refuses operands on different devices, naming both") {
+    const Tensor a = ones({2, 3}), b = ones({3}, DType::float32, Device::guarded_cpu);
+    CHECK_THROWS_WITH_AS(add(a, b), "add: operands on different devices: cpu [2, 3] and guarded_cpu [3]",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul(b, a.transpose(0, 1)),
+                         "matmul: operands on different devices: guarded_cpu [3] and cpu [3, 2]", std::invalid_argument);
+    CHECK_THROWS_AS(gather(a, 1, zeros({2, 1}, DType::int64, Device::guarded_cpu)), std::invalid_argument);
+    CHECK_THROWS_AS(concat({a, b.reshape({1, 3})}, 0), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(parse_device("tpu"), "unknown device 'tpu' (expected cpu, guarded_cpu or cuda)",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(zeros({2}, DType::float32, Device::cuda),
+                         "no backend is built for the cuda device in this build", std::invalid_argument);
+}
+
+TEST_CASE("to(device) is differentiable: the gradient goes back to the source device") {
+    const Tensor x = from_vector({1, 2, 3}, {3}, DType::float64).requires_grad_(true);
+    const Tensor y = mul(x.to(Device::guarded_cpu), x.to(Device::guarded_cpu));
+    sum(y).backward();
+    CHECK(x.grad().device() == Device::cpu);
+    CHECK(x.grad().to_vector() == std::vector<double>{2, 4, 6});
+}
+
+TEST_CASE("each device counts its own memory") {
+    reset_peak_memory(Device::guarded_cpu);
+    const MemoryStats cpu_before = memory_stats(Device::cpu), before = memory_stats(Device::guarded_cpu);
+    {
+        const Tensor t = empty({1 << 20}, DType::float32, Device::guarded_cpu);
+        CHECK(memory_stats(Device::guarded_cpu).live_bytes == before.live_bytes + (4 << 20));
+        CHECK(memory_stats(Device::cpu).live_bytes == cpu_before.live_bytes);
+    }
+    CHECK(memory_stats(Device::guarded_cpu).live_bytes == before.live_bytes);
+    CHECK(memory_stats(Device::guarded_cpu).peak_live_bytes == before.live_bytes + (4 << 20));
+}

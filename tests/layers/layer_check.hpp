@@ -10,20 +10,35 @@ namespace relgrad::testing {
 // forward(inputs) runs the layer; the layer's parameters are replaced by the gradcheck's copies
 // before each evaluation, so the check covers d output / d parameter too. Layers run in eval
 // mode (dropout off) so that every evaluation is the same function.
+//
+// The check runs twice: on the CPU, then with the layer and the inputs moved to the guarded CPU
+// device, whose memory the host API refuses to touch; it must pass there too and measure exactly
+// the same errors. forward makes any constant it needs (ids, masks) on layer.device().
 template <class Forward>
 void gradcheck_layer(Module& layer, std::vector<Tensor> inputs, Forward forward, bool fast = false) {
     layer.eval();
     const std::size_t n_inputs = inputs.size();
-    for (const Tensor& p : layer.parameters()) inputs.push_back(p.detach().requires_grad_(true));
     GradcheckOptions options;
     options.fast = fast;
-    const GradcheckResult result = gradcheck(
-        [&](const std::vector<Tensor>& all) {
-            layer.assign_parameters(std::vector<Tensor>(all.begin() + n_inputs, all.end()));
-            return forward(std::vector<Tensor>(all.begin(), all.begin() + n_inputs));
-        },
-        inputs, options);
-    CHECK_MESSAGE(result.passed, result.report);
+    std::vector<GradcheckResult> results;
+    for (Device device : {Device::cpu, Device::guarded_cpu}) {
+        layer.to(device);
+        std::vector<Tensor> all_inputs;
+        for (const Tensor& x : inputs) all_inputs.push_back(x.detach().to(device).requires_grad_(x.requires_grad()));
+        for (const Tensor& p : layer.parameters()) all_inputs.push_back(p.detach().requires_grad_(true));
+        GradcheckResult result;
+        CHECK_NOTHROW(result = gradcheck(
+                          [&](const std::vector<Tensor>& all) {
+                              layer.assign_parameters(std::vector<Tensor>(all.begin() + n_inputs, all.end()));
+                              return forward(std::vector<Tensor>(all.begin(), all.begin() + n_inputs));
+                          },
+                          all_inputs, options));
+        CHECK_MESSAGE(result.passed, device_name(device) << ": " << result.report);
+        results.push_back(result);
+    }
+    layer.to(Device::cpu);
+    CHECK_MESSAGE(results[1].max_abs_error == results[0].max_abs_error, "guarded_cpu and cpu differ");
+    CHECK_MESSAGE(results[1].max_rel_error == results[0].max_rel_error, "guarded_cpu and cpu differ");
 }
 
 inline Tensor random_input(const Shape& shape, uint64_t seed) {

@@ -58,7 +58,7 @@ TEST_CASE("docs/layers/linear_embedding_layernorm.md: Embedding") {
     y.backward(f64({1, 2, 3, 4, 5, 6}, {3, 2}));
     check_values(table.weight.grad(), {3, 4, 0, 0, 6, 8});             // row 2 used twice: (1, 2) + (5, 6)
     CHECK_THROWS(table.forward(from_vector({3}, {1}, DType::int64)));  // no row 3
-    gradcheck_layer(table, {}, [&](const auto&) { return table.forward(ids); });
+    gradcheck_layer(table, {}, [&](const auto&) { return table.forward(ids.to(table.device())); });
 }
 
 TEST_CASE("docs/layers/linear_embedding_layernorm.md: LayerNorm") {
@@ -318,7 +318,7 @@ TEST_CASE("docs/layers/masks.md: masks and a fully masked row") {
     }
     check_values(attention.w_o.bias.grad(), {6});  // dy = 1 on all six outputs
     gradcheck_layer(attention, {random_input({2, 3, 1}, 7)},
-                    [&](const auto& in) { return attention.forward(in[0], in[0], mask); });
+                    [&](const auto& in) { return attention.forward(in[0], in[0], mask.to(attention.device())); });
 }
 
 // ---------------------------------------------------------------- attention.md
@@ -644,7 +644,7 @@ TEST_CASE("docs/layers/transformer.md: a pre-LN encoder layer by hand") {
     o.relative.k_left = o.relative.k_right = 1;
     EncoderLayer gated(o, Init{gen3, DType::float64});
     gradcheck_layer(gated, {random_input({2, 3, 4}, 13)},
-                    [&](const auto& in) { return gated.forward(in[0], causal_mask(3, 3)); });
+                    [&](const auto& in) { return gated.forward(in[0], causal_mask(3, 3, 0, gated.device())); });
 }
 
 TEST_CASE("docs/layers/transformer.md: what each position mode adds, in parameters") {
@@ -696,7 +696,7 @@ TEST_CASE("docs/layers/transformer.md: what each position mode adds, in paramete
     gradcheck_layer(
         classifier, {},
         [&](const auto&) {
-            return classifier.forward(ids, {3, 1});
+            return classifier.forward(ids.to(classifier.device()), {3, 1});
         },
         true);
 }

@@ -44,10 +44,11 @@ TEST_CASE("encoder and decoder layers pass their gradient checks in every positi
         EncoderLayer encoder(tiny(mode), init);
         const Tensor mask = combine_masks(key_padding_mask({3, 2}, 3), local_window_mask(3, 3, 1));
         gradcheck_layer(encoder, {random_input({2, 3, 6}, 2)},
-                        [&](const auto& in) { return encoder.forward(in[0], mask); });
+                        [&](const auto& in) { return encoder.forward(in[0], mask.to(encoder.device())); });
         DecoderLayer decoder(tiny(mode), init);
         gradcheck_layer(decoder, {random_input({2, 3, 6}, 3), random_input({2, 4, 6}, 4)}, [&](const auto& in) {
-            return decoder.forward(in[0], in[1], causal_mask(3, 3), key_padding_mask({4, 1}, 4));
+            const Device device = decoder.device();
+            return decoder.forward(in[0], in[1], causal_mask(3, 3, 0, device), key_padding_mask({4, 1}, 4, device));
         });
     }
 }
@@ -63,14 +64,14 @@ TEST_CASE("models pass their gradient checks in every position mode") {
         gradcheck_layer(
             classifier, {},
             [&](const auto&) {
-                return classifier.forward(tokens, {4, 2});
+                return classifier.forward(tokens.to(classifier.device()), {4, 2});
             },
             true);
         CausalLanguageModel lm(7, tiny(mode), init);
         gradcheck_layer(
             lm, {},
             [&](const auto&) {
-                return lm.forward(tokens, {4, 3});
+                return lm.forward(tokens.to(lm.device()), {4, 3});
             },
             true);
         EncoderDecoder seq2seq(7, 5, tiny(mode), init);
@@ -78,7 +79,7 @@ TEST_CASE("models pass their gradient checks in every position mode") {
         gradcheck_layer(
             seq2seq, {},
             [&](const auto&) {
-                return seq2seq.forward(tokens, {4, 1}, target, {3, 1});
+                return seq2seq.forward(tokens.to(seq2seq.device()), {4, 1}, target.to(seq2seq.device()), {3, 1});
             },
             true);
     }
@@ -92,9 +93,9 @@ TEST_CASE("small models gradient-check element by element too") {
     o.token_gate = true;
     Generator gen(6);
     CausalLanguageModel lm(4, o, Init{gen, DType::float64});
-    gradcheck_layer(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}), {3}); });
+    gradcheck_layer(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}).to(lm.device()), {3}); });
     SequenceClassifier first(4, 2, tiny(PositionMode::relative), Pooling::first, Init{gen, DType::float64});
-    gradcheck_layer(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}), {2, 1}); });
+    gradcheck_layer(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}).to(first.device()), {2, 1}); });
 }
 
 TEST_CASE("masks do their job inside the models") {
