@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "engine/tensor.hpp"
 
@@ -17,6 +19,14 @@ struct AttentionPattern {
     int64_t window = -1;       // if >= 0, only keys with |j - (query_offset + i)| <= window
     int64_t query_offset = 0;  // also shifts the relative distances
 };
+// Throws "<op>: window -2 must be >= 0 (or -1 for none)" for a window no pattern can have.
+inline void check_window(const AttentionPattern& pattern, const char* op) {
+    if (pattern.window < -1) {
+        throw std::invalid_argument(std::string(op) + ": window " + std::to_string(pattern.window) +
+                                    " must be >= 0 (or -1 for none)");
+    }
+}
+
 // Shaw's terms with the bucket computed, not stored: r(i, j) = clip(j - (query_offset + i),
 // -k_left, k_right) + k_left, tables [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
 struct ClippedRelativeTerms {

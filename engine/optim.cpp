@@ -6,7 +6,6 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/backend/backend.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 
@@ -66,8 +65,8 @@ void AdamW::load(const std::string& dir) {
                                      shape_str(m.back().shape()) + ", the parameter " +
                                      shape_str(parameters_[i].shape()));
         }
-        m.back() = m.back().to(parameters_[i].dtype());
-        v.back() = v.back().to(parameters_[i].dtype());
+        m.back() = m.back().to(parameters_[i].dtype()).to(parameters_[i].device());
+        v.back() = v.back().to(parameters_[i].dtype()).to(parameters_[i].device());
     }
     std::ifstream step_file(dir + "/step.txt");
     int64_t step = -1;

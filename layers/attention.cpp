@@ -60,10 +60,7 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
-    if (pattern.window < -1) {
-        throw std::invalid_argument("attention: window " + std::to_string(pattern.window) +
-                                    " must be >= 0 (or -1 for none)");
-    }
+    check_window(pattern, "attention");
     Tensor mask = pattern.mask;
     if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset, device));
     if (pattern.window >= 0) {

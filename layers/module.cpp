@@ -9,6 +9,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/npy.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -143,10 +144,7 @@ Device Module::device() const {
 
 void Module::save(const std::string& dir) const {
     const fs::path target(dir);
-    const fs::path partial = target.string() + ".partial";
-    const fs::path previous = target.string() + ".previous";
-    fs::remove_all(partial);
-    fs::create_directories(partial);
+    const fs::path partial = start_replacing(target);
     nlohmann::json manifest = {{"format", "relgrad-state"}, {"version", 1}, {"parameters", nlohmann::json::array()}};
     for (const auto& [name, tensor] : named_parameters()) {
         save_npy(tensor, (partial / (name + ".npy")).string());
@@ -160,11 +158,7 @@ void Module::save(const std::string& dir) const {
     manifest_file.close();
     if (!manifest_file)
         throw std::runtime_error("Module::save: could not write " + (partial / "manifest.json").string());
-    // swap in the new directory; the old one is removed only once the new one is in place
-    fs::remove_all(previous);
-    if (fs::exists(target)) fs::rename(target, previous);
-    fs::rename(partial, target);
-    fs::remove_all(previous);
+    finish_replacing(target);  // the old directory is removed only once the new one is in place
 }
 
 void Module::load(const std::string& dir) {

@@ -1,5 +1,6 @@
 #include "layers/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -162,6 +163,17 @@ std::vector<std::vector<double>> attention_gates(const std::vector<MultiHeadAtte
     return gates;
 }
 
+std::vector<int64_t> argmax_rows(const Tensor& logits) {
+    const std::vector<double> values = logits.to_vector();
+    const int64_t C = logits.size(-1);
+    std::vector<int64_t> best;
+    for (std::size_t row = 0; row * C < values.size(); ++row) {
+        const auto start = values.begin() + static_cast<std::ptrdiff_t>(row * C);
+        best.push_back(std::max_element(start, start + C) - start);
+    }
+    return best;
+}
+
 static std::vector<MultiHeadAttention*> self_attentions(const Encoder& encoder) {
     std::vector<MultiHeadAttention*> out;
     for (const auto& layer : encoder.layers) out.push_back(layer->self_attention.get());
@@ -222,6 +234,24 @@ Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<K
     return lm_head.forward(decoder.forward_incremental(embed.forward(ids, offset), caches));
 }
 
+std::vector<int64_t> CausalLanguageModel::greedy_decode(const std::vector<int64_t>& prompt, int64_t eos,
+                                                        int64_t max_tokens) {
+    if (prompt.empty()) throw std::invalid_argument("CausalLanguageModel::greedy_decode: the prompt is empty");
+    NoGradGuard no_grad;
+    std::vector<KVCache> caches;
+    std::vector<double> input(prompt.begin(), prompt.end());
+    std::vector<int64_t> out;
+    for (int64_t step = 0; step < max_tokens; ++step) {
+        const Tensor ids = from_vector(input, {1, static_cast<int64_t>(input.size())}, DType::int64, device());
+        const Tensor logits = forward_incremental(ids, caches);
+        const int64_t next = argmax_rows(logits.narrow(1, logits.size(1) - 1, 1))[0];
+        if (next == eos) break;
+        out.push_back(next);
+        input = {static_cast<double>(next)};
+    }
+    return out;
+}
+
 std::vector<std::vector<double>> CausalLanguageModel::gates() const {
     return attention_gates(self_attentions(decoder));
 }
@@ -277,6 +307,33 @@ Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCa
         h = decoder_layers[i]->forward_incremental(h, caches[i], memory, memory_mask);
     }
     return output.forward(decoder_norm.forward(h));
+}
+
+// Each new query gets its true position from the cache, so the relative distances are those of a
+// full pass over the tokens so far.
+std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& source,
+                                                                const std::vector<int64_t>& source_lengths,
+                                                                int64_t bos, int64_t eos, int64_t max_steps) {
+    NoGradGuard no_grad;
+    const Tensor memory = encode(source, source_lengths);
+    const std::size_t B = source_lengths.size();
+    std::vector<std::vector<int64_t>> out(B);
+    std::vector<bool> done(B, false);
+    std::vector<KVCache> caches;
+    std::vector<double> last(B, static_cast<double>(bos));
+    for (int64_t step = 0; step < max_steps; ++step) {
+        const Tensor input = from_vector(last, {static_cast<int64_t>(B), 1}, DType::int64, source.device());
+        const std::vector<int64_t> next = argmax_rows(decode_incremental(input, caches, memory, source_lengths));
+        bool all_done = true;
+        for (std::size_t b = 0; b < B; ++b) {
+            if (!done[b] && next[b] == eos) done[b] = true;
+            if (!done[b]) out[b].push_back(next[b]);
+            last[b] = static_cast<double>(next[b]);
+            all_done = all_done && done[b];
+        }
+        if (all_done) break;
+    }
+    return out;
 }
 
 Tensor EncoderDecoder::forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,

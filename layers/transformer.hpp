@@ -93,6 +93,9 @@ public:
 // The learned gates of every gated attention layer: gates[layer][head] (empty if none).
 std::vector<std::vector<double>> attention_gates(const std::vector<MultiHeadAttention*>& attentions);
 
+// The index of the largest value in each row of a [..., C] tensor: the greedy choice among C.
+std::vector<int64_t> argmax_rows(const Tensor& logits);
+
 enum class Pooling { mean, first };
 
 // ids [B, L] (padding past lengths[b]) -> logits [B, classes]
@@ -117,6 +120,10 @@ public:
     // Logits for new tokens ids [B, n] that continue the positions in `caches` (which receive
     // their keys and values): decoding token by token gives what forward() gives for the whole.
     Tensor forward_incremental(const Tensor& ids, std::vector<KVCache>& caches);
+    // Greedy decoding: after `prompt` (not empty), the most likely next token, one at a time with
+    // a key/value cache, until `eos` or max_tokens tokens. Returns the tokens after the prompt,
+    // without eos.
+    std::vector<int64_t> greedy_decode(const std::vector<int64_t>& prompt, int64_t eos, int64_t max_tokens);
     std::vector<std::vector<double>> gates() const;
 
     TokenEmbedding embed;
@@ -134,6 +141,11 @@ public:
     // the decoder's logits for new target tokens [B, n] continuing the positions in `caches`
     Tensor decode_incremental(const Tensor& target, std::vector<KVCache>& caches, const Tensor& memory,
                               const std::vector<int64_t>& source_lengths);
+    // Greedy decoding of a batch of sources: the decoder reads `bos`, then appends its most likely
+    // next token, one at a time with a key/value cache, until every row has given `eos` or
+    // max_steps tokens. Returns each row's tokens, without bos and eos.
+    std::vector<std::vector<int64_t>> greedy_decode(const Tensor& source, const std::vector<int64_t>& source_lengths,
+                                                    int64_t bos, int64_t eos, int64_t max_steps);
     Tensor forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,
                    const std::vector<int64_t>& target_lengths);
     std::vector<std::vector<double>> gates() const;

@@ -1,34 +1,233 @@
 #include "train/config.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 
+#include "train/enum_names.hpp"
 #include "train/json_reader.hpp"
 
 namespace relgrad {
 
-const char* task_kind_name(TaskKind kind) {
-    switch (kind) {
-        case TaskKind::copy: return "copy";
-        case TaskKind::reverse: return "reverse";
-        case TaskKind::relative_order: return "relative_order";
-        case TaskKind::classification: return "classification";
-        case TaskKind::pairs: return "pairs";
-        case TaskKind::language_model: return "language_model";
-    }
-    return "";
-}
+namespace {
 
-static const TaskKind kTaskKinds[] = {TaskKind::copy,           TaskKind::reverse, TaskKind::relative_order,
-                                      TaskKind::classification, TaskKind::pairs,   TaskKind::language_model};
+const EnumName<TaskKind> task_kinds[] = {{TaskKind::copy, "copy"},
+                                         {TaskKind::reverse, "reverse"},
+                                         {TaskKind::relative_order, "relative_order"},
+                                         {TaskKind::classification, "classification"},
+                                         {TaskKind::pairs, "pairs"},
+                                         {TaskKind::language_model, "language_model"}};
+const EnumName<Pooling> poolings[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
+const EnumName<Schedule> schedules[] = {
+    {Schedule::constant, "constant"}, {Schedule::linear, "linear"}, {Schedule::cosine, "cosine"}};
 
-static TaskKind task_kind_from_name(const std::string& kind) {
-    for (TaskKind k : kTaskKinds) {
-        if (kind == task_kind_name(k)) return k;
-    }
+TaskKind task_kind_from_name(const std::string& kind) {
+    if (const auto found = value_named(task_kinds, kind)) return *found;
     throw std::invalid_argument("unknown task kind '" + kind + "'");
 }
+
+// parse(): each field read from its section of the document and checked; the first bad value is
+// the one reported.
+class FieldReader {
+public:
+    FieldReader(const nlohmann::json& document, const std::string& file) : root_(document, "", file) {}
+
+    void section(const char* name) {
+        if (section_) section_->finish();
+        section_.emplace(root_.section(name));
+    }
+    void finish() {
+        section_->finish();
+        root_.finish();
+    }
+
+    template <class Integer>
+    void integer(const char* key, Integer& value, int64_t low, int64_t high, int64_t fallback) {
+        value = static_cast<Integer>(section_->integer(key, low, high, fallback));
+    }
+    // a field that may be left out: read only when present (epochs: 0, warmup_steps: nothing when absent)
+    void optional_integer(const char* key, int64_t& value, int64_t low, int64_t high) {
+        if (section_->has(key)) value = section_->integer(key, low, high);
+    }
+    void optional_integer(const char* key, std::optional<int64_t>& value, int64_t low, int64_t high) {
+        if (section_->has(key)) value = section_->integer(key, low, high);
+    }
+    // a key that only gives other keys their default: read, never written back
+    int64_t shorthand(const char* key, int64_t low, int64_t high, int64_t fallback) {
+        return section_->integer(key, low, high, fallback);
+    }
+    void number(const char* key, double& value, double low, double high, double fallback, bool above_low = false) {
+        value = section_->number(key, low, high, fallback, above_low);
+    }
+    void flag(const char* key, bool& value, bool fallback) { value = section_->flag(key, fallback); }
+    void text(const char* key, std::string& value, const std::string& fallback,
+              const std::vector<std::string>& allowed = {}) {
+        value = section_->text(key, fallback, allowed);
+    }
+    // the value's default is the fallback
+    void integers(const char* key, std::vector<int64_t>& value, int64_t low, int64_t high, std::size_t count) {
+        value = section_->integers(key, low, high, count, value);
+    }
+    void check(bool ok, const char* key, const std::string& expected) {
+        if (!ok) section_->fail(key, expected);
+    }
+    void not_both(const char* key, const char* other) {
+        if (section_->has(key) && section_->has(other)) {
+            section_->fail(other,
+                           "either " + section_->path_of(key) + " or " + section_->path_of(other) + ", not both");
+        }
+    }
+
+private:
+    JsonReader root_;
+    std::optional<JsonReader> section_;
+};
+
+// resolved(): each field written back, checks skipped.
+class FieldWriter {
+public:
+    void section(const char* name) { section_ = &document[name]; }
+
+    template <class Integer>
+    void integer(const char* key, const Integer& value, int64_t, int64_t, int64_t) {
+        (*section_)[key] = value;
+    }
+    void optional_integer(const char* key, int64_t value, int64_t, int64_t) {
+        if (value != 0) (*section_)[key] = value;
+    }
+    void optional_integer(const char* key, const std::optional<int64_t>& value, int64_t, int64_t) {
+        if (value) (*section_)[key] = *value;
+    }
+    int64_t shorthand(const char*, int64_t, int64_t, int64_t fallback) { return fallback; }
+    void number(const char* key, double value, double, double, double, bool = false) { (*section_)[key] = value; }
+    void flag(const char* key, bool value, bool) { (*section_)[key] = value; }
+    void text(const char* key, const std::string& value, const std::string&, const std::vector<std::string>& = {}) {
+        (*section_)[key] = value;
+    }
+    void integers(const char* key, const std::vector<int64_t>& value, int64_t, int64_t, std::size_t) {
+        (*section_)[key] = value;
+    }
+    void check(bool, const char*, const std::string&) {}
+    void not_both(const char*, const char*) {}
+
+    nlohmann::json document = nlohmann::json::object();
+
+private:
+    nlohmann::json* section_ = nullptr;
+};
+
+// An enum field, given by name: a table's, or that of the layers' parse and name functions.
+template <class Fields, class Enum, std::size_t N>
+void named(Fields& f, const char* key, Enum& value, const char* fallback, const EnumName<Enum> (&table)[N]) {
+    std::string text = name_of(table, value);
+    f.text(key, text, fallback, names_of(table));
+    value = *value_named(table, text);
+}
+template <class Fields, class Enum>
+void named(Fields& f, const char* key, Enum& value, const char* fallback, const std::vector<std::string>& names,
+           Enum (*parse)(const std::string&), const char* (*name)(Enum)) {
+    std::string text = name(value);
+    f.text(key, text, fallback, names);
+    value = parse(text);
+}
+
+// Every key of a config, once: its section, range and default, the member it sets and the checks
+// that involve it, in the order they are read. parse() walks it with a FieldReader, resolved()
+// with a FieldWriter.
+template <class Fields>
+void config_fields(Fields& f, Config& c) {
+    f.section("model");
+    TransformerOptions& t = c.model.transformer;
+    f.integer("layers", t.layers, 1, 64, 2);
+    f.integer("dim", t.dim, 1, 8192, 64);
+    f.integer("heads", t.heads, 1, 256, 4);
+    f.check(t.dim % t.heads == 0, "heads", "a divisor of /model/dim = " + std::to_string(t.dim));
+    f.integer("ff_dim", t.ff_dim, 1, 65536, 4 * t.dim);
+    f.number("dropout", t.dropout, 0, 0.99, 0.1);
+    named(f, "position", t.position, "relative", {"none", "sinusoidal", "learned", "relative", "gated"},
+          parse_position_mode, position_mode_name);
+    const int64_t k = f.shorthand("k", 0, 4096, 8);
+    f.integer("k_left", t.relative.k_left, 0, 4096, k);
+    f.integer("k_right", t.relative.k_right, 0, 4096, k);
+    f.flag("share_across_heads", t.relative.share_across_heads, true);
+    f.integer("rank", t.relative.rank, 0, 8192, 0);
+    named(f, "attention", t.impl, "bucketed", {"reference", "bucketed", "fused"}, parse_attention_impl,
+          attention_impl_name);
+    f.flag("token_gate", t.token_gate, false);
+    named(f, "pooling", c.model.pooling, "mean", poolings);
+
+    f.section("task");
+    named(f, "kind", c.task.kind, "relative_order", task_kinds);
+    f.integer("vocab", c.task.vocab, 7, 1 << 20, 16);
+    f.integers("train_lengths", c.task.train_lengths, 1, 1 << 20, 2);
+    f.integers("test_lengths", c.task.test_lengths, 1, 1 << 20, 2);
+    f.integer("distance", c.task.distance, 1, 1 << 20, 3);
+    const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
+                                                                          {"test_lengths", &c.task.test_lengths}};
+    for (const auto& [key, range] : ranges) f.check((*range)[0] <= (*range)[1], key, "[min, max] with min <= max");
+    for (const auto& [key, range] : ranges) {
+        // relative_order: shorter sequences could only be negatives, their length giving the label away
+        f.check(c.task.kind != TaskKind::relative_order || (*range)[0] > c.task.distance, key,
+                "lengths above /task/distance = " + std::to_string(c.task.distance));
+    }
+    f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
+    f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
+
+    f.section("data");
+    DataConfig& d = c.data;
+    f.text("train", d.train, "");
+    f.check(!reads_files(c.task.kind) || !d.train.empty(), "train",
+            std::string("the training file of a ") + task_kind_name(c.task.kind) + " task");
+    f.text("test", d.test, "");
+    f.number("held_out", d.held_out, 0, 0.9, 0.1, true);
+    f.text("tokenizer", d.tokenizer, "char", {"char", "word"});
+    f.integer("min_frequency", d.min_frequency, 1, 1 << 30, 1);
+    f.flag("lowercase", d.lowercase, false);
+    f.flag("split_punctuation", d.split_punctuation, false);
+    f.check(!d.split_punctuation || d.tokenizer == "word", "split_punctuation",
+            "false with the char tokenizer (set data.tokenizer = \"word\")");
+    f.integer("max_length", d.max_length, 1, 1 << 20, 128);
+    f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, 0);
+
+    f.section("training");
+    TrainingConfig& tr = c.training;
+    f.not_both("steps", "epochs");
+    f.integer("steps", tr.steps, 1, int64_t{1} << 40, 400);
+    f.optional_integer("epochs", tr.epochs, 1, 1 << 20);
+    f.integer("batch_size", tr.batch_size, 1, 1 << 20, 32);
+    f.number("learning_rate", tr.learning_rate, 0, 10, 1e-3, true);
+    f.optional_integer("warmup_steps", tr.warmup_steps, 0, int64_t{1} << 40);
+    named(f, "schedule", tr.schedule, "cosine", schedules);
+    f.number("beta1", tr.adamw.beta1, 0, 0.999999, 0.9);
+    f.number("beta2", tr.adamw.beta2, 0, 0.999999, 0.98);
+    f.number("eps", tr.adamw.eps, 0, 1, 1e-8, true);
+    f.number("weight_decay", tr.adamw.weight_decay, 0, 10, 0.01);
+    f.number("clip_norm", tr.clip_norm, 0, 1e9, 1.0, true);
+    f.integer("seed", tr.seed, 0, int64_t{1} << 53, 1);
+    f.integer("threads", tr.threads, 1, 1024, 2);
+    f.flag("gradient_checkpointing", t.checkpoint, false);
+    f.flag("length_bucketing", tr.length_bucketing, false);
+    f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
+
+    f.section("evaluation");
+    f.integer("every", c.evaluation.every, 1, int64_t{1} << 40, 100);
+    f.integer("batch_size", c.evaluation.batch_size, 1, 1 << 20, 64);
+    f.integers("length_buckets", c.evaluation.length_buckets, 1, 1 << 20, 0);
+    const std::vector<int64_t>& bounds = c.evaluation.length_buckets;
+    f.check(std::adjacent_find(bounds.begin(), bounds.end(), std::greater_equal<int64_t>()) == bounds.end(),
+            "length_buckets", "increasing bounds");
+
+    f.section("output");
+    f.text("dir", c.output.dir, "runs/quickstart");
+    f.check(!c.output.dir.empty(), "dir", "a directory name");
+    f.integer("checkpoint_every", c.output.checkpoint_every, 1, int64_t{1} << 40, 100);
+}
+
+}  // namespace
+
+const char* task_kind_name(TaskKind kind) { return name_of(task_kinds, kind); }
 
 TaskKind parse_task_kind(const nlohmann::json& document) {
     return task_kind_from_name(document.value("task", nlohmann::json::object()).value("kind", "relative_order"));
@@ -38,188 +237,27 @@ bool reads_files(TaskKind kind) {
     return kind == TaskKind::classification || kind == TaskKind::pairs || kind == TaskKind::language_model;
 }
 
-static const char* schedule_name(Schedule s) {
-    return s == Schedule::constant ? "constant" : s == Schedule::linear ? "linear" : "cosine";
-}
-
 Config Config::parse(const nlohmann::json& document, const std::string& file) {
     Config c;
-    JsonReader root(document, "", file);
-
-    JsonReader model = root.section("model");
+    FieldReader reader(document, file);
+    config_fields(reader, c);
+    reader.finish();
     TransformerOptions& t = c.model.transformer;
-    t.layers = model.integer("layers", 1, 64, 2);
-    t.dim = model.integer("dim", 1, 8192, 64);
-    t.heads = model.integer("heads", 1, 256, 4);
-    if (t.dim % t.heads != 0) model.fail("heads", "a divisor of /model/dim = " + std::to_string(t.dim));
-    t.ff_dim = model.integer("ff_dim", 1, 65536, 4 * t.dim);
-    t.dropout = model.number("dropout", 0, 0.99, 0.1);
-    t.position =
-        parse_position_mode(model.text("position", "relative", {"none", "sinusoidal", "learned", "relative", "gated"}));
-    const int64_t k = model.integer("k", 0, 4096, 8);
-    t.relative.k_left = model.integer("k_left", 0, 4096, k);
-    t.relative.k_right = model.integer("k_right", 0, 4096, k);
-    t.relative.share_across_heads = model.flag("share_across_heads", true);
-    t.relative.rank = model.integer("rank", 0, 8192, 0);
-    t.impl = parse_attention_impl(model.text("attention", "bucketed", {"reference", "bucketed", "fused"}));
-    t.token_gate = model.flag("token_gate", false);
-    c.model.pooling = model.text("pooling", "mean", {"mean", "first"}) == "mean" ? Pooling::mean : Pooling::first;
-    model.finish();
-
-    JsonReader task = root.section("task");
-    std::vector<std::string> kind_names;
-    for (TaskKind k : kTaskKinds) kind_names.push_back(task_kind_name(k));
-    const std::string kind = task.text("kind", "relative_order", kind_names);
-    c.task.kind = task_kind_from_name(kind);
-    c.task.vocab = task.integer("vocab", 7, 1 << 20, 16);
-    c.task.train_lengths = task.integers("train_lengths", 1, 1 << 20, 2, c.task.train_lengths);
-    c.task.test_lengths = task.integers("test_lengths", 1, 1 << 20, 2, c.task.test_lengths);
-    c.task.distance = task.integer("distance", 1, 1 << 20, 3);
-    const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
-                                                                          {"test_lengths", &c.task.test_lengths}};
-    for (const auto& [key, range] : ranges) {
-        if ((*range)[0] > (*range)[1]) task.fail(key, "[min, max] with min <= max");
-    }
-    for (const auto& [key, range] : ranges) {
-        // relative_order: shorter sequences could only be negatives, their length giving the label away
-        if (c.task.kind == TaskKind::relative_order && (*range)[0] <= c.task.distance) {
-            task.fail(key, "lengths above /task/distance = " + std::to_string(c.task.distance));
-        }
-    }
-    c.task.train_examples = task.integer("train_examples", 1, 1 << 30, 4000);
-    c.task.test_examples = task.integer("test_examples", 1, 1 << 30, 500);
-    task.finish();
-
-    JsonReader data = root.section("data");
-    c.data.train = data.text("train", "");
-    if (reads_files(c.task.kind) && c.data.train.empty()) {
-        data.fail("train", "the training file of a " + kind + " task");
-    }
-    c.data.test = data.text("test", "");
-    c.data.held_out = data.number("held_out", 0, 0.9, 0.1, true);
-    c.data.tokenizer = data.text("tokenizer", "char", {"char", "word"});
-    c.data.min_frequency = data.integer("min_frequency", 1, 1 << 30, 1);
-    c.data.lowercase = data.flag("lowercase", false);
-    c.data.split_punctuation = data.flag("split_punctuation", false);
-    if (c.data.split_punctuation && c.data.tokenizer != "word") {
-        data.fail("split_punctuation", "false with the char tokenizer (set data.tokenizer = \"word\")");
-    }
-    c.data.max_length = data.integer("max_length", 1, 1 << 20, 128);
-    c.data.train_max_tokens = data.integer("train_max_tokens", 0, 1 << 20, 0);
-    data.finish();
-
     // learned positions need a vector for the longest input (+2: bos/eos)
     t.max_len = reads_files(c.task.kind) ? c.data.max_length + 2
                                          : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
-
-    JsonReader training = root.section("training");
-    TrainingConfig& tr = c.training;
-    if (training.has("steps") && training.has("epochs")) {
-        training.fail("epochs", "either /training/steps or /training/epochs, not both");
-    }
-    tr.steps = training.integer("steps", 1, int64_t{1} << 40, 400);
-    tr.epochs = training.has("epochs") ? training.integer("epochs", 1, 1 << 20) : 0;
-    tr.batch_size = training.integer("batch_size", 1, 1 << 20, 32);
-    tr.learning_rate = training.number("learning_rate", 0, 10, 1e-3, true);
-    if (training.has("warmup_steps")) tr.warmup_steps = training.integer("warmup_steps", 0, int64_t{1} << 40);
-    if (tr.epochs == 0) tr.warmup_steps = tr.warmup(tr.steps);  // resolved now: steps are known
-    tr.schedule = parse_schedule(training.text("schedule", "cosine", {"constant", "linear", "cosine"}));
-    tr.adamw.beta1 = training.number("beta1", 0, 0.999999, 0.9);
-    tr.adamw.beta2 = training.number("beta2", 0, 0.999999, 0.98);
-    tr.adamw.eps = training.number("eps", 0, 1, 1e-8, true);
-    tr.adamw.weight_decay = training.number("weight_decay", 0, 10, 0.01);
-    tr.clip_norm = training.number("clip_norm", 0, 1e9, 1.0, true);
-    tr.seed = static_cast<uint64_t>(training.integer("seed", 0, int64_t{1} << 53, 1));
-    tr.threads = training.integer("threads", 1, 1024, 2);
-    t.checkpoint = training.flag("gradient_checkpointing", false);
-    tr.length_bucketing = training.flag("length_bucketing", false);
-    tr.log_every = training.integer("log_every", 1, int64_t{1} << 40, 20);
-    training.finish();
-
-    JsonReader evaluation = root.section("evaluation");
-    c.evaluation.every = evaluation.integer("every", 1, int64_t{1} << 40, 100);
-    c.evaluation.batch_size = evaluation.integer("batch_size", 1, 1 << 20, 64);
-    c.evaluation.length_buckets = evaluation.integers("length_buckets", 1, 1 << 20, 0, c.evaluation.length_buckets);
-    for (std::size_t i = 1; i < c.evaluation.length_buckets.size(); ++i) {
-        if (c.evaluation.length_buckets[i] <= c.evaluation.length_buckets[i - 1]) {
-            evaluation.fail("length_buckets", "increasing bounds");
-        }
-    }
-    evaluation.finish();
-
-    JsonReader output = root.section("output");
-    c.output.dir = output.text("dir", "runs/quickstart");
-    if (c.output.dir.empty()) output.fail("dir", "a directory name");
-    c.output.checkpoint_every = output.integer("checkpoint_every", 1, int64_t{1} << 40, 100);
-    output.finish();
-    root.finish();
+    // a run by steps gets its default warmup now; a run by epochs, from its data in train()
+    if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);
     return c;
 }
 
 nlohmann::json Config::resolved() const {
-    const TransformerOptions& t = model.transformer;
-    nlohmann::json document = {
-        {"model",
-         {{"layers", t.layers},
-          {"dim", t.dim},
-          {"heads", t.heads},
-          {"ff_dim", t.ff_dim},
-          {"dropout", t.dropout},
-          {"position", position_mode_name(t.position)},
-          {"k_left", t.relative.k_left},
-          {"k_right", t.relative.k_right},
-          {"share_across_heads", t.relative.share_across_heads},
-          {"rank", t.relative.rank},
-          {"attention", attention_impl_name(t.impl)},
-          {"token_gate", t.token_gate},
-          {"pooling", model.pooling == Pooling::mean ? "mean" : "first"}}},
-        {"task",
-         {{"kind", task_kind_name(task.kind)},
-          {"vocab", task.vocab},
-          {"train_lengths", task.train_lengths},
-          {"test_lengths", task.test_lengths},
-          {"distance", task.distance},
-          {"train_examples", task.train_examples},
-          {"test_examples", task.test_examples}}},
-        {"data",
-         {{"train", data.train},
-          {"test", data.test},
-          {"held_out", data.held_out},
-          {"tokenizer", data.tokenizer},
-          {"min_frequency", data.min_frequency},
-          {"lowercase", data.lowercase},
-          {"split_punctuation", data.split_punctuation},
-          {"train_max_tokens", data.train_max_tokens},
-          {"max_length", data.max_length}}},
-        {"training",
-         {{"steps", training.steps},
-          {"batch_size", training.batch_size},
-          {"learning_rate", training.learning_rate},
-          {"warmup_steps", training.warmup_steps.value_or(0)},
-          {"schedule", schedule_name(training.schedule)},
-          {"beta1", training.adamw.beta1},
-          {"beta2", training.adamw.beta2},
-          {"eps", training.adamw.eps},
-          {"weight_decay", training.adamw.weight_decay},
-          {"clip_norm", training.clip_norm},
-          {"seed", training.seed},
-          {"threads", training.threads},
-          {"gradient_checkpointing", model.transformer.checkpoint},
-          {"length_bucketing", training.length_bucketing},
-          {"log_every", training.log_every}}},
-        {"evaluation",
-         {{"every", evaluation.every},
-          {"batch_size", evaluation.batch_size},
-          {"length_buckets", evaluation.length_buckets}}},
-        {"output", {{"dir", output.dir}, {"checkpoint_every", output.checkpoint_every}}},
-    };
+    Config copy = *this;
+    FieldWriter writer;
+    config_fields(writer, copy);
     // a run by epochs gets its step count (and a default warmup) from its data: resolved by train()
-    if (training.epochs > 0) {
-        document["training"].erase("steps");
-        document["training"]["epochs"] = training.epochs;
-    }
-    if (!training.warmup_steps) document["training"].erase("warmup_steps");
-    return document;
+    if (training.epochs > 0) writer.document["training"].erase("steps");
+    return writer.document;
 }
 
 nlohmann::json quickstart_config() {

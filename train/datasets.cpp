@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -295,6 +296,19 @@ std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_l
         examples.push_back({std::move(tokens), label});
     }
     return examples;
+}
+
+std::string default_data_dir() {
+    const auto variable = [](const char* name) {
+        const char* value = std::getenv(name);
+        return std::string(value ? value : "");
+    };
+    if (const std::string data = variable("RELGRAD_DATA"); !data.empty()) return data;
+    if (const std::string cache = variable("XDG_CACHE_HOME"); !cache.empty())
+        return (fs::path(cache) / "relgrad").string();
+    if (const std::string home = variable("HOME"); !home.empty())
+        return (fs::path(home) / ".cache" / "relgrad").string();
+    throw std::runtime_error("no data directory: set RELGRAD_DATA (or XDG_CACHE_HOME or HOME)");
 }
 
 }  // namespace relgrad

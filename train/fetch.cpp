@@ -11,14 +11,16 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
-#include <string_view>
 
+#include "engine/system.hpp"
+#include "train/converters.hpp"
 #include "train/datasets.hpp"
+#include "train/tokenizer.hpp"
 
 namespace relgrad {
 
@@ -26,46 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ---- strings -----------------------------------------------------------------------------------
-
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-// Runs of whitespace become one space; none at either end.
-std::string collapse_spaces(std::string_view text) {
-    std::string out;
-    bool pending_space = false;
-    for (char c : text) {
-        if (is_space(c)) {
-            pending_space = !out.empty();
-        } else {
-            if (pending_space) out += ' ';
-            pending_space = false;
-            out += c;
-        }
-    }
-    return out;
-}
-
-std::vector<std::string> split_words(std::string_view text) {
-    std::vector<std::string> words;
-    std::string word;
-    for (char c : text) {
-        if (is_space(c)) {
-            if (!word.empty()) words.push_back(std::move(word));
-            word.clear();
-        } else {
-            word += c;
-        }
-    }
-    if (!word.empty()) words.push_back(std::move(word));
-    return words;
-}
-
-std::string join(const std::vector<std::string>& parts, const std::string& separator) {
-    std::string out;
-    for (size_t i = 0; i < parts.size(); ++i) out += (i ? separator : "") + parts[i];
-    return out;
-}
+// ---- files --------------------------------------------------------------------------------------
 
 std::string read_file(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
@@ -82,145 +45,6 @@ void write_file(const fs::path& path, const std::string& text) {
     if (!out) throw std::runtime_error(path.string() + ": cannot write (disk full? permission denied?)");
 }
 
-// ---- sentiment ---------------------------------------------------------------------------------
-
-// Windows-1252 text read as Latin-1 turns its punctuation into C1 controls U+0080..U+009F; this is
-// what those bytes mean in Windows-1252 (empty: undefined there, dropped).
-const std::array<const char*, 32> windows_1252_c1 = {"€", "",  "‚", "ƒ", "„", "…", "†", "‡", "ˆ", "‰", "Š",
-                                                     "‹", "Œ", "",  "Ž", "",  "",  "‘", "’", "“", "”", "•",
-                                                     "–", "—", "˜", "™", "š", "›", "œ", "",  "ž", "Ÿ"};
-
-// Trimmed, one line (tabs and line breaks would break a TSV line), C1 controls repaired.
-std::string clean_sentiment_text(const std::string& text) {
-    std::string out;
-    for (size_t i = 0; i < text.size(); ++i) {
-        const unsigned char c = static_cast<unsigned char>(text[i]);
-        // U+0080..U+009F is 0xC2 0x80..0x9F in UTF-8.
-        if (c == 0xC2 && i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xE0) == 0x80) {
-            out += windows_1252_c1[static_cast<unsigned char>(text[i + 1]) - 0x80];
-            ++i;
-        } else {
-            out += is_space(text[i]) ? ' ' : text[i];
-        }
-    }
-    const size_t first = out.find_first_not_of(' '), last = out.find_last_not_of(' ');
-    return first == std::string::npos ? "" : out.substr(first, last - first + 1);
-}
-
-struct SentimentCounts {
-    size_t items = 0;       // in the file, the empty last one included
-    size_t duplicates = 0;  // dropped
-};
-
-std::vector<std::pair<int, std::string>> convert_sentiment(const std::string& json_text, const std::string& source,
-                                                           SentimentCounts* counts) {
-    nlohmann::json document;
-    try {
-        document = nlohmann::json::parse(json_text);
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(source + ": not valid JSON: " + e.what());
-    }
-    if (!document.is_array()) throw std::runtime_error(source + ": expected a JSON list of {\"text\", \"class\"}");
-    std::vector<std::pair<int, std::string>> examples;
-    std::set<std::pair<int, std::string>> seen;
-    size_t duplicates = 0;
-    for (size_t i = 0; i < document.size(); ++i) {
-        const nlohmann::json& item = document[i];
-        const std::string where = source + ": item " + std::to_string(i) + ": ";
-        if (!item.is_object() || !item.contains("text") || !item["text"].is_string()) {
-            throw std::runtime_error(where + "expected an object with a string \"text\"");
-        }
-        const std::string text = clean_sentiment_text(item["text"].get<std::string>());
-        const bool last = i + 1 == document.size();
-        if (text.empty() && last) continue;  // the file's empty last item, {"text":"","class":null}
-        if (text.empty()) throw std::runtime_error(where + "empty text (only the last item may be empty)");
-        const nlohmann::json& label = item.contains("class") ? item["class"] : nlohmann::json();
-        if (!label.is_number_integer() || (label.get<int>() != 0 && label.get<int>() != 1)) {
-            throw std::runtime_error(where + "\"class\" must be 0 or 1, got " + label.dump());
-        }
-        std::pair<int, std::string> example{label.get<int>(), text};
-        if (seen.insert(example).second) {
-            examples.push_back(std::move(example));
-        } else {
-            ++duplicates;
-        }
-    }
-    if (counts) *counts = {document.size(), duplicates};
-    return examples;
-}
-
-// ---- de-en (Ding) ------------------------------------------------------------------------------
-
-// Splits at `separator` where it is outside (...), {...} and [...]: "; " inside "(Druck; Vakuum)" or
-// "{prp; +Dat.}" is not an alternative.
-std::vector<std::string> split_top_level(std::string_view text, std::string_view separator) {
-    std::vector<std::string> parts;
-    int depth = 0;
-    size_t start = 0;
-    for (size_t i = 0; i < text.size();) {
-        const char c = text[i];
-        if (c == '(' || c == '{' || c == '[') ++depth;
-        if ((c == ')' || c == '}' || c == ']') && depth > 0) --depth;
-        if (depth == 0 && text.substr(i, separator.size()) == separator) {
-            parts.emplace_back(text.substr(start, i - start));
-            i += separator.size();
-            start = i;
-        } else {
-            ++i;
-        }
-    }
-    parts.emplace_back(text.substr(start));
-    return parts;
-}
-
-// Removes {...} (grammar: {m}, {vt}, {adj}, ...) and [...] (usage: [Br.], [coll.], ...) together
-// with the spaces before them, so "vigour [Br.]/vigor [Am.])." becomes "vigour/vigor).".
-std::string remove_annotations(std::string_view text) {
-    std::string out;
-    for (size_t i = 0; i < text.size(); ++i) {
-        const char c = text[i];
-        if (c == '{' || c == '[') {
-            const size_t end = text.find(c == '{' ? '}' : ']', i);
-            while (!out.empty() && is_space(out.back())) out.pop_back();
-            if (end == std::string_view::npos) break;  // unclosed: the rest is annotation
-            i = end;
-        } else {
-            out += c;
-        }
-    }
-    return out;
-}
-
-// A full sentence: at least 4 words, ending in . ? or !, and not in a pronoun abbreviation (etw., sb.)
-// ("die Anstellung bei jdm." / "the employ of sb." are phrases, not sentences).
-bool is_full_sentence(const std::string& text) {
-    static const std::set<std::string> pronoun_abbreviations = {"etw.", "jd.",  "jdm.", "jdn.",
-                                                                "jds.", "sth.", "sb.",  "sb's."};
-    const std::vector<std::string> words = split_words(text);
-    if (words.size() < 4) return false;
-    const char end = text.back();
-    if (end != '.' && end != '?' && end != '!') return false;
-    const std::string& last = words.back();
-    const size_t slash = last.rfind('/');  // "sb./sth."
-    return pronoun_abbreviations.count(slash == std::string::npos ? last : last.substr(slash + 1)) == 0;
-}
-
-// One side of a sub-entry: annotations removed, its first alternative, single spaces.
-std::string ding_first_alternative(const std::string& side) {
-    return collapse_spaces(split_top_level(remove_annotations(side), "; ").front());
-}
-
-// ---- brown -------------------------------------------------------------------------------------
-
-std::string brown_word(const std::string& token) {
-    const size_t slash = token.rfind('/');  // the word may hold '/' itself: "1/2/cd", "//in"
-    if (slash == std::string::npos || slash == 0 || slash + 1 == token.size()) {
-        throw std::runtime_error("Brown token '" + token + "' is not word/tag");
-    }
-    const std::string word = token.substr(0, slash);
-    return word == "``" || word == "''" ? "\"" : word;
-}
-
 // ---- running the package tools -----------------------------------------------------------------
 
 std::string shell_quote(const std::string& text) {
@@ -232,41 +56,52 @@ std::string shell_quote(const std::string& text) {
 // The last lines of a command's output, for an error message.
 std::string tail_of(const std::string& output, size_t max_chars = 1200) {
     std::string tail = output.size() > max_chars ? "..." + output.substr(output.size() - max_chars) : output;
-    while (!tail.empty() && is_space(tail.back())) tail.pop_back();
+    while (!tail.empty() && is_ascii_space(tail.back())) tail.pop_back();
     return tail.empty() ? "(no output)" : tail;
+}
+
+// What a shell command gave: its status (as pclose returns it) and its output.
+struct CommandResult {
+    int status;
+    std::string output;
+    bool succeeded() const { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+};
+
+// Runs a shell command line and reads its output; nothing when no shell could be started.
+std::optional<CommandResult> run_command(const std::string& line) {
+    FILE* pipe = popen(line.c_str(), "r");
+    if (!pipe) return std::nullopt;
+    CommandResult result{0, ""};
+    std::array<char, 4096> buffer;
+    for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) result.output.append(buffer.data(), n);
+    result.status = pclose(pipe);
+    return result;
 }
 
 // Runs `command` in `dir` with stdout and stderr captured; a failure names the step and quotes the
 // end of the output.
 void run_step(const std::string& step, const std::string& command, const fs::path& dir, std::ostream& log) {
     log << "  " << step << ": " << command << std::endl;
-    const std::string line = "cd " + shell_quote(dir.string()) + " && " + command + " 2>&1";
-    FILE* pipe = popen(line.c_str(), "r");
-    if (!pipe) throw std::runtime_error("step '" + step + "' failed: cannot start a shell");
-    std::string output;
-    std::array<char, 4096> buffer;
-    for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) output.append(buffer.data(), n);
-    const int status = pclose(pipe);
-    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const auto result = run_command("cd " + shell_quote(dir.string()) + " && " + command + " 2>&1");
+    if (!result) throw std::runtime_error("step '" + step + "' failed: cannot start a shell");
+    if (!result->succeeded()) {
+        const int status = result->status;
         const std::string how =
             status != -1 && WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "did not exit normally";
-        throw std::runtime_error("step '" + step + "' failed (`" + command + "`, " + how + "): " + tail_of(output));
+        throw std::runtime_error("step '" + step + "' failed (`" + command + "`, " + how +
+                                 "): " + tail_of(result->output));
     }
 }
 
 // sha256sum's answer for `file`.
 std::string sha256_of(const fs::path& file) {
-    const std::string command = "sha256sum " + shell_quote(file.string()) + " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    if (!pipe) throw std::runtime_error("step 'checksum' failed: cannot start sha256sum");
-    std::string output;
-    std::array<char, 256> buffer;
-    for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) output.append(buffer.data(), n);
-    const int status = pclose(pipe);
-    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || output.size() < 64) {
-        throw std::runtime_error("step 'checksum' failed (sha256sum " + file.string() + "): " + tail_of(output));
+    const auto result = run_command("sha256sum " + shell_quote(file.string()) + " 2>&1");
+    if (!result) throw std::runtime_error("step 'checksum' failed: cannot start sha256sum");
+    if (!result->succeeded() || result->output.size() < 64) {
+        throw std::runtime_error("step 'checksum' failed (sha256sum " + file.string() +
+                                 "): " + tail_of(result->output));
     }
-    return output.substr(0, 64);
+    return result->output.substr(0, 64);
 }
 
 void verify_sha256(const fs::path& file, const std::string& expected, std::ostream& log) {
@@ -339,8 +174,9 @@ std::string write_sentiment(const fs::path& download, const fs::path& out, std::
     for (const std::string source : {"imdb", "yelp", "amazon"}) {
         const fs::path json = download / "package/test/fixtures" / (source + ".json");
         SentimentCounts count;
-        const auto examples = in_step("convert " + source + ".json",
-                                      [&] { return convert_sentiment(read_file(json), source + ".json", &count); });
+        const auto examples = in_step("convert " + source + ".json", [&] {
+            return convert_sentiment_json(read_file(json), source + ".json", &count);
+        });
         // 1,000 sentences (500 of each label) and the empty last item.
         check_count("verify " + source + ".json", "items", count.items, 1001, 1001);
         const size_t positive =
@@ -522,60 +358,10 @@ const std::vector<Dataset>& datasets() {
 
 // ---- public ------------------------------------------------------------------------------------
 
-std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::string& json_text,
-                                                                const std::string& source_name) {
-    return convert_sentiment(json_text, source_name, nullptr);
-}
-
-std::vector<std::pair<std::string, std::string>> convert_ding_line(const std::string& raw_line) {
-    std::string line = raw_line;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#' || collapse_spaces(line).empty()) return {};
-    const size_t separator = line.find(" :: ");
-    if (separator == std::string::npos || line.find(" :: ", separator + 4) != std::string::npos) {
-        throw std::runtime_error("expected 'German :: English' with one ' :: ', got '" + line.substr(0, 120) + "'");
-    }
-    const std::vector<std::string> german = split_top_level(std::string_view(line).substr(0, separator), " | ");
-    const std::vector<std::string> english = split_top_level(std::string_view(line).substr(separator + 4), " | ");
-    if (german.size() != english.size()) return {};  // sub-entries that do not align
-    std::vector<std::pair<std::string, std::string>> pairs;
-    for (size_t i = 0; i < german.size(); ++i) {
-        std::string source = ding_first_alternative(german[i]), target = ding_first_alternative(english[i]);
-        if (is_full_sentence(source) && is_full_sentence(target))
-            pairs.emplace_back(std::move(source), std::move(target));
-    }
-    return pairs;
-}
-
-std::vector<std::string> convert_brown_file(const std::string& text) {
-    std::vector<std::string> sentences;
-    std::istringstream lines(text);
-    for (std::string line; std::getline(lines, line);) {
-        std::vector<std::string> words = split_words(line);
-        if (words.empty()) continue;
-        for (std::string& word : words) word = brown_word(word);
-        sentences.push_back(join(words, " "));
-    }
-    return sentences;
-}
-
 std::vector<std::string> dataset_names() {
     std::vector<std::string> names;
     for (const Dataset& dataset : datasets()) names.push_back(dataset.name);
     return names;
-}
-
-std::string default_data_dir() {
-    const auto variable = [](const char* name) {
-        const char* value = std::getenv(name);
-        return std::string(value ? value : "");
-    };
-    if (const std::string data = variable("RELGRAD_DATA"); !data.empty()) return data;
-    if (const std::string cache = variable("XDG_CACHE_HOME"); !cache.empty())
-        return (fs::path(cache) / "relgrad").string();
-    if (const std::string home = variable("HOME"); !home.empty())
-        return (fs::path(home) / ".cache" / "relgrad").string();
-    throw std::runtime_error("no data directory: set RELGRAD_DATA (or XDG_CACHE_HOME or HOME)");
 }
 
 std::string fetch_dataset(const std::string& name, const std::string& cache_dir, std::ostream& log) {
@@ -602,14 +388,12 @@ std::string fetch_dataset(const std::string& name, const std::string& cache_dir,
     log << name << ": fetching into " << target.string() << std::endl;
     try {
         fs::create_directories(cache_dir);
-        fs::remove_all(partial);  // left by a run that was killed
-        fs::create_directories(partial);
+        start_replacing(target);  // `partial`, emptied of what a killed run left
         TemporaryDirectory download;
         const std::string source = dataset->fetch(download.path, partial, log);
         write_file(partial / "SOURCE.txt", "relgrad data set \"" + name + "\", written by `relgrad data fetch " + name +
                                                "`; the data is not part of the relgrad repository.\n" + source);
-        fs::remove_all(target);  // an incomplete earlier copy
-        fs::rename(partial, target);
+        finish_replacing(target);  // and with it an incomplete earlier copy
     } catch (const std::exception& e) {
         std::error_code ignored;
         fs::remove_all(partial, ignored);

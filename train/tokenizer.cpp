@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "train/enum_names.hpp"
+
 namespace relgrad {
 
 using nlohmann::json;
@@ -14,6 +16,8 @@ using nlohmann::json;
 namespace {
 
 const std::vector<std::string> reserved_names = {"<pad>", "<unk>", "<bos>", "<eos>"};  // ids 0..3
+const EnumName<Tokenizer::Kind> tokenizer_kinds[] = {{Tokenizer::Kind::character, "char"},
+                                                     {Tokenizer::Kind::word, "word"}};
 
 std::string hex(unsigned char byte) {
     char text[5];
@@ -41,27 +45,11 @@ LeadByte lead_byte(unsigned char b) {
     return {0, 0, 0};  // 80..BF (a continuation byte), C0 C1 (overlong), F5..FF (beyond U+10FFFF)
 }
 
-bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
 void require_utf8(const std::string& text) {
     if (const auto error = find_utf8_error(text)) {
         throw std::invalid_argument("invalid UTF-8 at byte offset " + std::to_string(error->offset) + ": " +
                                     error->reason);
     }
-}
-
-// The words of text: maximal runs of non-whitespace bytes.
-std::vector<std::string> split_words(const std::string& text) {
-    require_utf8(text);
-    std::vector<std::string> words;
-    size_t i = 0;
-    while (i < text.size()) {
-        while (i < text.size() && is_ascii_space(text[i])) ++i;
-        const size_t start = i;
-        while (i < text.size() && !is_ascii_space(text[i])) ++i;
-        if (i > start) words.push_back(text.substr(start, i - start));
-    }
-    return words;
 }
 
 // One character (its UTF-8 bytes) as TextOptions::split_punctuation sees it.
@@ -152,13 +140,26 @@ std::vector<std::string> split_utf8(const std::string& text) {
     return characters;
 }
 
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::vector<std::string> split_words(std::string_view text) {
+    std::vector<std::string> words;
+    size_t i = 0;
+    while (i < text.size()) {
+        while (i < text.size() && is_ascii_space(text[i])) ++i;
+        const size_t start = i;
+        while (i < text.size() && !is_ascii_space(text[i])) ++i;
+        if (i > start) words.emplace_back(text.substr(start, i - start));
+    }
+    return words;
+}
+
 Tokenizer::Kind parse_tokenizer_kind(const std::string& name) {
-    if (name == "char") return Tokenizer::Kind::character;
-    if (name == "word") return Tokenizer::Kind::word;
+    if (const auto kind = value_named(tokenizer_kinds, name)) return *kind;
     throw std::invalid_argument("unknown tokenizer kind '" + name + "' (expected char or word)");
 }
 
-std::string tokenizer_kind_name(Tokenizer::Kind kind) { return kind == Tokenizer::Kind::character ? "char" : "word"; }
+std::string tokenizer_kind_name(Tokenizer::Kind kind) { return name_of(tokenizer_kinds, kind); }
 
 Tokenizer::Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vocabulary)
     : kind_(kind), options_(options), vocabulary_(std::move(vocabulary)) {

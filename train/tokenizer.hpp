@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -75,5 +76,10 @@ std::optional<Utf8Error> find_utf8_error(const std::string& text);  // nothing w
 // The characters of text, each as its UTF-8 bytes; std::invalid_argument
 // "invalid UTF-8 at byte offset N: reason" on bad input.
 std::vector<std::string> split_utf8(const std::string& text);
+
+// ASCII whitespace: space, \t, \n, \r, \f, \v.
+bool is_ascii_space(char c);
+// The words of text: its maximal runs of bytes that are not ASCII whitespace.
+std::vector<std::string> split_words(std::string_view text);
 
 }  // namespace relgrad

@@ -129,10 +129,7 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
                                const ClippedRelativeTerms& rel) {
     check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()},
                            "fused_attention");
-    if (pattern.window < -1) {
-        throw std::invalid_argument("fused_attention: window " + std::to_string(pattern.window) +
-                                    " must be >= 0 (or -1 for none)");
-    }
+    check_window(pattern, "fused_attention");
     if (!rel.table_k.defined() && !rel.table_v.defined()) return;
     const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;
     auto table_ok = [&](const Tensor& t) {

@@ -31,6 +31,9 @@ const std::vector<std::pair<std::string, Tensor>> masks_for(int64_t B, int64_t L
             {"all", combine_masks(combine_masks(padding, causal_mask(L, L)), local_window_mask(L, L, 2))}};
 }
 
+// mask moved to device, for a layer that may live elsewhere; "none" (an undefined Tensor) stays none
+Tensor mask_on(const Tensor& mask, Device device) { return mask.defined() ? mask.to(device) : mask; }
+
 // Three modules built from the same seed, one per implementation.
 struct Trio {
     Generator g1, g2, g3;
@@ -137,7 +140,7 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
     for (const auto& [name, mask] : masks_for(2, 3)) {
         CAPTURE(name);
         gradcheck_layer(plain, {random_input({2, 3, 6}, 1)},
-                        [&](const auto& in) { return plain.forward(in[0], in[0], mask.to(plain.device())); });
+                        [&](const auto& in) { return plain.forward(in[0], in[0], mask_on(mask, plain.device())); });
     }
     RelativeOptions o;
     o.k_left = 1;
@@ -148,8 +151,9 @@ TEST_CASE("attention gradient checks: every implementation, every mask, L = 1, k
         RelativeMultiHeadAttention relative(6, 2, o, impl, init);
         for (const auto& [name, mask] : masks_for(2, 4)) {
             CAPTURE(name);
-            gradcheck_layer(relative, {random_input({2, 4, 6}, 2)},
-                            [&](const auto& in) { return relative.forward(in[0], in[0], mask.to(relative.device())); });
+            gradcheck_layer(relative, {random_input({2, 4, 6}, 2)}, [&](const auto& in) {
+                return relative.forward(in[0], in[0], mask_on(mask, relative.device()));
+            });
         }
         gradcheck_layer(relative, {random_input({1, 1, 6}, 3)},
                         [&](const auto& in) { return relative.forward(in[0], in[0]); });
@@ -173,7 +177,7 @@ TEST_CASE("gated attention: gradient checks, and the gate moves between absolute
         for (const auto& [name, mask] : masks_for(2, 4)) {
             CAPTURE(name);
             gradcheck_layer(gated, {random_input({2, 4, 6}, 6)},
-                            [&](const auto& in) { return gated.forward(in[0], in[0], mask.to(gated.device())); });
+                            [&](const auto& in) { return gated.forward(in[0], in[0], mask_on(mask, gated.device())); });
         }
     }
     Generator g1(10), g2(10);
@@ -244,8 +248,9 @@ TEST_CASE("low-rank relative tables: E = A B in every form, gradient-checked") {
         }
         for (RelativeMultiHeadAttention* layer : {&reference, &bucketed, &fused}) {
             CAPTURE(attention_impl_name(layer->impl));
-            gradcheck_layer(*layer, {random_input({2, 4, 6}, 10)},
-                            [&](const auto& in) { return layer->forward(in[0], in[0], causal_mask(4, 4, 0, layer->device())); });
+            gradcheck_layer(*layer, {random_input({2, 4, 6}, 10)}, [&](const auto& in) {
+                return layer->forward(in[0], in[0], causal_mask(4, 4, 0, layer->device()));
+            });
         }
     }
     // the product starts with the full table's spread: entries of std 0.02

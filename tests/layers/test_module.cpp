@@ -71,6 +71,41 @@ TEST_CASE("state saves as .npy files plus a manifest and loads back") {
     fs::remove_all(dir);
 }
 
+TEST_CASE("to(device) moves parameters and buffers; state files cross devices") {
+    Generator gen(5);
+    RelativeMultiHeadAttention layer(4, 2, RelativeOptions{2, 2, true, 8, 0}, AttentionImpl::bucketed,
+                                     Init{gen, DType::float64});
+    const Tensor x = random_input({2, 3, 4}, 6);
+    const Tensor on_cpu = layer.forward(x, x);
+    layer.to(Device::guarded_cpu);
+    CHECK(layer.device() == Device::guarded_cpu);
+    for (const auto& [name, p] : layer.named_parameters()) {
+        CAPTURE(name);
+        CHECK(p.device() == Device::guarded_cpu);
+        CHECK(p.is_leaf());
+        CHECK(p.requires_grad());
+    }
+    // the same numbers on the device (the precomputed relative index, a buffer, moved too)
+    const Tensor on_device = layer.forward(x.to(Device::guarded_cpu), x.to(Device::guarded_cpu));
+    CHECK(on_device.device() == Device::guarded_cpu);
+    CHECK(on_device.to_vector() == on_cpu.to_vector());
+    CHECK_THROWS_AS(layer.forward(x, x), std::invalid_argument);  // inputs left on the CPU
+    // saved from the device, loaded into a CPU model: the same numbers
+    const auto dir = std::filesystem::temp_directory_path() / "relgrad_test_module_device";
+    layer.save(dir.string());
+    Generator other_gen(99);
+    RelativeMultiHeadAttention restored(4, 2, RelativeOptions{2, 2, true, 8, 0}, AttentionImpl::bucketed,
+                                        Init{other_gen, DType::float64});
+    restored.load(dir.string());
+    CHECK(restored.forward(x, x).to_vector() == on_cpu.to_vector());
+    // and loaded into a model on the device
+    restored.to(Device::guarded_cpu);
+    restored.load(dir.string());
+    CHECK(restored.w_q.weight.device() == Device::guarded_cpu);
+    CHECK(restored.w_q.weight.to_vector() == layer.w_q.weight.to_vector());
+    std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("initialisation: truncated normal and Xavier, seeded") {
     Generator gen(3);
     const std::vector<double> t = truncated_normal({10000}, 0.02, Init{gen, DType::float64}).to_vector();

@@ -1,4 +1,6 @@
 // Transformer blocks and models in every position mode.
+#include <algorithm>
+
 #include "layer_check.hpp"
 #include "engine/autograd.hpp"
 #include "layers/transformer.hpp"
@@ -95,7 +97,9 @@ TEST_CASE("small models gradient-check element by element too") {
     CausalLanguageModel lm(4, o, Init{gen, DType::float64});
     gradcheck_layer(lm, {}, [&](const auto&) { return lm.forward(ids({1, 3, 2}, {1, 3}).to(lm.device()), {3}); });
     SequenceClassifier first(4, 2, tiny(PositionMode::relative), Pooling::first, Init{gen, DType::float64});
-    gradcheck_layer(first, {}, [&](const auto&) { return first.forward(ids({3, 1, 2, 2}, {2, 2}).to(first.device()), {2, 1}); });
+    gradcheck_layer(first, {}, [&](const auto&) {
+        return first.forward(ids({3, 1, 2, 2}, {2, 2}).to(first.device()), {2, 1});
+    });
 }
 
 TEST_CASE("masks do their job inside the models") {
@@ -177,6 +181,58 @@ TEST_CASE("incremental decoding sees the same relative distances as full recompu
         }
         CHECK(max_difference(concat(steps, 1), whole) <= 1e-12);
     }
+}
+
+TEST_CASE("greedy decoding takes the most likely token at every step, as full passes without a cache do") {
+    // the argmax over the vocabulary at the last position of logits [1, L, V]
+    auto most_likely_next = [](const Tensor& logits) {
+        const std::vector<double> values = logits.to_vector();
+        const auto last = values.end() - logits.size(-1);
+        return static_cast<int64_t>(std::max_element(last, values.end()) - last);
+    };
+    auto length = [](const std::vector<double>& row) { return static_cast<int64_t>(row.size()); };
+    // the tokens of `expected` before the first `eos`
+    auto cut_at = [](std::vector<int64_t> expected, int64_t eos) {
+        expected.erase(std::find(expected.begin(), expected.end(), eos), expected.end());
+        return expected;
+    };
+    const int64_t never = -1;  // an eos no step can produce
+    Generator gen(11);
+    const TransformerOptions o = tiny(PositionMode::relative);
+
+    CausalLanguageModel lm(9, o, Init{gen, DType::float64});
+    lm.eval();
+    const std::vector<int64_t> prompt = {5, 2, 8};
+    std::vector<double> tokens(prompt.begin(), prompt.end());
+    std::vector<int64_t> continuation;
+    for (int step = 0; step < 4; ++step) {
+        continuation.push_back(most_likely_next(lm.forward(ids(tokens, {1, length(tokens)}), {length(tokens)})));
+        tokens.push_back(static_cast<double>(continuation.back()));
+    }
+    CHECK(lm.greedy_decode(prompt, never, 4) == continuation);
+    CHECK(lm.greedy_decode(prompt, continuation[2], 4) == cut_at(continuation, continuation[2]));
+    CHECK_THROWS_AS(lm.greedy_decode({}, never, 4), std::invalid_argument);
+
+    // a batch of two sources of different lengths decodes as each source alone
+    EncoderDecoder seq2seq(9, 9, o, Init{gen, DType::float64});
+    seq2seq.eval();
+    const int64_t bos = 2;
+    std::vector<std::vector<int64_t>> targets;
+    for (const std::vector<double>& source : {std::vector<double>{4, 5, 6}, std::vector<double>{7, 8}}) {
+        std::vector<double> target = {static_cast<double>(bos)};
+        targets.emplace_back();
+        for (int step = 0; step < 4; ++step) {
+            const Tensor logits = seq2seq.forward(ids(source, {1, length(source)}), {length(source)},
+                                                  ids(target, {1, length(target)}), {length(target)});
+            targets.back().push_back(most_likely_next(logits));
+            target.push_back(static_cast<double>(targets.back().back()));
+        }
+    }
+    const Tensor sources = ids({4, 5, 6, 7, 8, 0}, {2, 3});
+    CHECK(seq2seq.greedy_decode(sources, {3, 2}, bos, never, 4) == targets);
+    const int64_t eos = targets[0][1];  // ends the first row early, the second where it gives that token
+    CHECK(seq2seq.greedy_decode(sources, {3, 2}, bos, eos, 4) ==
+          std::vector<std::vector<int64_t>>{cut_at(targets[0], eos), cut_at(targets[1], eos)});
 }
 
 TEST_CASE("gradient checkpointing gives the same outputs and gradients, dropout masks included") {

@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include "train/converters.hpp"
+#include "train/datasets.hpp"
 #include "train/fetch.hpp"
 
 using namespace relgrad;

@@ -68,7 +68,7 @@ TEST_CASE("relgrad layer computes what the layer computes") {
         CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) == 0);
     }
     gradcheck_layer(layer, {random_input({2, 4, 6}, 5)},
-                    [&](const auto& in) { return layer.forward(in[0], in[0], mask); });
+                    [&](const auto& in) { return layer.forward(in[0], in[0], mask.to(in[0].device())); });
 }
 
 TEST_CASE("relgrad layer runs the fused form and low-rank tables: the files match the reference form") {

@@ -55,16 +55,13 @@ void dispatch_floating(DType dtype, const char* kernel, F&& f) {
     }
 }
 
-// Calls f(T{}) with T the C++ type of a number dtype (the floats and int64).
+// Calls f(T{}) with T the C++ type of a floating dtype or int64 (which where and equal take too).
 template <class F>
 void dispatch_numeric(DType dtype, const char* kernel, F&& f) {
-    switch (dtype) {
-        case DType::float32: f(float{}); return;
-        case DType::float64: f(double{}); return;
-        case DType::int64: f(int64_t{}); return;
-        default:
-            throw std::invalid_argument(std::string(kernel) + ": needs a float32, float64 or int64 tensor, got " +
-                                        dtype_name(dtype));
+    if (dtype == DType::int64) {
+        f(int64_t{});
+    } else {
+        dispatch_floating(dtype, kernel, f);
     }
 }
 

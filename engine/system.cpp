@@ -1,0 +1,42 @@
+#include "engine/system.hpp"
+
+#include <sys/resource.h>
+
+namespace relgrad {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path with_suffix(const fs::path& dir, const char* suffix) { return dir.string() + suffix; }
+
+}  // namespace
+
+fs::path start_replacing(const fs::path& dir) {
+    const fs::path partial = with_suffix(dir, ".partial");
+    fs::remove_all(partial);  // left by a write that was stopped
+    fs::create_directories(partial);
+    return partial;
+}
+
+void finish_replacing(const fs::path& dir) {
+    const fs::path previous = with_suffix(dir, ".previous");
+    fs::remove_all(previous);
+    if (fs::exists(dir)) fs::rename(dir, previous);
+    fs::rename(with_suffix(dir, ".partial"), dir);
+    fs::remove_all(previous);  // only once the new content is in place
+}
+
+bool recover_directory(const fs::path& dir) {
+    const fs::path previous = with_suffix(dir, ".previous");
+    if (!fs::exists(dir) && fs::exists(previous)) fs::rename(previous, dir);
+    return fs::exists(dir);
+}
+
+double peak_rss_mib() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace relgrad

@@ -1,0 +1,28 @@
+// relgrad: what relgrad asks of the operating system: a directory replaced whole, and the peak
+// memory of the process.
+//
+// A directory is replaced in three moves: the new content is written into <dir>.partial/, then
+// two renames swap it in, dir/ -> dir.previous/ and dir.partial/ -> dir/, and the old content is
+// removed. Stopped at any point, one whole directory remains: dir/, or dir.previous/ between the
+// two renames, which recover_directory() renames back. Module::save, the trainer's checkpoints
+// and `relgrad data fetch` write their directories this way.
+#pragma once
+
+#include <filesystem>
+
+namespace relgrad {
+
+// Empties and creates <dir>.partial/ and returns it: the new content of dir goes there.
+std::filesystem::path start_replacing(const std::filesystem::path& dir);
+
+// Swaps the written <dir>.partial/ in for dir/ (which need not exist yet).
+void finish_replacing(const std::filesystem::path& dir);
+
+// Renames a dir.previous/ left by a finish_replacing() stopped between its renames back to dir/;
+// returns whether dir/ exists.
+bool recover_directory(const std::filesystem::path& dir);
+
+// The most memory the process has held resident so far, in MiB.
+double peak_rss_mib();
+
+}  // namespace relgrad

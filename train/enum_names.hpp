@@ -1,0 +1,45 @@
+// relgrad: the names by which configs and files give an enum's values, one table per enum:
+//
+//     const EnumName<Pooling> pooling_names[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
+//     name_of(pooling_names, Pooling::first)  -> "first"
+//     value_named(pooling_names, "mean")      -> Pooling::mean (nothing for a name not in the table)
+//     names_of(pooling_names)                 -> {"mean", "first"}, for error messages
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace relgrad {
+
+template <class Enum>
+struct EnumName {
+    Enum value;
+    const char* name;
+};
+
+template <class Enum, std::size_t N>
+const char* name_of(const EnumName<Enum> (&table)[N], Enum value) {
+    for (const EnumName<Enum>& entry : table) {
+        if (entry.value == value) return entry.name;
+    }
+    return "";
+}
+
+template <class Enum, std::size_t N>
+std::optional<Enum> value_named(const EnumName<Enum> (&table)[N], const std::string& name) {
+    for (const EnumName<Enum>& entry : table) {
+        if (name == entry.name) return entry.value;
+    }
+    return std::nullopt;
+}
+
+template <class Enum, std::size_t N>
+std::vector<std::string> names_of(const EnumName<Enum> (&table)[N]) {
+    std::vector<std::string> names;
+    for (const EnumName<Enum>& entry : table) names.push_back(entry.name);
+    return names;
+}
+
+}  // namespace relgrad

@@ -1,0 +1,177 @@
+#include "train/make_task.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+namespace relgrad {
+
+namespace {
+
+std::vector<int64_t> truncated(std::vector<int64_t> ids, int64_t max_length) {
+    if (static_cast<int64_t>(ids.size()) > max_length) ids.resize(max_length);
+    if (ids.empty()) ids.push_back(Tokenizer::unk);  // an empty text still needs a position
+    return ids;
+}
+
+// "data:NAME/FILE" names a file of a fetched data set in the data cache (relgrad data fetch).
+std::string resolve_data_path(const std::string& path) {
+    if (path.rfind("data:", 0) != 0) return path;
+    const std::string resolved = default_data_dir() + "/" + path.substr(5);
+    if (!std::filesystem::exists(resolved)) {
+        const std::string name = path.substr(5, path.find('/', 5) - 5);
+        throw std::invalid_argument(path + ": " + resolved + " does not exist; run 'relgrad data fetch " + name +
+                                    "' first");
+    }
+    return resolved;
+}
+
+DataConfig with_data_paths_resolved(DataConfig d) {
+    d.train = resolve_data_path(d.train);
+    if (!d.test.empty()) d.test = resolve_data_path(d.test);
+    return d;
+}
+
+// The tokenizer the data section asks for, learned from the training texts.
+Tokenizer tokenizer_for(const DataConfig& d, const std::vector<std::string>& texts) {
+    return Tokenizer::build(parse_tokenizer_kind(d.tokenizer), texts, d.min_frequency,
+                            {d.lowercase, d.split_punctuation});
+}
+
+// Training and test examples from the data section: the test file, or a held-out part of train.
+template <class T, class Read>
+std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
+    std::vector<T> train = read(d.train);
+    if (!d.test.empty()) return {std::move(train), read(d.test)};
+    return split_held_out(std::move(train), d.held_out, seed);
+}
+
+// data.train_max_tokens: the training examples whose text has at most that many tokens (all when
+// it is 0); none left is an error that names the key.
+template <class T, class Length>
+std::vector<T> short_enough(std::vector<T> examples, const DataConfig& d, Length tokens) {
+    if (d.train_max_tokens == 0) return examples;
+    std::vector<T> kept;
+    for (T& example : examples)
+        if (tokens(example) <= d.train_max_tokens) kept.push_back(std::move(example));
+    if (kept.empty()) {
+        throw std::invalid_argument("data.train_max_tokens = " + std::to_string(d.train_max_tokens) +
+                                    " leaves no training example of " + d.train);
+    }
+    return kept;
+}
+
+std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
+    const TaskConfig& t = c.task;
+    const uint64_t seed = c.training.seed;
+    if (t.kind == TaskKind::relative_order) {
+        return std::make_unique<ClassificationTask>(
+            c.model, t.vocab, 2,
+            make_relative_order_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.distance,
+                                     seed),
+            make_relative_order_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.distance,
+                                     seed + 1),
+            init);
+    }
+    const auto make = t.kind == TaskKind::copy ? make_copy_task : make_reverse_task;
+    return std::make_unique<SequencePairTask>(
+        c.model, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
+        make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
+}
+
+// classification: labels are the distinct labels of the training data, in sorted order
+std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig& d, const Init& init,
+                                               std::optional<Tokenizer>& tokenizer) {
+    auto [train, test] = read_split<LabeledText>(d, c.training.seed, read_classification);
+    std::vector<std::string> texts, labels;
+    for (const auto& example : train) texts.push_back(example.text);
+    for (const auto& example : train) labels.push_back(example.label);
+    std::sort(labels.begin(), labels.end());
+    labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+    if (!tokenizer) tokenizer = tokenizer_for(d, texts);
+    auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
+        std::vector<LabeledTokens> out;
+        for (const auto& example : examples) {
+            const auto found = std::lower_bound(labels.begin(), labels.end(), example.label);
+            if (found == labels.end() || *found != example.label) {
+                throw std::invalid_argument(where + ": label '" + example.label +
+                                            "' does not occur in the training data");
+            }
+            out.push_back({truncated(tokenizer->encode(example.text), d.max_length), found - labels.begin()});
+        }
+        return out;
+    };
+    std::vector<LabeledTokens> train_examples = short_enough(
+        encode(train, d.train), d, [](const LabeledTokens& e) { return static_cast<int64_t>(e.tokens.size()); });
+    return std::make_unique<ClassificationTask>(
+        c.model, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), std::move(train_examples),
+        encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test), init);
+}
+
+std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, const Init& init,
+                                      std::optional<Tokenizer>& tokenizer) {
+    auto [train, test] = read_split<TextPair>(d, c.training.seed, read_pairs);
+    std::vector<std::string> texts;
+    for (const auto& pair : train) {
+        texts.push_back(pair.source);
+        texts.push_back(pair.target);
+    }
+    if (!tokenizer) tokenizer = tokenizer_for(d, texts);
+    auto encode = [&](const std::vector<TextPair>& pairs) {
+        std::vector<TokenPair> out;
+        for (const auto& pair : pairs) {
+            out.push_back({truncated(tokenizer->encode(pair.source), d.max_length),
+                           truncated(tokenizer->encode(pair.target), d.max_length)});
+        }
+        return out;
+    };
+    std::vector<TokenPair> train_pairs =
+        short_enough(encode(train), d, [&](const TokenPair& pair) { return static_cast<int64_t>(pair.source.size()); });
+    return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs), encode(test),
+                                              init);
+}
+
+// language_model: one token stream, the last held_out part (or the test file) for evaluation,
+// cut into chunks of max_length + 1 tokens that overlap by one (each token is a target once)
+std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig& d, const Init& init,
+                                               std::optional<Tokenizer>& tokenizer) {
+    std::string train_text = read_text(d.train), test_text;
+    if (d.test.empty()) {
+        const std::size_t cut =
+            train_text.size() - static_cast<std::size_t>(d.held_out * static_cast<double>(train_text.size()));
+        std::size_t boundary = cut;
+        while (boundary < train_text.size() && (static_cast<unsigned char>(train_text[boundary]) & 0xC0) == 0x80)
+            ++boundary;
+        test_text = train_text.substr(boundary);  // cut at a UTF-8 character boundary
+        train_text.resize(boundary);
+    } else {
+        test_text = read_text(d.test);
+    }
+    if (!tokenizer) tokenizer = tokenizer_for(d, {train_text});
+    auto chunks = [&](const std::string& text, const std::string& where) {
+        const std::vector<int64_t> ids = tokenizer->encode(text);
+        if (ids.size() < 2)
+            throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
+        std::vector<std::vector<int64_t>> out;
+        for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
+            const std::size_t end = std::min(ids.size(), start + d.max_length + 1);
+            out.emplace_back(ids.begin() + start, ids.begin() + end);
+        }
+        return out;
+    };
+    return std::make_unique<LanguageModelTask>(c.model, tokenizer->vocab_size(), chunks(train_text, d.train),
+                                               chunks(test_text, d.test.empty() ? d.train + " (held out)" : d.test),
+                                               parse_tokenizer_kind(d.tokenizer) == Tokenizer::Kind::character, init);
+}
+
+}  // namespace
+
+std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
+    if (!reads_files(c.task.kind)) return make_synthetic_task(c, init);
+    const DataConfig d = with_data_paths_resolved(c.data);
+    if (c.task.kind == TaskKind::classification) return make_classification_task(c, d, init, tokenizer);
+    if (c.task.kind == TaskKind::pairs) return make_pairs_task(c, d, init, tokenizer);
+    return make_language_model_task(c, d, init, tokenizer);
+}
+
+}  // namespace relgrad

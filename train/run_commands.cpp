@@ -1,0 +1,114 @@
+#include "train/run_commands.hpp"
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/autograd.hpp"
+#include "engine/npy.hpp"
+#include "train/config.hpp"
+#include "train/make_task.hpp"
+#include "train/run_directory.hpp"
+
+namespace relgrad {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A trained run: its config, task (data re-read) and tokenizer, with the checkpoint's weights.
+struct LoadedRun {
+    Config config;
+    std::optional<Tokenizer> tokenizer;
+    std::unique_ptr<Task> task;
+};
+
+// Loads a trained run; `weights_kept` asks for an attention implementation that keeps the weights (the
+// fused one keeps none; all three share the parameters, so a fused run is loaded as bucketed).
+LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept = false) {
+    const fs::path dir(run_dir);
+    if (!fs::exists(dir / "config.json") || !fs::exists(dir / "checkpoint" / "state.json")) {
+        throw std::invalid_argument(run_dir + ": not a trained run (needs config.json and checkpoint/)");
+    }
+    LoadedRun run;
+    json document = read_json_file(dir / "config.json");
+    if (!test_file.empty()) {
+        if (!reads_files(parse_task_kind(document))) {
+            throw std::invalid_argument("--data: a " + document["task"]["kind"].get<std::string>() +
+                                        " run generates its own test data");
+        }
+        document["data"]["test"] = test_file;
+    }
+    run.config = Config::parse(document, (dir / "config.json").string());
+    if (weights_kept && run.config.model.transformer.impl == AttentionImpl::fused) {
+        run.config.model.transformer.impl = AttentionImpl::bucketed;
+    }
+    run.tokenizer = saved_tokenizer(dir);
+    Generator gen(run.config.training.seed);
+    run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
+    run.task->model().load((dir / "checkpoint" / "model").string());
+    run.task->model().eval();
+    return run;
+}
+
+// A prompt as token ids: the run's tokenizer, or for synthetic tasks space-separated symbol ids.
+std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
+    if (run.tokenizer) return run.tokenizer->encode(prompt);
+    std::vector<int64_t> ids;
+    std::istringstream words(prompt);
+    for (std::string word; words >> word;) {
+        std::size_t used = 0;
+        int64_t id = -1;
+        try {
+            id = std::stoll(word, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != word.size() || id < 4 || id >= run.config.task.vocab) {
+            throw std::invalid_argument(std::string(command) + ": '" + word + "' is not a symbol id in [4, " +
+                                        std::to_string(run.config.task.vocab) + ") of this synthetic task");
+        }
+        ids.push_back(id);
+    }
+    return ids;
+}
+
+}  // namespace
+
+json evaluate_run(const std::string& run_dir, const std::string& test_file) {
+    LoadedRun run = load_run(run_dir, test_file);
+    json result =
+        run.task->evaluate(run.config.evaluation.batch_size, LengthBuckets(run.config.evaluation.length_buckets));
+    result["metric"] = run.task->metric();
+    return result;
+}
+
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens) {
+    if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
+    LoadedRun run = load_run(run_dir, "");
+    const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens);
+    if (run.tokenizer) return run.tokenizer->decode(output);
+    std::string out;
+    for (int64_t id : output) out += (out.empty() ? "" : " ") + std::to_string(id);
+    return out;
+}
+
+std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
+                                         const std::string& out_dir) {
+    LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true);
+    const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
+    if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
+    NoGradGuard no_grad;
+    const std::vector<Tensor> weights = run.task->attention(ids);
+    fs::create_directories(out_dir);
+    std::vector<std::string> written;
+    for (std::size_t layer = 0; layer < weights.size(); ++layer) {
+        written.push_back((fs::path(out_dir) / ("layer" + std::to_string(layer) + ".npy")).string());
+        save_npy(weights[layer], written.back());
+    }
+    return written;
+}
+
+}  // namespace relgrad

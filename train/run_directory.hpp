@@ -1,0 +1,37 @@
+// relgrad: the files of a run directory (docs/training.md lists them):
+//
+//   config.json, tokenizer.json, summary.json   written to NAME.partial, then renamed to NAME
+//   metrics.jsonl                               a line per logged step and per evaluation
+//   checkpoint/                                 model/, optimizer/ and state.json, replaced whole
+//
+// A checkpoint is replaced as engine/system.hpp describes: stopped at any point, one whole
+// checkpoint remains, as checkpoint/ or, between the two renames, as checkpoint.previous/.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "engine/optim.hpp"
+#include "layers/module.hpp"
+#include "train/tokenizer.hpp"
+
+namespace relgrad {
+
+// A JSON file of a run; errors (std::invalid_argument) name the file.
+nlohmann::json read_json_file(const std::filesystem::path& path);
+// `value`, indented, into path.partial, then renamed to path.
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
+
+// The run's tokenizer.json (file tasks), or nothing.
+std::optional<Tokenizer> saved_tokenizer(const std::filesystem::path& run);
+
+// Replaces the checkpoint directory `dir` with the model, the optimizer and the step count.
+void save_checkpoint(const std::filesystem::path& dir, const Module& model, const AdamW& optimizer, int64_t step);
+// Whether the run directory `run` holds a checkpoint; one left as checkpoint.previous/ by a run
+// stopped between save_checkpoint's two renames is first renamed back to checkpoint/.
+bool recovered_checkpoint(const std::filesystem::path& run);
+// Loads the checkpoint `dir` into model and optimizer and returns its step count.
+int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer);
+
+}  // namespace relgrad

@@ -1,0 +1,114 @@
+// relgrad: the tasks a run trains. What differs between tasks is the model, the loss on a batch of
+// training examples and the evaluation on the test set:
+//
+//   ClassificationTask  relative_order, classification  a SequenceClassifier   metric accuracy
+//   SequencePairTask    copy, reverse, pairs             an EncoderDecoder      metric bleu
+//   LanguageModelTask   language_model                   a CausalLanguageModel  metric perplexity
+//
+// The examples are token ids; train/make_task.hpp builds a task from a config and its data.
+#pragma once
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "train/config.hpp"
+#include "train/datasets.hpp"
+#include "train/metrics.hpp"
+
+namespace relgrad {
+
+class Task {
+public:
+    virtual ~Task() = default;
+    virtual Module& model() = 0;
+    virtual int64_t train_size() const = 0;
+    // what a training example pads to: its tokens (for pairs, the longer side)
+    virtual int64_t train_length(int64_t i) const = 0;
+    // The mean loss over the examples `indices` of the training set; `tokens` receives how many
+    // tokens the batch held.
+    virtual Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) = 0;
+    // Metrics on the test set: {"accuracy": ..., "by_length": {...}, ...}
+    virtual nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) = 0;
+    virtual std::vector<std::vector<double>> gates() const = 0;
+    virtual const char* metric() const = 0;  // the headline number of evaluate()
+    // Greedy output for one prompt: a continuation (language model) or a target (pairs).
+    virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens);
+    // The self-attention weights of every layer of the (encoder) stack for one input: [H, L, L] each.
+    virtual std::vector<Tensor> attention(const std::vector<int64_t>& tokens) = 0;
+};
+
+// A SequenceClassifier over the token sequence.
+class ClassificationTask : public Task {
+public:
+    ClassificationTask(const ModelConfig& model, int64_t vocab, int64_t classes, std::vector<LabeledTokens> train,
+                       std::vector<LabeledTokens> test, const Init& init);
+    Module& model() override { return model_; }
+    int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].tokens.size()); }
+    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
+    std::vector<std::vector<double>> gates() const override { return model_.gates(); }
+    const char* metric() const override { return "accuracy"; }
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+
+private:
+    SequenceClassifier model_;
+    std::vector<LabeledTokens> train_, test_;
+};
+
+// An EncoderDecoder; the decoder reads bos + target and predicts target + eos.
+class SequencePairTask : public Task {
+public:
+    SequencePairTask(const ModelConfig& model, int64_t vocab, std::vector<TokenPair> train, std::vector<TokenPair> test,
+                     const Init& init);
+    Module& model() override { return model_; }
+    int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override {
+        return static_cast<int64_t>(std::max(train_[i].source.size(), train_[i].target.size() + 1));
+    }
+    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    // exact match, token accuracy and BLEU (sequence_scores), over the test set and per
+    // source-length bucket
+    nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
+    std::vector<std::vector<double>> gates() const override { return model_.gates(); }
+    const char* metric() const override { return "bleu"; }
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;  // the encoder's, on the source
+
+private:
+    std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources,
+                                                    int64_t max_steps);
+
+    EncoderDecoder model_;
+    std::vector<TokenPair> train_, test_;
+};
+
+// A CausalLanguageModel over chunks of the token stream, each position predicting the next token.
+class LanguageModelTask : public Task {
+public:
+    // characters: the tokens are characters, so the evaluation also gives bits per character
+    LanguageModelTask(const ModelConfig& model, int64_t vocab, std::vector<std::vector<int64_t>> train,
+                      std::vector<std::vector<int64_t>> test, bool characters, const Init& init);
+    Module& model() override { return model_; }
+    int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].size()); }
+    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    // perplexity (and bits per character for a character tokenizer) over the test stream, and
+    // per position bucket: how well a position predicts its next token, by how far in it is
+    nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
+    std::vector<std::vector<double>> gates() const override { return model_.gates(); }
+    const char* metric() const override { return "perplexity"; }
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+
+private:
+    // inputs chunk[:-1], labels chunk[1:] (pad beyond a chunk's end)
+    Tensor forward(const std::vector<std::vector<int64_t>>& chunks, Tensor& labels, int64_t& tokens);
+
+    CausalLanguageModel model_;
+    std::vector<std::vector<int64_t>> train_, test_;
+    bool characters_;
+};
+
+}  // namespace relgrad
