@@ -12,13 +12,14 @@ using nlohmann::json;
 
 namespace {
 
-// Rows padded with Tokenizer::pad to the longest: int64 [B, L] and the true lengths.
+// Rows padded with Tokenizer::pad to the longest: int64 [B, L] on `device` (the model's) and the
+// true lengths.
 struct Padded {
     Tensor ids;
     std::vector<int64_t> lengths;
 };
 
-Padded pad_rows(const std::vector<std::vector<int64_t>>& rows) {
+Padded pad_rows(const std::vector<std::vector<int64_t>>& rows, Device device) {
     int64_t longest = 1;
     for (const auto& row : rows) longest = std::max<int64_t>(longest, static_cast<int64_t>(row.size()));
     std::vector<double> ids(rows.size() * longest, static_cast<double>(Tokenizer::pad));
@@ -27,13 +28,13 @@ Padded pad_rows(const std::vector<std::vector<int64_t>>& rows) {
         for (std::size_t j = 0; j < rows[b].size(); ++j) ids[b * longest + j] = static_cast<double>(rows[b][j]);
         lengths.push_back(static_cast<int64_t>(rows[b].size()));
     }
-    return {from_vector(ids, {static_cast<int64_t>(rows.size()), longest}, DType::int64), lengths};
+    return {from_vector(ids, {static_cast<int64_t>(rows.size()), longest}, DType::int64, device), lengths};
 }
 
-// One sequence as a batch of one.
-Tensor single(const std::vector<int64_t>& tokens) {
+// One sequence as a batch of one, on `device`.
+Tensor single(const std::vector<int64_t>& tokens, Device device) {
     return from_vector(std::vector<double>(tokens.begin(), tokens.end()), {1, static_cast<int64_t>(tokens.size())},
-                       DType::int64);
+                       DType::int64, device);
 }
 
 // The attention weights the last forward left in each layer of a stack.
@@ -80,7 +81,7 @@ ClassificationTask::ClassificationTask(const ModelConfig& model, int64_t vocab, 
       test_(std::move(test)) {}
 
 std::vector<Tensor> ClassificationTask::attention(const std::vector<int64_t>& tokens) {
-    model_.forward(single(tokens), {static_cast<int64_t>(tokens.size())});
+    model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.encoder);
 }
 
@@ -91,11 +92,12 @@ Tensor ClassificationTask::loss(const std::vector<int64_t>& indices, int64_t& to
         rows.push_back(train_[i].tokens);
         labels.push_back(static_cast<double>(train_[i].label));
     }
-    const Padded batch = pad_rows(rows);
+    const Padded batch = pad_rows(rows, model_.device());
     tokens = 0;
     for (int64_t n : batch.lengths) tokens += n;
     const Tensor logits = model_.forward(batch.ids, batch.lengths);
-    return cross_entropy(logits, from_vector(labels, {static_cast<int64_t>(labels.size())}, DType::int64));
+    return cross_entropy(logits,
+                         from_vector(labels, {static_cast<int64_t>(labels.size())}, DType::int64, model_.device()));
 }
 
 json ClassificationTask::evaluate(int64_t batch_size, const LengthBuckets& buckets) {
@@ -106,7 +108,7 @@ json ClassificationTask::evaluate(int64_t batch_size, const LengthBuckets& bucke
         std::vector<std::vector<int64_t>> rows;
         for (std::size_t i = start; i < std::min(test_.size(), start + batch_size); ++i)
             rows.push_back(test_[i].tokens);
-        const Padded batch = pad_rows(rows);
+        const Padded batch = pad_rows(rows, model_.device());
         const std::vector<int64_t> predicted = argmax_rows(model_.forward(batch.ids, batch.lengths));
         for (std::size_t r = 0; r < rows.size(); ++r) {
             const bool hit = predicted[r] == test_[start + r].label;
@@ -127,7 +129,7 @@ SequencePairTask::SequencePairTask(const ModelConfig& model, int64_t vocab, std:
     : model_(vocab, vocab, model.transformer, init), train_(std::move(train)), test_(std::move(test)) {}
 
 std::vector<Tensor> SequencePairTask::attention(const std::vector<int64_t>& tokens) {
-    model_.encode(single(tokens), {static_cast<int64_t>(tokens.size())});
+    model_.encode(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.encoder);
 }
 
@@ -138,7 +140,8 @@ Tensor SequencePairTask::loss(const std::vector<int64_t>& indices, int64_t& toke
         inputs.push_back(with_bos(train_[i].target));
         outputs.push_back(with_eos(train_[i].target));
     }
-    const Padded source = pad_rows(sources), input = pad_rows(inputs), output = pad_rows(outputs);
+    const Padded source = pad_rows(sources, model_.device()), input = pad_rows(inputs, model_.device()),
+                 output = pad_rows(outputs, model_.device());
     tokens = 0;
     for (std::size_t b = 0; b < sources.size(); ++b) tokens += source.lengths[b] + input.lengths[b];
     const Tensor logits = model_.forward(source.ids, source.lengths, input.ids, input.lengths);
@@ -184,7 +187,7 @@ json SequencePairTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
 
 std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vector<std::vector<int64_t>>& sources,
                                                                   int64_t max_steps) {
-    const Padded source = pad_rows(sources);
+    const Padded source = pad_rows(sources, model_.device());
     return model_.greedy_decode(source.ids, source.lengths, Tokenizer::bos, Tokenizer::eos, max_steps);
 }
 
@@ -202,7 +205,7 @@ LanguageModelTask::LanguageModelTask(const ModelConfig& model, int64_t vocab, st
       characters_(characters) {}
 
 std::vector<Tensor> LanguageModelTask::attention(const std::vector<int64_t>& tokens) {
-    model_.forward(single(tokens), {static_cast<int64_t>(tokens.size())});
+    model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.decoder);
 }
 
@@ -264,8 +267,8 @@ Tensor LanguageModelTask::forward(const std::vector<std::vector<int64_t>>& chunk
         targets.emplace_back(chunk.begin() + 1, chunk.end());
         tokens += static_cast<int64_t>(chunk.size()) - 1;
     }
-    const Padded input = pad_rows(inputs);
-    labels = pad_rows(targets).ids;
+    const Padded input = pad_rows(inputs, model_.device());
+    labels = pad_rows(targets, model_.device()).ids;
     return model_.forward(input.ids, input.lengths);
 }
 

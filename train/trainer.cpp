@@ -60,6 +60,7 @@ std::optional<Tokenizer> checked_output_directory(const fs::path& out, const jso
     for (json* document : {&saved, &wanted}) {
         (*document)["output"].erase("dir");        // the same run, reached by another path
         (*document)["training"].erase("threads");  // changes no number of the run
+        (*document)["training"].erase("device");   // nor does the device
     }
     const std::string differs = first_difference(wanted, saved);
     if (!differs.empty()) {
@@ -194,17 +195,18 @@ void show_progress(int64_t done, int64_t total_steps, double loss, double tokens
 
 json summary_of(const Config& config, Task& task, int64_t total_steps, const json& initial, const json& final,
                 double train_seconds, int64_t tokens_seen) {
-    json summary = {{"task", task_kind_name(config.task.kind)},
-                    {"metric", task.metric()},
-                    {"position", position_mode_name(config.model.transformer.position)},
-                    {"steps", total_steps},
-                    {"parameters", task.model().parameter_count()},
-                    {"train_examples", task.train_size()},
-                    {"final", final},
-                    {"train_seconds", train_seconds},
-                    {"tokens_per_second", static_cast<double>(tokens_seen) / std::max(train_seconds, 1e-9)},
-                    {"peak_rss_mib", peak_rss_mib()},
-                    {"peak_live_mib", static_cast<double>(memory_stats().peak_live_bytes) / 1048576.0}};
+    json summary = {
+        {"task", task_kind_name(config.task.kind)},
+        {"metric", task.metric()},
+        {"position", position_mode_name(config.model.transformer.position)},
+        {"steps", total_steps},
+        {"parameters", task.model().parameter_count()},
+        {"train_examples", task.train_size()},
+        {"final", final},
+        {"train_seconds", train_seconds},
+        {"tokens_per_second", static_cast<double>(tokens_seen) / std::max(train_seconds, 1e-9)},
+        {"peak_rss_mib", peak_rss_mib()},
+        {"peak_live_mib", static_cast<double>(memory_stats(config.training.device).peak_live_bytes) / 1048576.0}};
     if (!initial.is_null()) summary["initial"] = initial;
     if (config.model.transformer.position == PositionMode::gated) summary["gates"] = task.gates();
     return summary;
@@ -242,6 +244,7 @@ json train(const Config& config, const TrainOptions& options) {
                                     " exceeds the " + std::to_string(task->train_size()) + " training examples");
     }
     Module& model = task->model();
+    model.to(config.training.device);  // before the optimizer, whose state follows the parameters
     AdamW optimizer(model.parameters(), config.training.adamw);
     const LengthBuckets buckets(config.evaluation.length_buckets);
     const int64_t total_steps = config.training.total_steps(task->train_size());  // steps, or from epochs

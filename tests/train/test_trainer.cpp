@@ -11,6 +11,7 @@
 #include "layers/transformer.hpp"
 #include "train/config.hpp"
 #include "train/run_commands.hpp"
+#include "train/run_directory.hpp"
 #include "train/trainer.hpp"
 
 using namespace relgrad;
@@ -206,6 +207,38 @@ TEST_CASE("the same run with any thread count, fused attention or not, checkpoin
             CHECK(bucketed[n]["loss"].get<double>() ==
                   doctest::Approx(one_thread[n]["loss"].get<double>()).epsilon(1e-4));
     }
+}
+
+TEST_CASE("the same run on the guarded CPU device, whose memory the host may not read") {
+    // every batch, mask and index is made on the model's device and every number read back by an
+    // explicit copy; a run that reads device memory from the host or mixes devices fails here
+    auto run = [](const fs::path& out, const std::string& device, const std::string& kind,
+                  const std::string& position) {
+        nlohmann::json c = tiny_run(out);
+        c["task"]["kind"] = kind;
+        c["model"]["position"] = position;
+        c["model"]["attention"] = "fused";
+        c["training"]["device"] = device;
+        train(Config::parse(c, "device"), TrainOptions{});
+        nlohmann::json summary = read_json_file(out / "summary.json");
+        // besides the timing, the peak of live memory differs: on the guarded device the host-side
+        // staging of each batch (float64 values before their conversion) is not on the device
+        for (const char* key : {"train_seconds", "tokens_per_second", "peak_rss_mib", "peak_live_mib"})
+            summary.erase(key);
+        return std::make_pair(metrics_without_timing(out), summary);
+    };
+    for (const auto& [kind, position] : {std::pair<std::string, std::string>{"relative_order", "gated"},
+                                         std::pair<std::string, std::string>{"copy", "relative"}}) {
+        CAPTURE(kind);
+        TempDir cpu("relgrad_test_device_cpu"), guarded("relgrad_test_device_guarded");
+        const auto on_cpu = run(cpu.path, "cpu", kind, position);
+        const auto on_guarded = run(guarded.path, "guarded_cpu", kind, position);
+        CHECK(on_guarded.first == on_cpu.first);
+        CHECK(on_guarded.second == on_cpu.second);
+        CHECK(on_cpu.second["steps"] == 12);
+    }
+    CHECK(error_of({{"training", {{"device", "tpu"}}}}) ==
+          "c.json: /training/device: got \"tpu\", expected one of \"cpu\", \"guarded_cpu\"");
 }
 
 TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses them") {
