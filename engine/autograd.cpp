@@ -1,5 +1,6 @@
 #include "engine/autograd.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,13 +23,20 @@ EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
 // one by one from a list instead, each with its inputs already taken.
 Node::~Node() {
     std::vector<std::shared_ptr<Node>> orphans;
-    auto take_orphans = [&orphans](std::vector<Tensor>& tensors) {
-        for (Tensor& t : tensors) {
+    auto take_orphans = [&orphans](std::vector<Tensor>& inputs) {
+        std::vector<Tensor> taken = std::move(inputs);
+        inputs.clear();
+        // a tensor used twice by one node (add(y, y)) is held twice: keep one handle of it
+        auto by_impl = [](const Tensor& a, const Tensor& b) { return a.impl() < b.impl(); };
+        std::sort(taken.begin(), taken.end(), by_impl);
+        taken.erase(std::unique(taken.begin(), taken.end(),
+                                [](const Tensor& a, const Tensor& b) { return a.impl() == b.impl(); }),
+                    taken.end());
+        for (Tensor& t : taken) {
             if (!t.defined() || t.impl_ptr().use_count() != 1) continue;
             std::shared_ptr<Node>& node = t.impl()->grad_fn;
             if (node && node.use_count() == 1) orphans.push_back(std::move(node));
         }
-        tensors.clear();
     };
     take_orphans(inputs);
     while (!orphans.empty()) {
@@ -85,7 +93,8 @@ static std::vector<Tensor> topological_order(const Tensor& root) {
 }
 
 static void check_gradient(const Tensor& grad, const TensorImpl& target, const std::string& where) {
-    if (grad.shape() != target.shape || grad.dtype() != target.dtype) {
+    if (grad.shape() != target.shape || grad.dtype() != target.dtype ||
+        grad.device() != target.storage->device()) {
         throw std::logic_error(where + " produced a gradient of shape " + shape_str(grad.shape()) + " (" +
                                dtype_name(grad.dtype()) + ") for a tensor of shape " + shape_str(target.shape) + " (" +
                                dtype_name(target.dtype) + ")");
@@ -113,10 +122,11 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
                                         "gradient of that shape");
         }
         seed = ones(root.shape(), root.dtype(), root.device());
-    } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
+    } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype() || seed.device() != root.device()) {
         throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) + " (" +
-                                    dtype_name(seed.dtype()) + "), expected " + shape_str(root.shape()) + " (" +
-                                    dtype_name(root.dtype()) + ")");
+                                    dtype_name(seed.dtype()) + ", " + device_name(seed.device()) + "), expected " +
+                                    shape_str(root.shape()) + " (" + dtype_name(root.dtype()) + ", " +
+                                    device_name(root.device()) + ")");
     }
 
     NoGradGuard no_grad;  // the backward computation itself is not recorded

@@ -76,12 +76,7 @@ void AdamW::load(const std::string& dir) {
     step_ = step;
 }
 
-Schedule parse_schedule(const std::string& name) {
-    if (name == "constant") return Schedule::constant;
-    if (name == "linear") return Schedule::linear;
-    if (name == "cosine") return Schedule::cosine;
-    throw std::invalid_argument("unknown schedule '" + name + "' (expected constant, linear or cosine)");
-}
+Schedule parse_schedule(const std::string& name) { return parse_named(schedule_names, name, "schedule"); }
 
 double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmup_steps, int64_t total_steps) {
     if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);

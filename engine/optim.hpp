@@ -39,6 +39,8 @@ private:
 };
 
 enum class Schedule { constant, linear, cosine };
+inline constexpr EnumName<Schedule> schedule_names[] = {
+    {Schedule::constant, "constant"}, {Schedule::linear, "linear"}, {Schedule::cosine, "cosine"}};
 Schedule parse_schedule(const std::string& name);  // "constant" | "linear" | "cosine"
 
 // Linear warmup from 0 to peak over warmup_steps, then constant, or decaying linearly or along a

@@ -10,22 +10,8 @@ namespace relgrad {
 
 // ---------------------------------------------------------------- devices
 
-const char* device_name(Device device) {
-    switch (device) {
-        case Device::cpu: return "cpu";
-        case Device::guarded_cpu: return "guarded_cpu";
-        case Device::cuda: return "cuda";
-    }
-    throw std::logic_error("unknown device");
-}
-
-Device parse_device(const std::string& name) {
-    for (Device device : {Device::cpu, Device::guarded_cpu, Device::cuda}) {
-        if (name == device_name(device)) return device;
-    }
-    throw std::invalid_argument("unknown device '" + name + "' (expected cpu, guarded_cpu or cuda)");
-}
-
+const char* device_name(Device device) { return name_of(device_names, device); }
+Device parse_device(const std::string& name) { return parse_named(device_names, name, "device"); }
 bool host_can_read(Device device) { return device == Device::cpu; }
 
 // ---------------------------------------------------------------- the caching allocator
@@ -56,6 +42,13 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
                 cached_ -= static_cast<int64_t>(bytes);
             }
         }
+    }
+    if (!block) block = raw_allocate_(bytes);
+    if (!block) {  // the device is full: give the cached blocks back and try once more
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& cached : cache_) raw_free_(cached.second);
+        cache_.clear();
+        cached_ = 0;
     }
     if (!block) block = raw_allocate_(bytes);
     if (!block) throw std::bad_alloc();

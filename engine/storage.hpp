@@ -14,12 +14,16 @@
 #include <string>
 #include <utility>
 
+#include "engine/enum_names.hpp"
+
 namespace relgrad {
 
 // cpu: the host. guarded_cpu: the CPU kernels on memory that the host API refuses to touch, a
 // stand-in for an accelerator that proves the ops device-clean (docs/engine.md). cuda: an NVIDIA
 // GPU (not built yet).
 enum class Device { cpu, guarded_cpu, cuda };
+inline constexpr EnumName<Device> device_names[] = {
+    {Device::cpu, "cpu"}, {Device::guarded_cpu, "guarded_cpu"}, {Device::cuda, "cuda"}};
 
 const char* device_name(Device device);           // "cpu", "guarded_cpu", "cuda"
 Device parse_device(const std::string& name);     // the inverse; throws naming the choices

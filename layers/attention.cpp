@@ -71,21 +71,10 @@ Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t 
 }
 
 AttentionImpl parse_attention_impl(const std::string& name) {
-    if (name == "reference") return AttentionImpl::reference;
-    if (name == "bucketed") return AttentionImpl::bucketed;
-    if (name == "fused") return AttentionImpl::fused;
-    throw std::invalid_argument("unknown attention implementation '" + name +
-                                "' (expected reference, bucketed or fused)");
+    return parse_named(attention_impl_names, name, "attention implementation");
 }
 
-const char* attention_impl_name(AttentionImpl impl) {
-    switch (impl) {
-        case AttentionImpl::reference: return "reference";
-        case AttentionImpl::bucketed: return "bucketed";
-        case AttentionImpl::fused: return "fused";
-    }
-    return "?";
-}
+const char* attention_impl_name(AttentionImpl impl) { return name_of(attention_impl_names, impl); }
 
 // ---------------------------------------------------------------- multi-head attention
 

@@ -17,6 +17,7 @@
 // from the sinusoidal positions P (projected per layer by U_q = w_pq, U_k = w_pk).
 #pragma once
 
+#include "engine/enum_names.hpp"
 #include "engine/ops.hpp"
 #include "layers/position.hpp"
 
@@ -49,6 +50,8 @@ struct KVCache {
 // attention op, keeps the [L, L] weights; fused: the engine's fused_attention op, memory linear in L.
 // All three take the same parameters.
 enum class AttentionImpl { reference, bucketed, fused };
+inline constexpr EnumName<AttentionImpl> attention_impl_names[] = {
+    {AttentionImpl::reference, "reference"}, {AttentionImpl::bucketed, "bucketed"}, {AttentionImpl::fused, "fused"}};
 AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed" | "fused"
 const char* attention_impl_name(AttentionImpl impl);
 

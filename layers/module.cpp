@@ -128,9 +128,19 @@ void Module::to(DType dtype) {
 
 void Module::register_buffer(Tensor& slot) { buffers_.push_back(&slot); }
 
+// Each parameter keeps its identity (its TensorImpl, which an optimizer may hold): only its
+// storage is replaced by a packed copy on the device, and its gradient dropped.
 void Module::to(Device device) {
     NoGradGuard no_grad;
-    for (auto& [name, slot] : parameters_) *slot = slot->to(device).detach().requires_grad_(true);
+    for (auto& [name, slot] : parameters_) {
+        if (slot->device() == device) continue;
+        const Tensor moved = slot->to(device);
+        TensorImpl& impl = *slot->impl();
+        impl.storage = moved.storage();
+        impl.strides = moved.strides();
+        impl.offset = moved.offset();
+        impl.grad = Tensor();
+    }
     for (Tensor* buffer : buffers_) {
         if (buffer->defined()) *buffer = buffer->to(device);
     }

@@ -54,8 +54,9 @@ public:
     void assign_parameters(const std::vector<Tensor>& values);
     // Convert every parameter to `dtype` (new leaves that require a gradient).
     void to(DType dtype);
-    // Move every parameter (new leaves that require a gradient) and buffer to `device`; the
-    // module's forward then computes there. Build the optimizer after moving.
+    // Move every parameter (the same leaf tensors, their values copied) and buffer to `device`;
+    // the module's forward then computes there. Build the optimizer after moving (its state
+    // stays where it was made).
     void to(Device device);
     Device device() const;  // where the parameters are (the CPU for a module without any)
 

@@ -102,7 +102,7 @@ Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int6
             r[i * key_len + j] = static_cast<double>(std::clamp(distance, -k_left, k_right) + k_left);
         }
     }
-    return from_vector(r, {query_len, key_len}, DType::int64, full_weight().device());
+    return from_vector(r, {query_len, key_len}, DType::int64, (rank == 0 ? weight : weight_a).device());
 }
 
 Tensor RelativePositionEmbedding::full_weight() const { return rank == 0 ? weight : matmul(weight_a, weight_b); }

@@ -11,24 +11,10 @@
 namespace relgrad {
 
 PositionMode parse_position_mode(const std::string& name) {
-    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
-                              PositionMode::relative, PositionMode::gated}) {
-        if (name == position_mode_name(mode)) return mode;
-    }
-    throw std::invalid_argument("unknown position mode '" + name +
-                                "' (expected none, sinusoidal, learned, relative or gated)");
+    return parse_named(position_mode_names, name, "position mode");
 }
 
-const char* position_mode_name(PositionMode mode) {
-    switch (mode) {
-        case PositionMode::none: return "none";
-        case PositionMode::sinusoidal: return "sinusoidal";
-        case PositionMode::learned: return "learned";
-        case PositionMode::relative: return "relative";
-        case PositionMode::gated: return "gated";
-    }
-    return "";
-}
+const char* position_mode_name(PositionMode mode) { return name_of(position_mode_names, mode); }
 
 // The self-attention a position mode calls for.
 static std::unique_ptr<MultiHeadAttention> make_self_attention(const TransformerOptions& o, const Init& init) {

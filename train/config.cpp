@@ -6,7 +6,7 @@
 #include <functional>
 #include <stdexcept>
 
-#include "train/enum_names.hpp"
+#include "engine/enum_names.hpp"
 #include "train/json_reader.hpp"
 
 namespace relgrad {
@@ -20,8 +20,6 @@ const EnumName<TaskKind> task_kinds[] = {{TaskKind::copy, "copy"},
                                          {TaskKind::pairs, "pairs"},
                                          {TaskKind::language_model, "language_model"}};
 const EnumName<Pooling> poolings[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
-const EnumName<Schedule> schedules[] = {
-    {Schedule::constant, "constant"}, {Schedule::linear, "linear"}, {Schedule::cosine, "cosine"}};
 
 TaskKind task_kind_from_name(const std::string& kind) {
     if (const auto found = value_named(task_kinds, kind)) return *found;
@@ -146,15 +144,13 @@ void config_fields(Fields& f, Config& c) {
     f.check(t.dim % t.heads == 0, "heads", "a divisor of /model/dim = " + std::to_string(t.dim));
     f.integer("ff_dim", t.ff_dim, 1, 65536, 4 * t.dim);
     f.number("dropout", t.dropout, 0, 0.99, 0.1);
-    named(f, "position", t.position, "relative", {"none", "sinusoidal", "learned", "relative", "gated"},
-          parse_position_mode, position_mode_name);
+    named(f, "position", t.position, "relative", position_mode_names);
     const int64_t k = f.shorthand("k", 0, 4096, 8);
     f.integer("k_left", t.relative.k_left, 0, 4096, k);
     f.integer("k_right", t.relative.k_right, 0, 4096, k);
     f.flag("share_across_heads", t.relative.share_across_heads, true);
     f.integer("rank", t.relative.rank, 0, 8192, 0);
-    named(f, "attention", t.impl, "bucketed", {"reference", "bucketed", "fused"}, parse_attention_impl,
-          attention_impl_name);
+    named(f, "attention", t.impl, "bucketed", attention_impl_names);
     f.flag("token_gate", t.token_gate, false);
     named(f, "pooling", c.model.pooling, "mean", poolings);
 
@@ -199,7 +195,7 @@ void config_fields(Fields& f, Config& c) {
     f.integer("batch_size", tr.batch_size, 1, 1 << 20, 32);
     f.number("learning_rate", tr.learning_rate, 0, 10, 1e-3, true);
     f.optional_integer("warmup_steps", tr.warmup_steps, 0, int64_t{1} << 40);
-    named(f, "schedule", tr.schedule, "cosine", schedules);
+    named(f, "schedule", tr.schedule, "cosine", schedule_names);
     f.number("beta1", tr.adamw.beta1, 0, 0.999999, 0.9);
     f.number("beta2", tr.adamw.beta2, 0, 0.999999, 0.98);
     f.number("eps", tr.adamw.eps, 0, 1, 1e-8, true);

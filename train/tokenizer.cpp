@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "train/enum_names.hpp"
+#include "engine/enum_names.hpp"
 
 namespace relgrad {
 

@@ -156,7 +156,8 @@ static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& 
     for (int64_t i = 0; i < Lq; ++i) {
         for (int64_t j = 0; j < Lk; ++j) {
             const int64_t distance = j - (pattern.query_offset + i);
-            visible[i * Lk + j] = (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
+            visible[i * Lk + j] =
+                (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
             bucket[i * Lk + j] = static_cast<double>(std::clamp(distance, -rel.k_left, rel.k_right) + rel.k_left);
         }
     }
@@ -175,10 +176,12 @@ static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& 
 Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern_in,
                        double scale, const ClippedRelativeTerms& rel_in) {
     check_fused_inputs(q_in, k_in, v_in, pattern_in, rel_in);
-    if (!backend_for(q_in.device()).supports(OptionalKernel::fused_attention)) {
-        return bucketed_fallback(q_in, k_in, v_in, pattern_in, scale, rel_in);
-    }
     const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Lk = k_in.size(2), Dh = q_in.size(3);
+    AttentionPattern pattern = pattern_in;
+    pattern.mask = expanded_bool_mask(pattern.mask, {B, H, Lq, Lk}, "fused_attention");
+    if (!backend_for(q_in.device()).supports(OptionalKernel::fused_attention)) {
+        return bucketed_fallback(q_in, k_in, v_in, pattern, scale, rel_in);
+    }
     const bool relative = rel_in.table_k.defined();
     // the kernels read packed operands; the mask stays a (broadcast) view
     const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(), v = v_in.detach().contiguous();
@@ -187,8 +190,6 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
         rel.table_k = rel_in.table_k.detach().contiguous();
         rel.table_v = rel_in.table_v.detach().contiguous();
     }
-    AttentionPattern pattern = pattern_in;
-    pattern.mask = expanded_bool_mask(pattern.mask, {B, H, Lq, Lk}, "fused_attention");
     const bool empty_problem = q.numel() == 0 || Dh == 0;
     Tensor z = zeros({B, H, Lq, Dh}, q.dtype(), q.device()), lse = empty({B, H, Lq}, q.dtype(), q.device());
     if (!empty_problem) backend_for(q.device()).fused_attention(q, k, v, pattern, scale, rel, z, lse);

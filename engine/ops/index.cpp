@@ -51,6 +51,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     require_floating(x, "scatter_add");
     dim = wrap_dim(dim, x.dim(), "scatter_add");
     check_gather_shapes(x, dim, index, "scatter_add");
+    require_same_device({x, src}, "scatter_add");
     if (src.shape() != index.shape() || src.dtype() != x.dtype()) {
         throw std::invalid_argument("scatter_add: src " + shape_str(src.shape()) + " (" + dtype_name(src.dtype()) +
                                     ") must have the index's shape " + shape_str(index.shape()) +

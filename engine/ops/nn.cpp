@@ -96,6 +96,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
         throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") +
                                     dtype_name(target.dtype()));
     }
+    require_floating(logits, "cross_entropy");
     require_same_device({logits, target}, "cross_entropy");
     const int64_t N = logits.size(0), C = logits.size(1);
     const Tensor column = target.reshape({N, 1});

@@ -225,13 +225,21 @@ Tensor& Tensor::copy_(const Tensor& src) {
     if (grad_mode_enabled() && requires_grad()) {
         throw std::invalid_argument("copy_: the tensor requires a gradient; copy into it under a NoGradGuard");
     }
+    for (int64_t d = 0; d < dim(); ++d) {
+        if (strides()[d] == 0 && shape()[d] > 1) {
+            throw std::invalid_argument("copy_: the destination " + shape_str(shape()) +
+                                        " is an expanded view, whose elements share memory");
+        }
+    }
     NoGradGuard no_grad;
-    if (src.device() == device()) {
-        backend_for(device()).copy(src, *this);
+    // a source that shares this tensor's memory is read from a copy of it, not while being written
+    const Tensor source = src.storage() == storage() ? src.clone() : src;
+    if (source.device() == device()) {
+        backend_for(device()).copy(source, *this);
         return *this;
     }
     // across devices: converted and packed on the source's device, moved, then copied into place
-    const Tensor packed = src.to(dtype()).contiguous();
+    const Tensor packed = source.to(dtype()).contiguous();
     Tensor arrived = is_contiguous() ? *this : empty(shape(), dtype(), device());
     copy_packed_between_devices(packed, arrived);
     if (arrived.impl() != impl()) backend_for(device()).copy(arrived, *this);

@@ -1,5 +1,6 @@
 // The Tensor: storage, strides, views without copies, dtypes, factories.
 #include "check.hpp"
+#include "engine/backend/backend.hpp"
 
 #include <limits>
 
@@ -183,6 +184,13 @@ TEST_CASE("a tensor knows its device; only explicit copies cross to the host") {
     on_device.transpose(0, 1).copy_(from_vector({6, 5, 4, 3, 2, 1}, {3, 2}, DType::float32));
     CHECK(on_device.to_vector() == std::vector<double>{6, 4, 2, 5, 3, 1});
     CHECK_THROWS_AS(on_device.copy_(zeros({3})), std::invalid_argument);
+    // a source that overlaps the destination is read before it is overwritten
+    Tensor row = arange(8, DType::float64).reshape({2, 4});
+    row.narrow(1, 1, 3).copy_(row.narrow(1, 0, 3));
+    CHECK(row.to_vector() == std::vector<double>{0, 0, 1, 2, 4, 4, 5, 6});
+    CHECK_THROWS_WITH_AS(zeros({3}).expand({2, 3}).copy_(ones({2, 3})),
+                         "copy_: the destination [2, 3] is an expanded view, whose elements share memory",
+                         std::invalid_argument);
     Tensor leaf = zeros({2}, DType::float64, device).requires_grad_(true);
     CHECK_THROWS_WITH_AS(leaf.copy_(ones({2}, DType::float64)),
                          "copy_: the tensor requires a gradient; copy into it under a NoGradGuard",
@@ -201,6 +209,16 @@ TEST_CASE("an op refuses operands on different devices, naming both") {
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(zeros({2}, DType::float32, Device::cuda),
                          "no backend is built for the cuda device in this build", std::invalid_argument);
+}
+
+TEST_CASE("the guarded device's kernels refuse an operand of another device") {
+    // what an op that forgot a device check would hand a GPU kernel
+    Tensor out = empty({3}, DType::float32, Device::guarded_cpu);
+    CHECK_THROWS_WITH_AS(backend_for(Device::guarded_cpu).copy(ones({3}), out),
+                         "copy: an operand on the cpu device reached the guarded_cpu kernels", std::logic_error);
+    CHECK_THROWS_AS(scatter_add(zeros({2, 3}), 1, zeros({2, 1}, DType::int64),
+                                ones({2, 1}, DType::float32, Device::guarded_cpu)),
+                    std::invalid_argument);
 }
 
 TEST_CASE("to(device) is differentiable: the gradient goes back to the source device") {

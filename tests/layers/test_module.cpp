@@ -77,8 +77,10 @@ TEST_CASE("to(device) moves parameters and buffers; state files cross devices") 
                                      Init{gen, DType::float64});
     const Tensor x = random_input({2, 3, 4}, 6);
     const Tensor on_cpu = layer.forward(x, x);
+    const TensorImpl* weight_before = layer.w_q.weight.impl();
     layer.to(Device::guarded_cpu);
     CHECK(layer.device() == Device::guarded_cpu);
+    CHECK(layer.w_q.weight.impl() == weight_before);  // the same leaf: whoever holds it follows the move
     for (const auto& [name, p] : layer.named_parameters()) {
         CAPTURE(name);
         CHECK(p.device() == Device::guarded_cpu);

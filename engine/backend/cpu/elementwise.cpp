@@ -112,7 +112,8 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
                 // a float without an int64 value (NaN, +-inf, beyond +-2^63) is an error, not undefined behaviour
                 for (S v : xt::eval(input<S>(src, dst))) {
                     if (!(v > S(-9.2e18) && v < S(9.2e18))) {
-                        throw std::invalid_argument("to(int64): " + std::to_string(v) + " has no int64 value");
+                        throw std::invalid_argument("conversion to int64: " + std::to_string(v) +
+                                                    " has no int64 value");
                     }
                 }
             }

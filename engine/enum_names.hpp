@@ -4,10 +4,13 @@
 //     name_of(pooling_names, Pooling::first)  -> "first"
 //     value_named(pooling_names, "mean")      -> Pooling::mean (nothing for a name not in the table)
 //     names_of(pooling_names)                 -> {"mean", "first"}, for error messages
+//     parse_named(pooling_names, "max", "pooling")
+//         -> throws "unknown pooling 'max' (expected mean or first)"
 #pragma once
 
 #include <cstddef>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +43,14 @@ std::vector<std::string> names_of(const EnumName<Enum> (&table)[N]) {
     std::vector<std::string> names;
     for (const EnumName<Enum>& entry : table) names.push_back(entry.name);
     return names;
+}
+
+template <class Enum, std::size_t N>
+Enum parse_named(const EnumName<Enum> (&table)[N], const std::string& name, const char* what) {
+    if (const std::optional<Enum> found = value_named(table, name)) return *found;
+    std::string expected;
+    for (std::size_t i = 0; i < N; ++i) expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
+    throw std::invalid_argument("unknown " + std::string(what) + " '" + name + "' (expected " + expected + ")");
 }
 
 }  // namespace relgrad
