@@ -7,8 +7,6 @@
 //
 // Prints one JSON line: the median seconds per step, the peak RSS, and the most tensor storage
 // alive at once during the steps (peak live: the allocator's spare blocks not counted).
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "engine/ops.hpp"
+#include "engine/system.hpp"
 #include "layers/transformer.hpp"
 
 using namespace relgrad;
@@ -61,13 +60,11 @@ int main(int argc, char** argv) {
             if (r > 0) seconds.push_back(elapsed);
         }
         std::sort(seconds.begin(), seconds.end());
-        rusage usage{};
-        getrusage(RUSAGE_SELF, &usage);
         std::printf(
             "{\"checkpointing\": %s, \"L\": %lld, \"B\": %lld, \"layers\": %lld, \"dim\": %lld, \"impl\": \"%s\", "
             "\"seconds\": %.4f, \"peak_rss_mib\": %.1f, \"peak_live_mib\": %.1f}\n",
             checkpointed ? "true" : "false", (long long)L, (long long)B, (long long)layers, (long long)dim,
-            attention_impl_name(impl), seconds[seconds.size() / 2], usage.ru_maxrss / 1024.0,
+            attention_impl_name(impl), seconds[seconds.size() / 2], peak_rss_mib(),
             memory_stats().peak_live_bytes / 1048576.0);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_checkpoint: %s\n", e.what());

@@ -15,8 +15,6 @@
 //   build/bench/bench_relative_attention sgemm [N]
 //     the engine's float32 matmul rate at N x N x N (default 2048), in GFLOP/s, median of 5
 // bench/relative_attention.py runs it for every configuration next to the PyTorch versions.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +23,7 @@
 #include <vector>
 
 #include "engine/ops.hpp"
+#include "engine/system.hpp"
 #include "layers/attention.hpp"
 
 using namespace relgrad;
@@ -36,12 +35,6 @@ double current_rss_mib() {
     long pages_total = 0, pages_resident = 0;
     statm >> pages_total >> pages_resident;
     return pages_resident * 4096.0 / (1024 * 1024);
-}
-
-double peak_rss_mib() {
-    rusage usage{};
-    getrusage(RUSAGE_SELF, &usage);
-    return usage.ru_maxrss / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
 int sgemm_rate(int64_t n) {

@@ -93,8 +93,7 @@ static std::vector<Tensor> topological_order(const Tensor& root) {
 }
 
 static void check_gradient(const Tensor& grad, const TensorImpl& target, const std::string& where) {
-    if (grad.shape() != target.shape || grad.dtype() != target.dtype ||
-        grad.device() != target.storage->device()) {
+    if (grad.shape() != target.shape || grad.dtype() != target.dtype || grad.device() != target.storage->device()) {
         throw std::logic_error(where + " produced a gradient of shape " + shape_str(grad.shape()) + " (" +
                                dtype_name(grad.dtype()) + ") for a tensor of shape " + shape_str(target.shape) + " (" +
                                dtype_name(target.dtype) + ")");

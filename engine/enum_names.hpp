@@ -49,7 +49,8 @@ template <class Enum, std::size_t N>
 Enum parse_named(const EnumName<Enum> (&table)[N], const std::string& name, const char* what) {
     if (const std::optional<Enum> found = value_named(table, name)) return *found;
     std::string expected;
-    for (std::size_t i = 0; i < N; ++i) expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
+    for (std::size_t i = 0; i < N; ++i)
+        expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
     throw std::invalid_argument("unknown " + std::string(what) + " '" + name + "' (expected " + expected + ")");
 }
 

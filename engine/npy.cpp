@@ -148,7 +148,7 @@ Tensor load_npy(const std::string& path) {
 
 void save_npy(const Tensor& tensor, const std::string& path) {
     const Tensor packed = tensor.detach().to(Device::cpu).contiguous();  // a host copy of a device tensor
-    std::string shape;  // a Python tuple: (), (3,), (2, 3)
+    std::string shape;                                                   // a Python tuple: (), (3,), (2, 3)
     for (int64_t s : packed.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
     shape = "(" + shape + (packed.dim() == 1 ? ",)" : ")");
     std::string header =

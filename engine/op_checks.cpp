@@ -116,8 +116,9 @@ std::vector<OpCheck> build() {
         "clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.7); }, Values{{-0.5, 0.7}});
     const Tensor cond = from_vector({1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 1}, {3, 4}, DType::boolean);
     r.add("where", {{3, 4}, {3, 4}}, [cond](const auto& x) { return where(on(cond, x), x[0], x[1]); });
-    r.add("where/broadcast", {{4}, {3, 4}},
-          [cond](const auto& x) { return where(on(cond, x).narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1)); });
+    r.add("where/broadcast", {{4}, {3, 4}}, [cond](const auto& x) {
+        return where(on(cond, x).narrow(1, 0, 1), x[0], x[1].transpose(0, 1).transpose(0, 1));
+    });
     r.add("masked_fill", {{2, 3, 4}}, [cond](const auto& x) { return masked_fill(x[0], on(cond, x), 2.5); });
 
     // --- reductions
@@ -162,7 +163,8 @@ std::vector<OpCheck> build() {
     const Tensor rows = index_tensor({0, 4, 4, 1, 2, 2, 0, 3, 1, 1, 1, 4}, {3, 4});
     r.add("gather", {{3, 5}}, [rows](const auto& x) { return gather(x[0], 1, on(rows, x)); });
     r.add("gather/dim0", {{5, 4}}, [rows](const auto& x) { return gather(x[0], 0, on(rows, x)); });
-    r.add("gather/noncontiguous", {{5, 3}}, [rows](const auto& x) { return gather(x[0].transpose(0, 1), 1, on(rows, x)); });
+    r.add("gather/noncontiguous", {{5, 3}},
+          [rows](const auto& x) { return gather(x[0].transpose(0, 1), 1, on(rows, x)); });
     r.add("scatter_add", {{3, 5}, {3, 4}}, [rows](const auto& x) { return scatter_add(x[0], 1, on(rows, x), x[1]); });
     const Tensor picks = index_tensor({2, 0, 2, 4}, {4});
     r.add("index_select", {{5, 3}}, [picks](const auto& x) { return index_select(x[0], 0, on(picks, x)); });
@@ -181,8 +183,9 @@ std::vector<OpCheck> build() {
         r.add(name + "/noncontiguous", {{5, 3}}, [op](const auto& x) { return op(x[0].transpose(0, 1), 1); });
         r.add(name + "/single", {{1}}, [op](const auto& x) { return op(x[0], 0); });
         // -inf entries of log_softmax are kept out of the checked output (inf - inf is NaN)
-        r.add(name + "/masked", {{3, 5}},
-              [op, mask, inf](const auto& x) { return masked_fill(op(masked_fill(x[0], on(mask, x), -inf), -1), on(mask, x), 0.0); });
+        r.add(name + "/masked", {{3, 5}}, [op, mask, inf](const auto& x) {
+            return masked_fill(op(masked_fill(x[0], on(mask, x), -inf), -1), on(mask, x), 0.0);
+        });
     }
 
     // --- layers of the nn family
@@ -198,7 +201,8 @@ std::vector<OpCheck> build() {
     r.add("cross_entropy", {{5, 4}}, [targets](const auto& x) { return cross_entropy(x[0], on(targets, x)); });
     r.add("cross_entropy/noncontiguous", {{4, 5}},
           [targets](const auto& x) { return cross_entropy(x[0].transpose(0, 1), on(targets, x)); });
-    r.add("cross_entropy/single", {{1, 1}}, [](const auto& x) { return cross_entropy(x[0], on(index_tensor({0}, {1}), x)); });
+    r.add("cross_entropy/single", {{1, 1}},
+          [](const auto& x) { return cross_entropy(x[0], on(index_tensor({0}, {1}), x)); });
 
     // --- attention as one op (the bucketed relative form); row 1 of the mask sees no key
     const Tensor buckets = index_tensor({1, 2, 3, 3, 4, 0, 1, 2, 2, 3, 0, 0, 1, 1, 2}, {3, 5});
@@ -241,7 +245,8 @@ std::vector<OpCheck> build() {
           });
     r.add("fused_attention/noncontiguous", {{2, 3, 2, 4}, {2, 5, 2, 4}, {2, 2, 5, 4}, {1, 3, 4}, {1, 3, 4}},
           [padded](const auto& x) {
-              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], on(padded, x), 0.5, {x[3], x[4], 1, 1});
+              return fused_attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2], on(padded, x), 0.5,
+                                     {x[3], x[4], 1, 1});
           });
     r.add("fused_attention/single", {{1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1}},
           [](const auto& x) {

@@ -35,7 +35,8 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (bytes >= kCachedFrom) {
-            auto same_size = std::find_if(cache_.begin(), cache_.end(), [&](const auto& b) { return b.first == bytes; });
+            auto same_size =
+                std::find_if(cache_.begin(), cache_.end(), [&](const auto& b) { return b.first == bytes; });
             if (same_size != cache_.end()) {
                 block = same_size->second;
                 cache_.erase(same_size);

@@ -25,9 +25,9 @@ enum class Device { cpu, guarded_cpu, cuda };
 inline constexpr EnumName<Device> device_names[] = {
     {Device::cpu, "cpu"}, {Device::guarded_cpu, "guarded_cpu"}, {Device::cuda, "cuda"}};
 
-const char* device_name(Device device);           // "cpu", "guarded_cpu", "cuda"
-Device parse_device(const std::string& name);     // the inverse; throws naming the choices
-bool host_can_read(Device device);                // true only for the cpu
+const char* device_name(Device device);        // "cpu", "guarded_cpu", "cuda"
+Device parse_device(const std::string& name);  // the inverse; throws naming the choices
+bool host_can_read(Device device);             // true only for the cpu
 
 // Bytes of tensor storage alive now, and the most alive at once since the last reset; the spare
 // blocks the allocator keeps for reuse are counted apart (cached). The peak is what a computation
@@ -70,7 +70,7 @@ public:
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-    void* allocate(std::size_t nbytes);              // throws std::bad_alloc when the device is full
+    void* allocate(std::size_t nbytes);                // throws std::bad_alloc when the device is full
     void deallocate(void* block, std::size_t nbytes);  // nbytes as given to allocate
     MemoryStats stats();
     void reset_peak();

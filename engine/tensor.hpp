@@ -86,8 +86,8 @@ public:
     // converted and src may be on any device). Not recorded by autograd: refused on a tensor that
     // requires a gradient while recording is on.
     Tensor& copy_(const Tensor& src);
-    Tensor contiguous() const;              // *this if already contiguous, else a packed copy
-    Tensor clone() const;                   // always a packed copy, no history
+    Tensor contiguous() const;  // *this if already contiguous, else a packed copy
+    Tensor clone() const;       // always a packed copy, no history
 
     // --- views (no copy; differentiable). Negative dims count from the end.
     Tensor view(const Shape& shape) const;     // needs a contiguous tensor; one dim may be -1

@@ -64,8 +64,7 @@ Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t 
     Tensor mask = pattern.mask;
     if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset, device));
     if (pattern.window >= 0) {
-        mask = combine_masks(mask,
-                             local_window_mask(query_len, key_len, pattern.window, pattern.query_offset, device));
+        mask = combine_masks(mask, local_window_mask(query_len, key_len, pattern.window, pattern.query_offset, device));
     }
     return mask;
 }
@@ -216,7 +215,8 @@ Tensor RelativeMultiHeadAttention::relative_values(const Tensor& a, int64_t quer
         return matmul(a.permute({1, 2, 0, 3}), table).permute({2, 0, 1, 3});
     }
     const Tensor r = rel_pos_emb_v.index(Lq, Lk, query_offset).expand({B, heads, Lq, Lk});
-    const Tensor bucket_weights = scatter_add(zeros({B, heads, Lq, rel_pos_emb_v.buckets()}, a.dtype(), a.device()), -1, r, a);
+    const Tensor bucket_weights =
+        scatter_add(zeros({B, heads, Lq, rel_pos_emb_v.buckets()}, a.dtype(), a.device()), -1, r, a);
     return matmul(bucket_weights, rel_pos_emb_v.table());
 }
 
@@ -227,7 +227,8 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
         case AttentionImpl::bucketed: {
             const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
                                       rel_pos_emb_k.index(q.size(2), k.size(2), pattern.query_offset)};
-            return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), terms, &last_weights);
+            return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), terms,
+                             &last_weights);
         }
         case AttentionImpl::fused: {
             last_weights = Tensor();
@@ -288,8 +289,8 @@ Tensor GatedPositionAttention::attend(const Tensor& query_input, const Tensor& q
     return attend_composed(query_input, q, k, v, pattern);
 }
 
-MultiHeadAttention::Scores GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q,
-                                                          const Tensor& k, int64_t query_offset) {
+MultiHeadAttention::Scores GatedPositionAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
+                                                          int64_t query_offset) {
     const int64_t Lq = q.size(2), Lk = k.size(2);
     const Tensor g = gate_for(query_input);
     const Tensor one = scalar(1, q.dtype(), q.device());

@@ -17,7 +17,7 @@ namespace relgrad {
 class SinusoidalPositionalEncoding : public Module {
 public:
     explicit SinusoidalPositionalEncoding(int64_t dim);
-    Tensor encoding(int64_t length, DType dtype, Device device = Device::cpu) const;         // [L, D], positions 0..L-1
+    Tensor encoding(int64_t length, DType dtype, Device device = Device::cpu) const;  // [L, D], positions 0..L-1
     Tensor forward(const Tensor& x, int64_t offset = 0) const;  // x [B, L, D] + PE[offset : offset + L]
 
     int64_t dim;

@@ -97,7 +97,8 @@ Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
     if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
     // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 would otherwise be
     // about sqrt(D) times shorter than the sinusoids (norm sqrt(D/2)) added to them
-    Tensor x = mul(tokens.forward(ids), scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype(), tokens.weight.device()));
+    Tensor x = mul(tokens.forward(ids),
+                   scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype(), tokens.weight.device()));
     if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x, offset);
     if (position == PositionMode::learned) x = learned->forward(x, offset);
     return dropout.forward(x);
@@ -264,14 +265,16 @@ EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const
 
 Tensor EncoderDecoder::encode(const Tensor& source, const std::vector<int64_t>& source_lengths) {
     check_lengths(source, source_lengths, "EncoderDecoder source");
-    return encoder.forward(source_embed.forward(source), key_padding_mask(source_lengths, source.size(1), source.device()));
+    return encoder.forward(source_embed.forward(source),
+                           key_padding_mask(source_lengths, source.size(1), source.device()));
 }
 
 Tensor EncoderDecoder::decode(const Tensor& target, const std::vector<int64_t>& target_lengths, const Tensor& memory,
                               const std::vector<int64_t>& source_lengths) {
     check_lengths(target, target_lengths, "EncoderDecoder target");
     const int64_t Lt = target.size(1);
-    const Tensor self_mask = key_padding_mask(target_lengths, Lt, memory.device());  // causal: the self-attentions' rule
+    const Tensor self_mask =
+        key_padding_mask(target_lengths, Lt, memory.device());  // causal: the self-attentions' rule
     const Tensor memory_mask = key_padding_mask(source_lengths, memory.size(1), memory.device());
     Tensor h = target_embed.forward(target);
     for (auto& layer : decoder_layers) {
@@ -298,8 +301,8 @@ Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCa
 // Each new query gets its true position from the cache, so the relative distances are those of a
 // full pass over the tokens so far.
 std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& source,
-                                                                const std::vector<int64_t>& source_lengths,
-                                                                int64_t bos, int64_t eos, int64_t max_steps) {
+                                                                const std::vector<int64_t>& source_lengths, int64_t bos,
+                                                                int64_t eos, int64_t max_steps) {
     NoGradGuard no_grad;
     const Tensor memory = encode(source, source_lengths);
     const std::size_t B = source_lengths.size();

@@ -17,10 +17,10 @@ namespace relgrad {
 
 enum class PositionMode { none, sinusoidal, learned, relative, gated };
 inline constexpr EnumName<PositionMode> position_mode_names[] = {{PositionMode::none, "none"},
-                                                                  {PositionMode::sinusoidal, "sinusoidal"},
-                                                                  {PositionMode::learned, "learned"},
-                                                                  {PositionMode::relative, "relative"},
-                                                                  {PositionMode::gated, "gated"}};
+                                                                 {PositionMode::sinusoidal, "sinusoidal"},
+                                                                 {PositionMode::learned, "learned"},
+                                                                 {PositionMode::relative, "relative"},
+                                                                 {PositionMode::gated, "gated"}};
 PositionMode parse_position_mode(const std::string& name);
 const char* position_mode_name(PositionMode mode);
 

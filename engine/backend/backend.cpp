@@ -5,7 +5,6 @@
 #include <string>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/guarded/guarded_cpu_backend.hpp"
 
 namespace relgrad {
 
@@ -20,10 +19,15 @@ void Backend::fused_attention_backward(const Tensor&, const Tensor&, const Tenso
     throw std::logic_error(std::string("fused_attention_backward: the ") + name() + " backend has no fused kernel");
 }
 
+CpuBackend& guarded_cpu_backend() {
+    static CpuBackend* const guarded = new CpuBackend(Device::guarded_cpu);  // never destroyed, as below
+    return *guarded;
+}
+
 // The backends live as long as the program (never destroyed), so that a tensor freed during
 // static destruction still finds its allocator.
 Backend& backend_for(Device device) {
-    static CpuBackend* const cpu = new CpuBackend();
+    static CpuBackend* const cpu = new CpuBackend(Device::cpu);
     switch (device) {
         case Device::cpu: return *cpu;
         case Device::guarded_cpu: return guarded_cpu_backend();

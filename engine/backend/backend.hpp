@@ -5,7 +5,7 @@
 // are freshly allocated by the op unless a kernel says otherwise, always on the backend's own
 // device (the ops check that every operand is). A backend also owns its device's memory: it
 // allocates the storages and copies bytes to and from the host. The CPU backend (cpu/) is always
-// built; the guarded CPU backend (guarded/) runs the same kernels as a device the host may not
+// built, and serves the guarded_cpu device too: the same kernels as a device the host may not
 // read; a CUDA backend would implement the same list on raw device buffers (not written yet).
 #pragma once
 
@@ -109,9 +109,9 @@ public:
                                             const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
 
     // --- fused attention (engine/ops/attention.cpp), where supports(OptionalKernel::fused_attention);
-    // the defaults throw. q, k, v, z, dz contiguous [B, H, L, Dh]; tables contiguous; the pattern's mask bool and expanded to [B, H, Lq, Lk] (a view).
-    // Forward: z (the attention output) and lse [B, H, Lq], the log-sum-exp of each row's scaled
-    // scores (-inf for a row that sees no key, whose z is 0).
+    // the defaults throw. q, k, v, z, dz contiguous [B, H, L, Dh]; tables contiguous; the pattern's mask bool and
+    // expanded to [B, H, Lq, Lk] (a view). Forward: z (the attention output) and lse [B, H, Lq], the log-sum-exp of
+    // each row's scaled scores (-inf for a row that sees no key, whose z is 0).
     virtual void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                  double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
     // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v.

@@ -127,8 +127,7 @@ namespace relgrad {
 
 static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                const ClippedRelativeTerms& rel) {
-    check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()},
-                           "fused_attention");
+    check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()}, "fused_attention");
     check_window(pattern, "fused_attention");
     if (!rel.table_k.defined() && !rel.table_v.defined()) return;
     const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;

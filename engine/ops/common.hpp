@@ -27,9 +27,9 @@ inline void require_same_device(const std::vector<Tensor>& tensors, const char* 
         if (!first) {
             first = &t;
         } else if (t.device() != first->device()) {
-            throw std::invalid_argument(std::string(op) + ": operands on different devices: " +
-                                        device_name(first->device()) + " " + shape_str(first->shape()) + " and " +
-                                        device_name(t.device()) + " " + shape_str(t.shape()));
+            throw std::invalid_argument(
+                std::string(op) + ": operands on different devices: " + device_name(first->device()) + " " +
+                shape_str(first->shape()) + " and " + device_name(t.device()) + " " + shape_str(t.shape()));
         }
     }
 }

@@ -61,7 +61,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     {
         NoGradGuard forward_only;
         const Tensor centered = sub(x, mean(x, {-1}, true));
-        rstd = div(scalar(1, x.dtype(), x.device()), sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype(), x.device()))));
+        rstd = div(scalar(1, x.dtype(), x.device()),
+                   sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype(), x.device()))));
         xhat = mul(centered, rstd);
         y = add(mul(xhat, weight), bias);
     }

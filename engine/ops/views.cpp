@@ -194,7 +194,8 @@ Tensor Tensor::to(DType target) const {
 // host buffer, then to the target device.
 static void copy_packed_between_devices(const Tensor& packed_src, const Tensor& packed_dst) {
     const std::size_t nbytes = packed_src.numel() * dtype_size(packed_src.dtype());
-    const char* from = static_cast<const char*>(packed_src.storage()->data()) + packed_src.offset() * dtype_size(packed_src.dtype());
+    const char* from =
+        static_cast<const char*>(packed_src.storage()->data()) + packed_src.offset() * dtype_size(packed_src.dtype());
     char* to = static_cast<char*>(packed_dst.storage()->data()) + packed_dst.offset() * dtype_size(packed_dst.dtype());
     if (packed_src.device() == Device::cpu) {
         backend_for(packed_dst.device()).copy_from_host(from, to, nbytes);
@@ -219,8 +220,8 @@ Tensor Tensor::to(Device target) const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
     if (src.shape() != shape()) {
-        throw std::invalid_argument("copy_: source shape " + shape_str(src.shape()) + " differs from destination shape " +
-                                    shape_str(shape()));
+        throw std::invalid_argument("copy_: source shape " + shape_str(src.shape()) +
+                                    " differs from destination shape " + shape_str(shape()));
     }
     if (grad_mode_enabled() && requires_grad()) {
         throw std::invalid_argument("copy_: the tensor requires a gradient; copy into it under a NoGradGuard");

@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "check.hpp"
-#include "engine/backend/guarded/guarded_cpu_backend.hpp"
+#include "engine/backend/cpu/cpu_backend.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -53,8 +53,7 @@ struct Result {
 };
 
 // Runs one form forward and backward with the cotangent w; the inputs come from the seed.
-Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11,
-           Device device = Device::cpu) {
+Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11, Device device = Device::cpu) {
     Generator gen(seed);
     std::vector<Tensor> inputs = {randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype, device),
                                   randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype, device),
@@ -101,7 +100,7 @@ void check_equals_bucketed(const Case& c) {
     const Result fused = run(c, true), bucketed = run(c, false);
     check_same(fused, bucketed, 1e-12);
     check_same(run(c, true, DType::float64, 11, Device::guarded_cpu), fused, 0);
-    GuardedCpuBackend& guarded = guarded_cpu_backend();
+    CpuBackend& guarded = guarded_cpu_backend();
     guarded.offers_fused_attention = false;
     const Result fallback = run(c, true, DType::float64, 11, Device::guarded_cpu);
     guarded.offers_fused_attention = true;

@@ -202,7 +202,8 @@ TEST_CASE("an op refuses operands on different devices, naming both") {
     CHECK_THROWS_WITH_AS(add(a, b), "add: operands on different devices: cpu [2, 3] and guarded_cpu [3]",
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(matmul(b, a.transpose(0, 1)),
-                         "matmul: operands on different devices: guarded_cpu [3] and cpu [3, 2]", std::invalid_argument);
+                         "matmul: operands on different devices: guarded_cpu [3] and cpu [3, 2]",
+                         std::invalid_argument);
     CHECK_THROWS_AS(gather(a, 1, zeros({2, 1}, DType::int64, Device::guarded_cpu)), std::invalid_argument);
     CHECK_THROWS_AS(concat({a, b.reshape({1, 3})}, 0), std::invalid_argument);
     CHECK_THROWS_WITH_AS(parse_device("tpu"), "unknown device 'tpu' (expected cpu, guarded_cpu or cuda)",
@@ -216,9 +217,9 @@ TEST_CASE("the guarded device's kernels refuse an operand of another device") {
     Tensor out = empty({3}, DType::float32, Device::guarded_cpu);
     CHECK_THROWS_WITH_AS(backend_for(Device::guarded_cpu).copy(ones({3}), out),
                          "copy: an operand on the cpu device reached the guarded_cpu kernels", std::logic_error);
-    CHECK_THROWS_AS(scatter_add(zeros({2, 3}), 1, zeros({2, 1}, DType::int64),
-                                ones({2, 1}, DType::float32, Device::guarded_cpu)),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        scatter_add(zeros({2, 3}), 1, zeros({2, 1}, DType::int64), ones({2, 1}, DType::float32, Device::guarded_cpu)),
+        std::invalid_argument);
 }
 
 TEST_CASE("to(device) is differentiable: the gradient goes back to the source device") {

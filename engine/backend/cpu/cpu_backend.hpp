@@ -4,20 +4,31 @@
 // call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
 // attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory
 // and forwards the fused kernels. A CUDA backend mirrors this layout.
+//
+// The same class serves two devices: the cpu, and guarded_cpu, the CPU's kernels on memory of
+// their own that the host API refuses to touch (Tensor::data<T>() throws there; only to(),
+// copy_(), to_vector() and item() copy values out, as from a GPU). Every kernel first checks
+// that each operand is on its backend's device. So an op, layer or training run that passes on
+// guarded_cpu is device-clean: it never reads device memory from the host, never hands a kernel
+// memory of another device, and allocates on its inputs' device (docs/engine.md#devices).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "engine/backend/backend.hpp"
 
 namespace relgrad {
 
-class CpuBackend : public Backend {
+class CpuBackend final : public Backend {
 public:
-    CpuBackend();
-    const char* name() const override { return "cpu"; }
+    explicit CpuBackend(Device device);  // Device::cpu or Device::guarded_cpu
+    const char* name() const override { return device_name(device_); }
     bool supports(OptionalKernel kernel) const override;
+    // Whether it offers the fused attention kernels (on by default); off, the fused op must fall
+    // back to the bucketed one, which the tests check on the guarded device.
+    bool offers_fused_attention = true;
 
     CachingAllocator& allocator() override { return allocator_; }
     void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
@@ -47,8 +58,16 @@ public:
                                   Tensor& d_table_k, Tensor& d_table_v) override;
 
 private:
-    CachingAllocator allocator_;
+    // Every kernel starts here: an operand on another device is a bug of the op that called it.
+    void require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const;
+
+    Device device_;
+    CachingAllocator allocator_;  // each device its own memory, so its own memory_stats
 };
+
+// The backend of the guarded_cpu device (backend_for(Device::guarded_cpu)), for the tests that
+// switch its fused kernels off.
+CpuBackend& guarded_cpu_backend();
 
 namespace cpu {
 // C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (gemm.cpp). Call use_one_blas_thread()

@@ -69,6 +69,7 @@ bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
 }  // namespace
 
 void CpuBackend::fill(Tensor& out, double value) {
+    require_on_device("fill", {&out});
     dispatch_any(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         auto o = strided<T>(out);
@@ -77,6 +78,7 @@ void CpuBackend::fill(Tensor& out, double value) {
 }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+    require_on_device("copy", {&src, &dst});
     if (src.shape() != dst.shape()) {
         throw std::invalid_argument("copy: source shape " + shape_str(src.shape()) +
                                     " differs from destination shape " + shape_str(dst.shape()));
@@ -124,6 +126,7 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
+    require_on_device("unary", {&x, &out});
     dispatch_floating(x.dtype(), "unary", [&](auto tag) {
         using T = decltype(tag);
         const T one(1), zero(0), half(0.5);
@@ -142,8 +145,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, doubl
                 case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
                 case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
                 case UnaryOp::gelu_grad:
-                    xt::noalias(O) =
-                        half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+                    xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
                     break;
                 case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
                 case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
@@ -169,6 +171,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, doubl
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+    require_on_device("binary", {&a, &b, &out});
     dispatch_numeric(a.dtype(), "binary", [&](auto tag) {
         using T = decltype(tag);
         bool done = false;
@@ -195,6 +198,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 }
 
 void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+    require_on_device("where", {&cond, &a, &b, &out});
     dispatch_numeric(a.dtype(), "where", [&](auto tag) {
         using T = decltype(tag);
         dispatch_any(cond.dtype(), [&](auto cond_tag) {
@@ -215,8 +219,7 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Ten
                 return;
             }
             auto O = strided<T>(out);
-            xt::noalias(O) =
-                xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
+            xt::noalias(O) = xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
         });
     });
 }

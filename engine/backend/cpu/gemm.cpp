@@ -18,11 +18,10 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc) {
     using xt::blas_index_t;
-    cxxblas::gemm<blas_index_t>(cxxblas::StorageOrder::RowMajor,
-                                trans_a ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
-                                trans_b ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans, blas_index_t(M),
-                                blas_index_t(N), blas_index_t(K), alpha, A, blas_index_t(lda), B, blas_index_t(ldb), beta,
-                                C, blas_index_t(ldc));
+    cxxblas::gemm<blas_index_t>(
+        cxxblas::StorageOrder::RowMajor, trans_a ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans,
+        trans_b ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans, blas_index_t(M), blas_index_t(N),
+        blas_index_t(K), alpha, A, blas_index_t(lda), B, blas_index_t(ldb), beta, C, blas_index_t(ldc));
 }
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
@@ -72,6 +71,7 @@ int64_t block_size(int64_t n) {
 }  // namespace
 
 void CpuBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
+    require_on_device("batched_gemm", {&a_in, &b_in, &out});
     const int64_t rank = a_in.dim();
     const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
     const int64_t N = b_in.shape()[rank - 1];
@@ -133,7 +133,7 @@ void CpuBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& ou
         for (int64_t piece = 0; piece < pieces; ++piece) {
             const int64_t row_block = piece % blocks / column_blocks, column_block = piece % column_blocks;
             product_block(offsets[piece / blocks], row_block * block_rows, std::min(M, (row_block + 1) * block_rows),
-                 column_block * block_columns, std::min(N, (column_block + 1) * block_columns));
+                          column_block * block_columns, std::min(N, (column_block + 1) * block_columns));
         }
     });
 }

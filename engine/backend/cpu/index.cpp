@@ -31,20 +31,21 @@ int64_t checked_index(int64_t i, int64_t size, const char* kernel, int64_t dim) 
 }  // namespace
 
 void CpuBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
+    require_on_device("gather", {&x, &index, &out});
     const int64_t size = x.shape()[dim], step = x.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(x.dtype(), "gather", [&](auto tag) {
         using T = decltype(tag);
         const T* px = device_data<T>(x);
         T* po = device_data<T>(out);
-        walk<3>(index.shape(), {index.strides(), out.strides(), with_zero_at(x.strides(), dim)},
-                [&](const auto& off) {
-                    po[off[1]] = px[off[2] + checked_index(idx[off[0]], size, "gather", dim) * step];
-                });
+        walk<3>(index.shape(), {index.strides(), out.strides(), with_zero_at(x.strides(), dim)}, [&](const auto& off) {
+            po[off[1]] = px[off[2] + checked_index(idx[off[0]], size, "gather", dim) * step];
+        });
     });
 }
 
 void CpuBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+    require_on_device("scatter_add", {&out, &index, &src});
     const int64_t size = out.shape()[dim], step = out.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(out.dtype(), "scatter_add", [&](auto tag) {
@@ -59,6 +60,7 @@ void CpuBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, cons
 }
 
 void CpuBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
+    require_on_device("index_select", {&x, &index, &out});
     const int64_t size = x.shape()[dim], step = x.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(x.dtype(), "index_select", [&](auto tag) {
@@ -74,6 +76,7 @@ void CpuBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index,
 }
 
 void CpuBackend::index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+    require_on_device("index_add", {&out, &index, &src});
     const int64_t size = out.shape()[dim], step = out.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(out.dtype(), "index_add", [&](auto tag) {

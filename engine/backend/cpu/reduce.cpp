@@ -50,6 +50,7 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
 }  // namespace
 
 void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
+    require_on_device("reduce", {&x, &out});
     if (dims.empty()) {
         copy(x, out);
         return;
@@ -73,6 +74,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
 }
 
 void CpuBackend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
+    require_on_device("softmax_last_dim", {&x, &out});
     const int64_t C = x.dim() == 0 ? 1 : x.shape().back();
     if (C == 0) return;
     const int64_t rows = x.numel() / C;
