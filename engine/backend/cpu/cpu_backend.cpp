@@ -1,5 +1,5 @@
-// The CPU backend's memory (64-byte-aligned host blocks through the caching allocator), its fused
-// kernels forwarded to fused_attention.cpp.
+// The CPU backend's memory (64-byte-aligned host blocks through the caching allocator), the device
+// check every kernel starts with, and its fused kernels forwarded to fused_attention.cpp.
 #include "engine/backend/cpu/cpu_backend.hpp"
 
 #include <cstdlib>
@@ -11,9 +11,8 @@
 
 namespace relgrad {
 
-static void* aligned_host_block(std::size_t nbytes) {
-    return std::aligned_alloc(64, nbytes);
-}  // nbytes: multiple of 64
+// the allocator asks for multiples of 64 bytes, as aligned_alloc wants
+static void* aligned_host_block(std::size_t nbytes) { return std::aligned_alloc(64, nbytes); }
 
 CpuBackend::CpuBackend(Device device) : device_(device), allocator_(aligned_host_block, std::free) {}
 
