@@ -27,6 +27,10 @@ inline void check_window(const AttentionPattern& pattern, const char* op) {
     }
 }
 
+// The largest clipping distance k_left or k_right: K = k_left + k_right + 1 buckets must fit an
+// int64, and far smaller tables cannot be allocated anyway.
+constexpr int64_t kMaxClippingDistance = int64_t{1} << 40;
+
 // Shaw's terms with the bucket computed, not stored: r(i, j) = clip(j - (query_offset + i),
 // -k_left, k_right) + k_left, tables [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
 struct ClippedRelativeTerms {

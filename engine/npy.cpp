@@ -132,7 +132,12 @@ Tensor load_npy(const std::string& path) {
         throw npy_error(path, "corrupt file: extra bytes after the " + std::to_string(nbytes) +
                                   " data bytes of shape " + shape_str(shape));
     }
-    Tensor tensor = empty(shape, dtype);  // on the host; to(device) moves it
+    Tensor tensor;  // on the host; to(device) moves it
+    try {
+        tensor = empty(shape, dtype);
+    } catch (const std::invalid_argument& e) {  // a shape whose strides would overflow
+        throw npy_error(path, e.what());
+    }
     char* host = static_cast<char*>(tensor.storage()->data());
     if (!in.read(host, static_cast<std::streamsize>(nbytes))) {
         throw npy_error(path, "read failed");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -56,12 +57,19 @@ int64_t shape_numel(const Shape& shape) {
     return count;
 }
 
+// A size-0 dim makes the tensor empty but not its strides small: (0, 2^32, 2^32, 2) has no element
+// and a stride of 2^65, which is refused before it overflows.
 Shape contiguous_strides(const Shape& shape) {
     Shape strides(shape.size());
     int64_t stride = 1;
     for (std::size_t i = shape.size(); i-- > 0;) {
         strides[i] = stride;
-        stride *= std::max<int64_t>(shape[i], 1);
+        if (i == 0) break;  // the stride past the first dim is never used
+        const int64_t size = std::max<int64_t>(shape[i], 1);
+        if (stride > std::numeric_limits<int64_t>::max() / size) {
+            throw std::invalid_argument("shape " + shape_str(shape) + " is too large: its strides overflow int64");
+        }
+        stride *= size;
     }
     return strides;
 }

@@ -56,8 +56,8 @@ Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) cons
 }
 
 static RelativeOptions checked(const RelativeOptions& o) {
-    if (o.k_left < 0 || o.k_right < 0) {
-        throw std::invalid_argument("RelativePositionEmbedding: clipping distances must be >= 0, got k_left " +
+    if (o.k_left < 0 || o.k_right < 0 || o.k_left > kMaxClippingDistance || o.k_right > kMaxClippingDistance) {
+        throw std::invalid_argument("RelativePositionEmbedding: clipping distances must be in [0, 2^40], got k_left " +
                                     std::to_string(o.k_left) + " and k_right " + std::to_string(o.k_right));
     }
     if (o.max_len < 0) throw std::invalid_argument("RelativePositionEmbedding: max_len must be >= 0");

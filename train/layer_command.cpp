@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -175,7 +176,8 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         TransformerOptions o;
         o.dim = spec.integer("d_model", 1);
         o.heads = spec.integer("n_heads", 1);
-        o.ff_dim = spec.integer("ff_dim", 1, 4 * o.dim);
+        constexpr int64_t most = std::numeric_limits<int64_t>::max();
+        o.ff_dim = spec.integer("ff_dim", 1, o.dim <= most / 4 ? 4 * o.dim : most);  // 4 D, never overflowing
         o.dropout = 0;
         o.position = parse_position_mode(spec.text("position", "relative"));
         if (o.position == PositionMode::sinusoidal || o.position == PositionMode::learned) {

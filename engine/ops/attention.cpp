@@ -130,6 +130,10 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
     check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()}, "fused_attention");
     check_window(pattern, "fused_attention");
     if (!rel.table_k.defined() && !rel.table_v.defined()) return;
+    if (rel.k_left > kMaxClippingDistance || rel.k_right > kMaxClippingDistance) {
+        throw std::invalid_argument("fused_attention: clipping distances k_left " + std::to_string(rel.k_left) +
+                                    " and k_right " + std::to_string(rel.k_right) + " must be at most 2^40");
+    }
     const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;
     auto table_ok = [&](const Tensor& t) {
         return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(1) == K && t.size(2) == Dh &&

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "check.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
@@ -240,6 +241,11 @@ TEST_CASE("fused attention rejects bad input with a clear message") {
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(fused_attention(q, k, k, {}, 0.5, {table, table, -1, 5}),
                          doctest::Contains("with k_left, k_right >= 0 (got -1, 5)"), std::invalid_argument);
+    const int64_t huge = std::numeric_limits<int64_t>::max();  // k_left + k_right + 1 would overflow
+    CHECK_THROWS_WITH_AS(fused_attention(q, k, k, {}, 0.5, {table, table, huge, huge}),
+                         "fused_attention: clipping distances k_left 9223372036854775807 and k_right "
+                         "9223372036854775807 must be at most 2^40",
+                         std::invalid_argument);
     AttentionPattern pattern;
     pattern.window = -2;
     CHECK_THROWS_WITH_AS(fused_attention(q, k, k, pattern, 0.5),

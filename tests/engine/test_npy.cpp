@@ -131,6 +131,9 @@ TEST_CASE("shapes that do not fit the file are rejected before anything is alloc
     CHECK(
         error_of("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 6148914691236517206), }", std::string(8, '\0'))
             .find("has too many elements") != std::string::npos);
+    // no element, yet strides beyond int64
+    CHECK(error_of("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4294967296, 4294967296, 2), }", "") ==
+          path + ": shape [0, 4294967296, 4294967296, 2] is too large: its strides overflow int64");
     CHECK(error_of("{'descr': '<f8', 'fortran_order': Maybe, 'shape': (1,), }", std::string(8, '\0')) ==
           path + ": corrupt .npy header: 'fortran_order' is not True or False");
     CHECK(error_of("{'descr': <f4, 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'))

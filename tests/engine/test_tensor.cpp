@@ -197,6 +197,15 @@ TEST_CASE("a tensor knows its device; only explicit copies cross to the host") {
                          std::invalid_argument);
 }
 
+TEST_CASE("sizes computed from a shape never overflow") {
+    // no element, but strides of 2^65: refused, not wrapped around
+    CHECK_THROWS_WITH_AS(empty({0, int64_t{1} << 32, int64_t{1} << 32, 2}),
+                         "shape [0, 4294967296, 4294967296, 2] is too large: its strides overflow int64",
+                         std::invalid_argument);
+    CHECK(empty({0, int64_t{1} << 31, 4}).strides() == Shape{int64_t{1} << 33, 4, 1});
+    CHECK_THROWS_AS(zeros({2, 2}).view({0, int64_t{1} << 62, 8}), std::invalid_argument);
+}
+
 TEST_CASE("an op refuses operands on different devices, naming both") {
     const Tensor a = ones({2, 3}), b = ones({3}, DType::float32, Device::guarded_cpu);
     CHECK_THROWS_WITH_AS(add(a, b), "add: operands on different devices: cpu [2, 3] and guarded_cpu [3]",

@@ -1,4 +1,6 @@
 // Absolute encodings and the relative index r(i, j) of Shaw et al.
+#include <limits>
+
 #include "layer_check.hpp"
 #include "layers/position.hpp"
 
@@ -64,6 +66,11 @@ TEST_CASE("relative index r(i, j) = clip(j - i, -k, k) + k for any length") {
     check_values(wide.index(3, 3), {10, 11, 12, 9, 10, 11, 8, 9, 10});
     o.k_left = -1;
     CHECK_THROWS_AS(RelativePositionEmbedding(4, 1, o, Init{gen}), std::invalid_argument);
+    o.k_left = o.k_right = std::numeric_limits<int64_t>::max() / 2;  // K = k_left + k_right + 1 would overflow
+    CHECK_THROWS_WITH_AS(RelativePositionEmbedding(4, 1, o, Init{gen}),
+                         "RelativePositionEmbedding: clipping distances must be in [0, 2^40], got k_left "
+                         "4611686018427387903 and k_right 4611686018427387903",
+                         std::invalid_argument);
 }
 
 TEST_CASE("relative tables: shared or per head, and their lookup") {
