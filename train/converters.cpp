@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "train/tokenizer.hpp"
+#include "train/json_reader.hpp"
 
 namespace relgrad {
 
@@ -156,7 +157,7 @@ std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::strin
         if (text.empty()) throw std::runtime_error(where + "empty text (only the last item may be empty)");
         const nlohmann::json& label = item.contains("class") ? item["class"] : nlohmann::json();
         if (!label.is_number_integer() || (label.get<int>() != 0 && label.get<int>() != 1)) {
-            throw std::runtime_error(where + "\"class\" must be 0 or 1, got " + label.dump());
+            throw std::runtime_error(where + "\"class\" must be 0 or 1, got " + json_excerpt(label));
         }
         std::pair<int, std::string> example{label.get<int>(), text};
         if (seen.insert(example).second) {

@@ -14,6 +14,7 @@
 
 #include "engine/tensor.hpp"
 #include "train/tokenizer.hpp"
+#include "train/json_reader.hpp"
 
 namespace relgrad {
 
@@ -99,7 +100,7 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
         }
         if (!object.is_object()) {
             line.fail("expected a JSON object {\"" + fields[0].name + "\": ..., \"" + fields[1].name +
-                      "\": ...}, got " + object.dump());
+                      "\": ...}, got " + json_excerpt(object));
         }
         for (size_t i = 0; i < 2; ++i) {
             const Field& field = fields[i];
@@ -111,7 +112,7 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
                 values[i] = value.dump();  // 7 -> "7"
             } else {
                 line.fail("'" + field.name + "' must be a string" + (field.integer_allowed ? " or an integer" : "") +
-                          ", got " + value.dump());
+                          ", got " + json_excerpt(value));
             }
         }
     }

@@ -3,8 +3,30 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace relgrad {
+
+std::string json_excerpt(const nlohmann::json& value) {
+    constexpr int kMostLevels = 32;
+    constexpr std::size_t kMostCharacters = 120;
+    std::vector<std::pair<const nlohmann::json*, int>> pending{{&value, 1}};  // (value, its level)
+    while (!pending.empty()) {
+        const auto [next, level] = pending.back();
+        pending.pop_back();
+        if (level > kMostLevels) {
+            return std::string(value.is_array() ? "an array" : "an object") + " nested more than " +
+                   std::to_string(kMostLevels) + " levels deep";
+        }
+        if (next->is_structured()) {
+            for (const nlohmann::json& child : *next) pending.push_back({&child, level + 1});
+        }
+    }
+    std::string text = value.dump();
+    if (text.size() > kMostCharacters) text = text.substr(0, kMostCharacters) + "...";
+    return text;
+}
 
 const nlohmann::json JsonReader::empty_object_ = nlohmann::json::object();
 
@@ -17,13 +39,13 @@ static std::string number_text(double x) {
 JsonReader::JsonReader(const nlohmann::json& object, std::string path, std::string file)
     : object_(object), path_(std::move(path)), file_(std::move(file)) {
     if (!object_.is_object()) {
-        throw std::invalid_argument(file_ + ": " + (path_.empty() ? "/" : path_) + ": got " + object_.dump() +
+        throw std::invalid_argument(file_ + ": " + (path_.empty() ? "/" : path_) + ": got " + json_excerpt(object_) +
                                     ", expected an object");
     }
 }
 
 void JsonReader::fail(const std::string& key, const std::string& expected) const {
-    const std::string got = object_.contains(key) ? object_.at(key).dump() : "nothing";
+    const std::string got = object_.contains(key) ? json_excerpt(object_.at(key)) : "nothing";
     throw std::invalid_argument(file_ + ": " + path_of(key) + ": got " + got + ", expected " + expected);
 }
 

@@ -12,6 +12,11 @@
 
 namespace relgrad {
 
+// A JSON value as an error message shows it: as written, cut after 120 characters, or, nested more
+// than 32 levels deep, only named as such. Its depth is measured without recursion, so a value
+// nested 100,000 levels deep is described, not printed (printing recurses once per level).
+std::string json_excerpt(const nlohmann::json& value);
+
 class JsonReader {
 public:
     // object: the JSON object to read; path: its JSON path ("" for the document, "/training")

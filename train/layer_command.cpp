@@ -12,6 +12,7 @@
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 #include "layers/transformer.hpp"
+#include "train/json_reader.hpp"
 
 namespace relgrad {
 
@@ -29,7 +30,7 @@ public:
 
     std::string text(const std::string& key, const std::string& fallback = "") {
         if (!has(key)) return require_default(key, fallback);
-        if (!doc_[key].is_string()) fail("'" + key + "' must be a string, got " + doc_[key].dump());
+        if (!doc_[key].is_string()) fail("'" + key + "' must be a string, got " + json_excerpt(doc_[key]));
         return doc_[key].get<std::string>();
     }
 
@@ -39,7 +40,7 @@ public:
             return *fallback;
         }
         if (!doc_[key].is_number_integer() || doc_[key].get<int64_t>() < low) {
-            fail("'" + key + "' must be an integer >= " + std::to_string(low) + ", got " + doc_[key].dump());
+            fail("'" + key + "' must be an integer >= " + std::to_string(low) + ", got " + json_excerpt(doc_[key]));
         }
         return doc_[key].get<int64_t>();
     }
@@ -48,14 +49,14 @@ public:
         if (!has(key)) return fallback;
         if (!doc_[key].is_number() || doc_[key].get<double>() < low || doc_[key].get<double>() > high) {
             fail("'" + key + "' must be a number in [" + std::to_string(low) + ", " + std::to_string(high) + "], got " +
-                 doc_[key].dump());
+                 json_excerpt(doc_[key]));
         }
         return doc_[key].get<double>();
     }
 
     bool flag(const std::string& key, bool fallback) {
         if (!has(key)) return fallback;
-        if (!doc_[key].is_boolean()) fail("'" + key + "' must be true or false, got " + doc_[key].dump());
+        if (!doc_[key].is_boolean()) fail("'" + key + "' must be true or false, got " + json_excerpt(doc_[key]));
         return doc_[key].get<bool>();
     }
 

@@ -1,6 +1,7 @@
 #include "train/run_directory.hpp"
 
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "engine/system.hpp"
@@ -39,7 +40,16 @@ void write_json_file(const fs::path& path, const json& value) {
 
 std::optional<Tokenizer> saved_tokenizer(const fs::path& run) {
     if (!fs::exists(run / "tokenizer.json")) return std::nullopt;
-    return Tokenizer::from_json(read_json_file(run / "tokenizer.json").dump());
+    const fs::path path = run / "tokenizer.json";
+    std::ifstream in(path);
+    std::stringstream text;  // the file as written: from_json parses and checks it
+    text << in.rdbuf();
+    if (!in) throw std::invalid_argument(path.string() + ": cannot read");
+    try {
+        return Tokenizer::from_json(text.str());
+    } catch (const std::runtime_error& e) {
+        throw std::invalid_argument(path.string() + ": " + e.what());
+    }
 }
 
 void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& optimizer, int64_t step) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "engine/enum_names.hpp"
+#include "train/json_reader.hpp"
 
 namespace relgrad {
 
@@ -241,7 +242,8 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
     } catch (const json::parse_error& e) {
         fail(std::string("not valid JSON: ") + e.what());
     }
-    if (!document.is_object()) fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + document.dump());
+    if (!document.is_object())
+        fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + json_excerpt(document));
     for (const auto& item : document.items()) {
         if (item.key() != "kind" && item.key() != "tokens" && item.key() != "lowercase" &&
             item.key() != "split_punctuation")
@@ -251,26 +253,26 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
     if (!document.contains("tokens")) fail("'tokens' is required");
     const json& kind_value = document["kind"];
     if (kind_value != "char" && kind_value != "word")
-        fail("'kind' must be \"char\" or \"word\", got " + kind_value.dump());
+        fail("'kind' must be \"char\" or \"word\", got " + json_excerpt(kind_value));
     const Kind kind = parse_tokenizer_kind(kind_value.get<std::string>());
     TextOptions options;
     for (auto [key, value] :
          {std::pair{"lowercase", &options.lowercase}, {"split_punctuation", &options.split_punctuation}}) {
         if (!document.contains(key)) continue;
         if (!document[key].is_boolean())
-            fail(std::string("'") + key + "' must be true or false, got " + document[key].dump());
+            fail(std::string("'") + key + "' must be true or false, got " + json_excerpt(document[key]));
         *value = document[key].get<bool>();
     }
     if (kind == Kind::character && options.split_punctuation) fail("'split_punctuation' is for words, not characters");
 
     const json& token_list = document["tokens"];
-    if (!token_list.is_array()) fail("'tokens' must be an array of strings, got " + token_list.dump());
+    if (!token_list.is_array()) fail("'tokens' must be an array of strings, got " + json_excerpt(token_list));
     std::vector<std::string> vocabulary;
     std::map<std::string, size_t> seen;
     for (size_t id = 0; id < token_list.size(); ++id) {
         const json& token = token_list[id];
         const std::string where = "tokens[" + std::to_string(id) + "]";
-        if (!token.is_string()) fail(where + " must be a string, got " + token.dump());
+        if (!token.is_string()) fail(where + " must be a string, got " + json_excerpt(token));
         const std::string piece = token.get<std::string>();
         if (id < reserved_names.size()) {
             if (piece != reserved_names[id]) {

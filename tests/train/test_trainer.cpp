@@ -83,6 +83,14 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
     CHECK(error_of({{"trainin", {{"steps", 1}}}}).find("c.json: /trainin: unknown key") == 0);
     CHECK(error_of({{"training", {{"steps", "ten"}}}}) ==
           "c.json: /training/steps: got \"ten\", expected an integer in [1, 1099511627776]");
+    // a value nested 100,000 deep is named, not printed (printing it recursed once per level)
+    nlohmann::json deep = nlohmann::json::array();
+    for (int level = 0; level < 100000; ++level) deep = nlohmann::json::array({std::move(deep)});
+    CHECK(error_of({{"training", {{"steps", deep}}}}) ==
+          "c.json: /training/steps: got an array nested more than 32 levels deep, expected an integer in [1, "
+          "1099511627776]");
+    CHECK(error_of({{"training", {{"steps", std::string(500, 'x')}}}}) ==
+          "c.json: /training/steps: got \"" + std::string(119, 'x') + "..., expected an integer in [1, 1099511627776]");
     CHECK(error_of({{"training", {{"learning_rate", -1}}}}) ==
           "c.json: /training/learning_rate: got -1, expected a number in (0, 10]");
     CHECK(error_of({{"training", {{"learning_rate", 0}}}}) ==
