@@ -14,6 +14,7 @@
 // Exit codes: 0 success, 1 a gradient check failed or training diverged, 2 bad input (one line
 // on stderr).
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -92,6 +93,23 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
     return 0;
 }
 
+// A whole number in [low, high], read without saturating: "99999999999999999999" is out of range,
+// not INT64_MAX (CLI11 reads integers with strtoll, which saturates).
+CLI::Validator whole_number_in(int64_t low, int64_t high) {
+    const std::string range = "[" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    return CLI::Validator(
+        [low, high, range](std::string& text) -> std::string {
+            int64_t value = 0;
+            const char* end = text.data() + text.size();
+            const auto [stop, error] = std::from_chars(text.data(), end, value);
+            if (error != std::errc() || stop != end || value < low || value > high) {
+                return "expected a whole number in " + range + ", got '" + text + "'";
+            }
+            return "";
+        },
+        "INT in " + range);
+}
+
 std::string one_line(std::string message) {
     for (char& c : message) {
         if (c == '\n') c = ' ';
@@ -107,7 +125,7 @@ int main(int argc, char** argv) {
     app.fallthrough();  // --threads may come after the subcommand too
     int threads = 0;
     app.add_option("--threads", threads, "threads for every command (train: overrides training.threads)")
-        ->check(CLI::Range(1, 1024));
+        ->check(whole_number_in(1, 1024));
     std::string filter;
     std::string config_path, out_dir_override;
     std::vector<std::string> overrides;
@@ -118,7 +136,7 @@ int main(int argc, char** argv) {
     train->add_option("--out", out_dir_override, "the output directory (output.dir)");
     train->add_flag("--resume", train_options.resume, "continue the run in the output directory");
     train->add_option("--stop-after", train_options.stop_after, "stop after this step, checkpoint written")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number_in(1, int64_t{1} << 40));
     CLI::App* validate = app.add_subcommand("validate", "check a config without training");
     validate->add_option("config", config_path, "the config file")->required();
     validate->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
@@ -131,7 +149,8 @@ int main(int argc, char** argv) {
     CLI::App* generate = app.add_subcommand("generate", "greedy output of a trained run for a prompt");
     generate->add_option("run", run_dir, "the run's output directory")->required();
     generate->add_option("--prompt", prompt, "the text to continue or translate")->required();
-    generate->add_option("--max-tokens", max_tokens, "the most tokens to produce (default 64)");
+    generate->add_option("--max-tokens", max_tokens, "the most tokens to produce (1 - 65536, default 64)")
+        ->check(whole_number_in(1, 65536));
     std::string attention_out;
     CLI::App* attention = app.add_subcommand("attention", "write a trained run's attention weights for a prompt");
     attention->add_option("run", run_dir, "the run's output directory")->required();

@@ -37,7 +37,12 @@ expect_one_line_error("^relgrad: error: unknown device 'tpu' \\(expected cpu, gu
 
 run_relgrad(0 gradcheck --filter matmul --threads 1)  # a global option, before or after the command
 run_relgrad(2 --threads 0 gradcheck --filter matmul)
-expect_one_line_error("^relgrad: --threads: Value 0 not in range 1 to 1024")
+expect_one_line_error("^relgrad: --threads: expected a whole number in \\[1, 1024\\], got '0'")
+# numbers out of range are errors, never saturated to the largest int64
+run_relgrad(2 generate no_such_run --prompt "1 2" --max-tokens 99999999999999999999)
+expect_one_line_error("^relgrad: --max-tokens: expected a whole number in \\[1, 65536\\], got '99999999999999999999'")
+run_relgrad(2 train --stop-after 0)
+expect_one_line_error("^relgrad: --stop-after: expected a whole number in \\[1, 1099511627776\\], got '0'")
 
 run_relgrad(2 gradcheck --filter no_such_op)
 expect_one_line_error("^relgrad: error: no registered op is named 'no_such_op'")
