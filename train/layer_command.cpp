@@ -237,9 +237,14 @@ Tensor load_mask(const fs::path& path, int64_t B, int64_t L, const std::string& 
     if (padding_shape && mask_type != "attention") return key_padding_mask(keep);
     if (square && mask_type != "key_padding") return keep;
     if (s == Shape{B, L, L} && mask_type != "key_padding") return keep.unsqueeze(1);
-    throw std::invalid_argument(path.string() + ": expected shape [B, L] = [" + std::to_string(B) + ", " +
-                                std::to_string(L) + "] (key padding), [L, L] or [B, L, L] (attention), got " +
-                                shape_str(s));
+    // what the mask may be, as far as "mask_type" allows
+    const std::string padding = "[B, L] = " + shape_str({B, L}) + " (key padding)";
+    const std::string attention =
+        "[L, L] = " + shape_str({L, L}) + " or [B, L, L] = " + shape_str({B, L, L}) + " (attention)";
+    const std::string expected = mask_type == "key_padding" ? padding + ", as \"mask_type\" is \"key_padding\""
+                                 : mask_type == "attention" ? attention + ", as \"mask_type\" is \"attention\""
+                                                            : padding + ", " + attention;
+    throw std::invalid_argument(path.string() + ": expected shape " + expected + ", got " + shape_str(s));
 }
 
 }  // namespace

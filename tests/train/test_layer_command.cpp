@@ -135,8 +135,17 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.save("mask.npy", zeros({3, 3}));
     CHECK(w.error().find("could be key padding [B, L] or an attention mask [L, L]") != std::string::npos);
     w.save("mask.npy", zeros({2, 3}));
-    CHECK(w.error() ==
-          in + "/mask.npy: expected shape [B, L] = [3, 3] (key padding), [L, L] or [B, L, L] (attention), got [2, 3]");
+    CHECK(w.error() == in + "/mask.npy: expected shape [B, L] = [3, 3] (key padding), [L, L] = [3, 3] or [B, L, L] = "
+                            "[3, 3, 3] (attention), got [2, 3]");
+    // a [B, L] mask said to be an attention mask: the message names only what "mask_type" allows
+    w.save("x.npy", zeros({2, 3, 4}));
+    w.save("dy.npy", zeros({2, 3, 4}));
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "mask_type": "attention"})");
+    CHECK(w.error() == in + "/mask.npy: expected shape [L, L] = [3, 3] or [B, L, L] = [2, 3, 3] (attention), as "
+                            "\"mask_type\" is \"attention\", got [2, 3]");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    w.save("x.npy", zeros({3, 3, 4}));
+    w.save("dy.npy", zeros({1, 3, 4}));
     fs::remove(w.in / "mask.npy");
     CHECK(w.error() == in + "/dy.npy: expected the output's shape [3, 3, 4], got [1, 3, 4]");
     CHECK_FALSE(fs::exists(w.out));  // nothing written on any error
