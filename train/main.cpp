@@ -110,6 +110,26 @@ CLI::Validator whole_number_in(int64_t low, int64_t high) {
         "INT in " + range);
 }
 
+// CLI11 reports a command it does not know as "A subcommand is required"; name it instead. The
+// command is the first argument that is not an option (nor the value of --threads).
+void require_known_command(const CLI::App& app, int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--threads") {
+            ++i;
+            continue;
+        }
+        if (arg.empty() || arg[0] == '-') continue;
+        const auto commands = app.get_subcommands([](const CLI::App*) { return true; });
+        std::string known;
+        for (std::size_t n = 0; n < commands.size(); ++n) {
+            if (commands[n]->get_name() == arg) return;
+            known += (n == 0 ? "" : n + 1 == commands.size() ? " or " : ", ") + commands[n]->get_name();
+        }
+        throw std::invalid_argument("unknown command '" + arg + "' (expected " + known + ")");
+    }
+}
+
 std::string one_line(std::string message) {
     for (char& c : message) {
         if (c == '\n') c = ' ';
@@ -173,6 +193,7 @@ int main(int argc, char** argv) {
         ->required();
     layer->add_option("--out", out_dir, "directory for y.npy, dx.npy and grad.<parameter>.npy")->required();
     try {
+        require_known_command(app, argc, argv);
         app.parse(argc, argv);
         if (threads > 0) {
             omp_set_num_threads(threads);
