@@ -292,6 +292,14 @@ nlohmann::json read_config_file(const std::string& path) {
     }
 }
 
+void require_utf8(const std::string& text, const std::string& what) {
+    try {
+        static_cast<void>(nlohmann::json(text).dump());  // a JSON string holds only valid UTF-8
+    } catch (const nlohmann::json::exception&) {
+        throw std::invalid_argument(what + ": not valid UTF-8");
+    }
+}
+
 void apply_override(nlohmann::json& document, const std::string& assignment) {
     const std::size_t equals = assignment.find('=');
     if (equals == std::string::npos || equals == 0) {
@@ -303,6 +311,10 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
         value = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception&) {
         value = text;  // not JSON: a plain string such as reverse or runs/x
+    }
+    require_utf8(text, "--set " + path);
+    if (!document.is_object()) {
+        throw std::invalid_argument("--set " + assignment + ": the config is not a JSON object {...}");
     }
     nlohmann::json* node = &document;
     std::size_t start = 0;

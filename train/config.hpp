@@ -103,6 +103,9 @@ struct Config {
 nlohmann::json quickstart_config();
 // Reads a config file (JSON errors with line and column); throws std::invalid_argument.
 nlohmann::json read_config_file(const std::string& path);
+// Throws "<what>: not valid UTF-8" unless text is valid UTF-8 (what a config may hold).
+void require_utf8(const std::string& text, const std::string& what);
+
 // Applies "--set a.b.c=value" overrides: the value is read as JSON when it parses (numbers,
 // true/false, lists), else as a string. The key path must name a known section.
 void apply_override(nlohmann::json& document, const std::string& assignment);

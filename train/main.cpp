@@ -60,7 +60,11 @@ relgrad::Config load_config(const std::string& path, const std::vector<std::stri
                             const std::string& out) {
     nlohmann::json document = path.empty() ? relgrad::quickstart_config() : relgrad::read_config_file(path);
     for (const std::string& assignment : overrides) relgrad::apply_override(document, assignment);
-    if (!out.empty()) document["output"]["dir"] = out;  // as given, not re-read as JSON
+    if (!out.empty()) {
+        relgrad::require_utf8(out, "--out");
+        if (!document.is_object()) throw std::invalid_argument("--out: the config is not a JSON object {...}");
+        document["output"]["dir"] = out;  // as given, not re-read as JSON
+    }
     return relgrad::Config::parse(document, path.empty() ? "quickstart" : path);
 }
 
