@@ -100,6 +100,13 @@ struct RelativeTerms {
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& relative = {}, Tensor* weights = nullptr);
 
+// Masks are bool tensors, true = may attend, broadcastable to [B, H, Lq, Lk].
+// Attend only where both masks allow; an undefined mask allows everything.
+Tensor combine_masks(const Tensor& a, const Tensor& b);
+// The pattern's mask with its causal and window rules folded in, on `device` (undefined when
+// nothing is hidden): what the fused op's rules are as an [Lq, Lk] tensor.
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device = Device::cpu);
+
 // The same attention as `attention` above, in memory linear in L: the keys are visited in tiles
 // with an online softmax, and the backward recomputes the weights tile by tile from the saved
 // log-sum-exp of each row, so no [Lq, Lk] tensor exists at any time (docs/layers/fused_attention.md).

@@ -1,7 +1,6 @@
 #include "layers/attention.hpp"
 
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -33,40 +32,14 @@ Tensor key_padding_mask(const Tensor& keep) {
     return keep.to(DType::boolean).reshape({keep.size(0), 1, 1, keep.size(1)});
 }
 
-static Tensor position_mask(int64_t query_len, int64_t key_len, Device device,
-                            const std::function<bool(int64_t, int64_t)>& visible) {
-    std::vector<double> keep(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i)
-        for (int64_t j = 0; j < key_len; ++j) keep[i * key_len + j] = visible(i, j);
-    return from_vector(keep, {query_len, key_len}, DType::boolean, device);
-}
-
 Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset, Device device) {
-    return position_mask(query_len, key_len, device, [&](int64_t i, int64_t j) { return j <= query_offset + i; });
+    return pattern_mask(AttentionPattern{Tensor(), true, -1, query_offset}, query_len, key_len, device);
 }
 
 Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset, Device device) {
     if (window < 0)
         throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
-    return position_mask(query_len, key_len, device,
-                         [&](int64_t i, int64_t j) { return std::llabs(j - (query_offset + i)) <= window; });
-}
-
-Tensor combine_masks(const Tensor& a, const Tensor& b) {
-    if (!a.defined()) return b;
-    if (!b.defined()) return a;
-    NoGradGuard no_grad;
-    return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
-}
-
-Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
-    check_window(pattern, "attention");
-    Tensor mask = pattern.mask;
-    if (pattern.causal) mask = combine_masks(mask, causal_mask(query_len, key_len, pattern.query_offset, device));
-    if (pattern.window >= 0) {
-        mask = combine_masks(mask, local_window_mask(query_len, key_len, pattern.window, pattern.query_offset, device));
-    }
-    return mask;
+    return pattern_mask(AttentionPattern{Tensor(), false, window, query_offset}, query_len, key_len, device);
 }
 
 AttentionImpl parse_attention_impl(const std::string& name) {

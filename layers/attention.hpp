@@ -34,10 +34,7 @@ Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset = 0,
 // query i sees keys within `window` positions on either side: |j - (query_offset + i)| <= window
 Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset = 0,
                          Device device = Device::cpu);
-// attend only where both masks allow; an undefined mask allows everything
-Tensor combine_masks(const Tensor& a, const Tensor& b);
-// the pattern's mask with its causal and window rules folded in (undefined if nothing is hidden)
-Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device = Device::cpu);
+// combine_masks and pattern_mask (the fused op's rules as a mask) are in engine/ops.hpp
 
 // The keys and values of every position decoded so far, [B, H, T, Dh] each, so that decoding one
 // token at a time computes each position's keys and values once.

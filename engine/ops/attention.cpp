@@ -149,31 +149,46 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
     }
 }
 
+Tensor combine_masks(const Tensor& a, const Tensor& b) {
+    if (!a.defined()) return b;
+    if (!b.defined()) return a;
+    NoGradGuard no_grad;
+    return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
+}
+
+// The rules are written out on the host, query i at position query_offset + i, key j at j.
+Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
+    check_window(pattern, "attention");
+    if (!pattern.causal && pattern.window < 0) return pattern.mask;
+    std::vector<double> visible(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i) {
+        for (int64_t j = 0; j < key_len; ++j) {
+            const int64_t distance = j - (pattern.query_offset + i);
+            visible[i * key_len + j] =
+                (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
+        }
+    }
+    return combine_masks(pattern.mask, from_vector(visible, {query_len, key_len}, DType::boolean, device));
+}
+
 // For a backend without the fused kernels: the same attention by the bucketed op, with the
-// pattern's rules and the clipped index written out as [Lq, Lk] tensors (made on the host and
+// pattern as a mask and the clipped index written out as [Lq, Lk] tensors (made on the host and
 // copied to q's device). Memory grows as Lq Lk again.
 static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                 double scale, const ClippedRelativeTerms& rel) {
     const int64_t Lq = q.size(2), Lk = k.size(2);
-    std::vector<double> visible(Lq * Lk), bucket(Lq * Lk);
-    for (int64_t i = 0; i < Lq; ++i) {
-        for (int64_t j = 0; j < Lk; ++j) {
-            const int64_t distance = j - (pattern.query_offset + i);
-            visible[i * Lk + j] =
-                (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
-            bucket[i * Lk + j] = static_cast<double>(std::clamp(distance, -rel.k_left, rel.k_right) + rel.k_left);
-        }
-    }
-    Tensor mask = from_vector(visible, {Lq, Lk}, DType::boolean, q.device());
-    if (pattern.mask.defined()) {
-        NoGradGuard no_grad;  // logical and of the two masks
-        mask = mul(mask.to(DType::float32), pattern.mask.to(DType::float32)).to(DType::boolean);
-    }
     RelativeTerms relative;
     if (rel.table_k.defined()) {
+        std::vector<double> bucket(Lq * Lk);  // r(i, j) = clip(j - (query_offset + i), -k_left, k_right) + k_left
+        for (int64_t i = 0; i < Lq; ++i) {
+            for (int64_t j = 0; j < Lk; ++j) {
+                const int64_t distance = j - (pattern.query_offset + i);
+                bucket[i * Lk + j] = static_cast<double>(std::clamp(distance, -rel.k_left, rel.k_right) + rel.k_left);
+            }
+        }
         relative = {rel.table_k, rel.table_v, from_vector(bucket, {Lq, Lk}, DType::int64, q.device())};
     }
-    return attention(q, k, v, mask, scale, relative);
+    return attention(q, k, v, pattern_mask(pattern, Lq, Lk, q.device()), scale, relative);
 }
 
 Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern_in,

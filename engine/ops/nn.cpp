@@ -119,7 +119,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     const Tensor kept_picked = where(ignored, like_scalar(0, logits), picked);
     // -1/n in float64 (n at least 1), then in the logits' dtype
     const Tensor count = sum(equals(ignored.to(DType::float64), 0));
-    const Tensor factor = div(scalar(-1, DType::float64, logits.device()), clamp(count, 1, static_cast<double>(N) + 1));
+    const Tensor factor =
+        div(scalar(-1, DType::float64, logits.device()), clamp(count, 1, std::numeric_limits<double>::infinity()));
     return mul(sum(kept_picked), factor.to(logits.dtype()));
 }
 
