@@ -1,8 +1,10 @@
 #include "engine/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
@@ -10,6 +12,23 @@
 #include "engine/ops.hpp"
 
 namespace relgrad {
+
+namespace {
+
+// step.txt: the count of steps taken, in decimal, and a newline; anything else is corrupt.
+int64_t read_step_count(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    const std::size_t digits = s.find_first_not_of("0123456789");
+    const bool well_formed =
+        in && digits > 0 && digits != std::string::npos && digits <= 18 && s.substr(digits) == "\n";
+    if (!well_formed) throw std::runtime_error(path + ": missing or not a step count");
+    return std::stoll(s.substr(0, digits));
+}
+
+}  // namespace
 
 AdamW::AdamW(std::vector<Tensor> parameters, const AdamWOptions& options)
     : parameters_(std::move(parameters)), options_(options) {
@@ -58,8 +77,13 @@ void AdamW::save(const std::string& dir) const {
 void AdamW::load(const std::string& dir) {
     std::vector<Tensor> m, v;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        m.push_back(load_npy(dir + "/m." + std::to_string(i) + ".npy"));
-        v.push_back(load_npy(dir + "/v." + std::to_string(i) + ".npy"));
+        const std::string v_path = dir + "/v." + std::to_string(i) + ".npy";
+        m.push_back(load_saved_state(dir + "/m." + std::to_string(i) + ".npy"));
+        v.push_back(load_saved_state(v_path));
+        const std::vector<double> v_values = v.back().to_vector();
+        if (std::any_of(v_values.begin(), v_values.end(), [](double x) { return x < 0; })) {
+            throw std::runtime_error(v_path + ": a second moment is negative (a corrupt checkpoint)");
+        }
         if (m.back().shape() != parameters_[i].shape() || v.back().shape() != parameters_[i].shape()) {
             throw std::runtime_error(dir + ": optimizer state " + std::to_string(i) + " has shape " +
                                      shape_str(m.back().shape()) + ", the parameter " +
@@ -68,9 +92,7 @@ void AdamW::load(const std::string& dir) {
         m.back() = m.back().to(parameters_[i].dtype()).to(parameters_[i].device());
         v.back() = v.back().to(parameters_[i].dtype()).to(parameters_[i].device());
     }
-    std::ifstream step_file(dir + "/step.txt");
-    int64_t step = -1;
-    if (!(step_file >> step) || step < 0) throw std::runtime_error(dir + "/step.txt: missing or not a step count");
+    const int64_t step = read_step_count(dir + "/step.txt");
     m_ = std::move(m);
     v_ = std::move(v);
     step_ = step;

@@ -2,6 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
 namespace relgrad {
 
 namespace fs = std::filesystem;
@@ -11,6 +15,20 @@ namespace {
 fs::path with_suffix(const fs::path& dir, const char* suffix) { return dir.string() + suffix; }
 
 }  // namespace
+
+std::string read_file(const fs::path& path, const std::string& what) {
+    std::error_code error;
+    const fs::file_status status = fs::status(path, error);
+    if (!fs::exists(status)) throw std::invalid_argument(path.string() + ": missing, expected " + what);
+    if (fs::is_directory(status)) throw std::invalid_argument(path.string() + ": is a directory, expected " + what);
+    if (!fs::is_regular_file(status))
+        throw std::invalid_argument(path.string() + ": not a regular file, expected " + what);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::invalid_argument(path.string() + ": cannot open, expected " + what);
+    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (in.bad()) throw std::invalid_argument(path.string() + ": read failed, expected " + what);
+    return text;
+}
 
 fs::path start_replacing(const fs::path& dir) {
     const fs::path partial = with_suffix(dir, ".partial");

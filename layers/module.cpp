@@ -184,7 +184,10 @@ void Module::load(const std::string& dir) {
     std::map<std::string, Shape> stored;
     try {
         for (const auto& entry : manifest.at("parameters")) {
-            stored[entry.at("name").get<std::string>()] = entry.at("shape").get<Shape>();
+            const std::string name = entry.at("name").get<std::string>();
+            if (!stored.emplace(name, entry.at("shape").get<Shape>()).second) {
+                throw std::runtime_error(manifest_path.string() + ": parameter '" + name + "' is listed twice");
+            }
         }
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(manifest_path.string() + ": not a relgrad state manifest: " + e.what());
@@ -196,7 +199,7 @@ void Module::load(const std::string& dir) {
     for (const auto& [name, slot] : slots) {
         const auto found = stored.find(name);
         if (found == stored.end()) throw std::runtime_error(dir + ": no saved value for parameter '" + name + "'");
-        const Tensor value = load_npy((fs::path(dir) / (name + ".npy")).string());
+        const Tensor value = load_saved_state((fs::path(dir) / (name + ".npy")).string());
         if (value.shape() != slot->shape() || found->second != slot->shape()) {
             throw std::runtime_error(dir + ": parameter '" + name + "' has shape " + shape_str(value.shape()) +
                                      ", the model expects " + shape_str(slot->shape()));

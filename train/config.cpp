@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <stdexcept>
+#include <tuple>
 
 #include "engine/enum_names.hpp"
+#include "engine/system.hpp"
 #include "train/json_reader.hpp"
 
 namespace relgrad {
@@ -157,8 +158,8 @@ void config_fields(Fields& f, Config& c) {
     f.section("task");
     named(f, "kind", c.task.kind, "relative_order", task_kinds);
     f.integer("vocab", c.task.vocab, 7, 1 << 20, 16);
-    f.integers("train_lengths", c.task.train_lengths, 1, 1 << 20, 2);
-    f.integers("test_lengths", c.task.test_lengths, 1, 1 << 20, 2);
+    f.integers("train_lengths", c.task.train_lengths, 1, kMostLength, 2);
+    f.integers("test_lengths", c.task.test_lengths, 1, kMostLength, 2);
     f.integer("distance", c.task.distance, 1, 1 << 20, 3);
     const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
                                                                           {"test_lengths", &c.task.test_lengths}};
@@ -170,6 +171,15 @@ void config_fields(Fields& f, Config& c) {
     }
     f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
     f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
+    // a synthetic data set is held in memory whole: at most kMostTokens tokens per split
+    const std::tuple<const char*, int64_t, const char*, int64_t> splits[] = {
+        {"train_examples", c.task.train_examples, "train_lengths", c.task.train_lengths[1]},
+        {"test_examples", c.task.test_examples, "test_lengths", c.task.test_lengths[1]}};
+    for (const auto& [key, examples, lengths, longest] : splits) {
+        f.check(reads_files(c.task.kind) || examples <= kMostTokens / longest, key,
+                "at most " + std::to_string(kMostTokens / longest) + " examples of up to " + std::to_string(longest) +
+                    " tokens (/task/" + lengths + "): a synthetic split holds at most 2^27 tokens");
+    }
 
     f.section("data");
     DataConfig& d = c.data;
@@ -184,7 +194,7 @@ void config_fields(Fields& f, Config& c) {
     f.flag("split_punctuation", d.split_punctuation, false);
     f.check(!d.split_punctuation || d.tokenizer == "word", "split_punctuation",
             "false with the char tokenizer (set data.tokenizer = \"word\")");
-    f.integer("max_length", d.max_length, 1, 1 << 20, 128);
+    f.integer("max_length", d.max_length, 1, kMostLength, 128);
     f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, 0);
 
     f.section("training");
@@ -282,14 +292,7 @@ nlohmann::json quickstart_config() {
 }
 
 nlohmann::json read_config_file(const std::string& path) {
-    if (std::filesystem::is_directory(path)) throw std::invalid_argument(path + ": a directory, not a config file");
-    std::ifstream in(path);
-    if (!in) throw std::invalid_argument(path + ": cannot open the config");
-    try {
-        return nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers beyond double
-        throw std::invalid_argument(path + ": not valid JSON (" + e.what() + ")");
-    }
+    return parse_json(read_file(path, "a config file"), path);  // errors: syntax, duplicate keys, numbers beyond double
 }
 
 void require_utf8(const std::string& text, const std::string& what) {
@@ -306,12 +309,9 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
         throw std::invalid_argument("--set " + assignment + ": expected path.to.key=value");
     }
     const std::string path = assignment.substr(0, equals), text = assignment.substr(equals + 1);
-    nlohmann::json value;
-    try {
-        value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-        value = text;  // not JSON: a plain string such as reverse or runs/x
-    }
+    // JSON (duplicate keys refused), or else a plain string such as reverse or runs/x
+    const nlohmann::json value =
+        nlohmann::json::accept(text) ? parse_json(text, "--set " + path) : nlohmann::json(text);
     require_utf8(text, "--set " + path);
     if (!document.is_object()) {
         throw std::invalid_argument("--set " + assignment + ": the config is not a JSON object {...}");

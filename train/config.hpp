@@ -23,6 +23,12 @@ struct ModelConfig {
 // relative_order are generated from the seed; the others read the files of the data section.
 enum class TaskKind { copy, reverse, relative_order, classification, pairs, language_model };
 bool reads_files(TaskKind kind);
+
+// Limits that keep a valid config from asking for hours of work or more memory than there is
+// (docs/training.md): sequences of at most 2^16 tokens (task.train_lengths, task.test_lengths,
+// data.max_length), and a synthetic split of at most 2^27 tokens (examples x longest length).
+constexpr int64_t kMostLength = int64_t{1} << 16;
+constexpr int64_t kMostTokens = int64_t{1} << 27;
 // The task kind a config document names (the default when it names none); throws on an unknown one.
 TaskKind parse_task_kind(const nlohmann::json& document);
 struct TaskConfig {

@@ -137,9 +137,9 @@ std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::strin
                                                                 SentimentCounts* counts) {
     nlohmann::json document;
     try {
-        document = nlohmann::json::parse(json_text);
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(source + ": not valid JSON: " + e.what());
+        document = parse_json(json_text, source);
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(e.what());
     }
     if (!document.is_array()) throw std::runtime_error(source + ": expected a JSON list of {\"text\", \"class\"}");
     std::vector<std::pair<int, std::string>> examples;

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 
 #include "engine/tensor.hpp"
 #include "train/tokenizer.hpp"
@@ -33,15 +34,21 @@ std::ifstream open_file(const std::string& path) {
     return in;
 }
 
+// A UTF-8 byte order mark, which some editors write at the start of a file: not part of the text.
+constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
+
+void skip_byte_order_mark(std::string& text) {
+    if (text.compare(0, kByteOrderMark.size(), kByteOrderMark) == 0) text.erase(0, kByteOrderMark.size());
+}
+
 // One line of a file, for reading it and for naming it in an error.
 struct Line {
     const std::string& path;
     int64_t number;  // from 1
     std::string text;
 
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error(path + ":line " + std::to_string(number) + ": " + what);
-    }
+    [[noreturn]] void fail(const std::string& what) const { throw std::runtime_error(where() + ": " + what); }
+    std::string where() const { return path + ":line " + std::to_string(number); }
 };
 
 void check_utf8(const Line& line) {
@@ -56,6 +63,7 @@ std::vector<Line> read_lines(const std::string& path) {
     std::vector<Line> lines;
     std::string text;
     for (int64_t number = 1; std::getline(in, text); ++number) {
+        if (number == 1) skip_byte_order_mark(text);
         if (!text.empty() && text.back() == '\r') text.pop_back();
         if (text.find_first_not_of(" \t") == std::string::npos) continue;
         lines.push_back(Line{path, number, text});
@@ -94,9 +102,9 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
     } else {
         json object;
         try {
-            object = json::parse(line.text);
-        } catch (const json::parse_error& e) {
-            line.fail(std::string("not valid JSON: ") + e.what());
+            object = parse_json(line.text, line.where());
+        } catch (const std::invalid_argument& e) {  // a file error, as every other of this file
+            throw std::runtime_error(e.what());
         }
         if (!object.is_object()) {
             line.fail("expected a JSON object {\"" + fields[0].name + "\": ..., \"" + fields[1].name +
@@ -208,7 +216,8 @@ std::vector<TextPair> read_pairs(const std::string& path) {
 
 std::string read_text(const std::string& path) {
     std::ifstream in = open_file(path);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    skip_byte_order_mark(text);
     if (text.empty()) throw std::runtime_error(path + ": the file is empty, expected UTF-8 text");
     if (const auto error = find_utf8_error(text)) {
         // Name the line as an editor would: lines counted from 1, bytes from the line's start.

@@ -15,7 +15,8 @@ namespace relgrad {
 
 // ---- files -------------------------------------------------------------------------------------
 // Lines may end in \n or \r\n; blank lines (only spaces and tabs) are skipped; every other line
-// must be one example, valid UTF-8, with non-empty fields. A file without examples is an error.
+// must be one example, valid UTF-8, with non-empty fields. A file without examples is an error. A
+// UTF-8 byte order mark (EF BB BF) at the start of a file is skipped, here and in read_text.
 
 struct LabeledText {
     std::string text;
@@ -31,7 +32,7 @@ struct TextPair {
 std::vector<LabeledText> read_classification(const std::string& path);
 // sequence pairs: .tsv "source<TAB>target" or .jsonl {"source": "...", "target": "..."}
 std::vector<TextPair> read_pairs(const std::string& path);
-// plain UTF-8 text for language modelling, returned byte for byte
+// plain UTF-8 text for language modelling, returned byte for byte (a leading byte order mark aside)
 std::string read_text(const std::string& path);
 
 // ---- held-out split ----------------------------------------------------------------------------

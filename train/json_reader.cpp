@@ -28,6 +28,66 @@ std::string json_excerpt(const nlohmann::json& value) {
     return text;
 }
 
+namespace {
+
+// Follows the parser through the document (one frame per open object or array, no recursion) to
+// name the path of a key given twice.
+class DuplicateKeyCheck {
+public:
+    explicit DuplicateKeyCheck(const std::string& where) : where_(where) {}
+
+    bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        switch (event) {
+            case Event::object_start: frames_.push_back({true, {}, {}, 0}); break;
+            case Event::array_start: frames_.push_back({false, {}, {}, 0}); break;
+            case Event::key:
+                frames_.back().key = parsed.get<std::string>();
+                if (!frames_.back().keys.insert(frames_.back().key).second) {
+                    throw std::invalid_argument(where_ + ": " + path() + ": the key is given twice");
+                }
+                break;
+            case Event::object_end:
+            case Event::array_end:
+                frames_.pop_back();
+                element_done();
+                break;
+            case Event::value: element_done(); break;
+        }
+        return true;  // keep everything
+    }
+
+private:
+    struct Frame {
+        bool object;
+        std::set<std::string> keys;  // an object's keys so far
+        std::string key;             // the key being read
+        int64_t index;               // an array's element being read
+    };
+
+    void element_done() {
+        if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    }
+    std::string path() const {
+        std::string out;
+        for (const Frame& frame : frames_) out += "/" + (frame.object ? frame.key : std::to_string(frame.index));
+        return out;
+    }
+
+    const std::string& where_;
+    std::vector<Frame> frames_;
+};
+
+}  // namespace
+
+nlohmann::json parse_json(const std::string& text, const std::string& where) {
+    try {
+        return nlohmann::json::parse(text, DuplicateKeyCheck(where));
+    } catch (const nlohmann::json::exception& e) {
+        throw std::invalid_argument(where + ": not valid JSON (" + e.what() + ")");
+    }
+}
+
 const nlohmann::json JsonReader::empty_object_ = nlohmann::json::object();
 
 static std::string number_text(double x) {

@@ -17,6 +17,12 @@ namespace relgrad {
 // nested 100,000 levels deep is described, not printed (printing recurses once per level).
 std::string json_excerpt(const nlohmann::json& value);
 
+// Parses JSON text, refusing what nlohmann would accept silently: a key given twice in one object
+// (which would keep the last value). Errors (std::invalid_argument) start with `where`:
+//     quick.json: not valid JSON (...)
+//     quick.json: /training/steps: the key is given twice
+nlohmann::json parse_json(const std::string& text, const std::string& where);
+
 class JsonReader {
 public:
     // object: the JSON object to read; path: its JSON path ("" for the document, "/training")

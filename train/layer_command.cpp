@@ -3,7 +3,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -11,6 +10,7 @@
 
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
+#include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/json_reader.hpp"
 
@@ -20,6 +20,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// Every size of a spec (features, d_model, heads, ff_dim, max_len, k) is at most 2^20: beyond
+// that a single parameter would not fit in memory anyway, and the error names the key.
+constexpr int64_t kMostSize = int64_t{1} << 20;
 
 // Reads the spec's keys, each at most once, and complains about any key never read.
 class Spec {
@@ -34,21 +38,26 @@ public:
         return doc_[key].get<std::string>();
     }
 
-    int64_t integer(const std::string& key, int64_t low, std::optional<int64_t> fallback = std::nullopt) {
+    // A size in [low, high] (high: kMostSize unless smaller).
+    int64_t integer(const std::string& key, int64_t low, std::optional<int64_t> fallback = std::nullopt,
+                    int64_t high = kMostSize) {
         if (!has(key)) {
             if (!fallback) fail("'" + key + "' is required");
             return *fallback;
         }
-        if (!doc_[key].is_number_integer() || doc_[key].get<int64_t>() < low) {
-            fail("'" + key + "' must be an integer >= " + std::to_string(low) + ", got " + json_excerpt(doc_[key]));
+        const json& value = doc_[key];
+        if (!value.is_number_integer() || value.get<int64_t>() < low || value.get<int64_t>() > high) {
+            fail("'" + key + "' must be an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
+                 "], got " + json_excerpt(value));
         }
-        return doc_[key].get<int64_t>();
+        return value.get<int64_t>();
     }
 
     double number(const std::string& key, double low, double high, double fallback) {
         if (!has(key)) return fallback;
         if (!doc_[key].is_number() || doc_[key].get<double>() < low || doc_[key].get<double>() > high) {
-            fail("'" + key + "' must be a number in [" + std::to_string(low) + ", " + std::to_string(high) + "], got " +
+            // the bounds as JSON writes them: 1e-300, not 0.000000
+            fail("'" + key + "' must be a number in [" + json(low).dump() + ", " + json(high).dump() + "], got " +
                  json_excerpt(doc_[key]));
         }
         return doc_[key].get<double>();
@@ -95,7 +104,7 @@ RelativeOptions parse_relative(Spec& spec) {
     RelativeOptions o;
     const int64_t k = spec.integer("k", 0, 8);
     o.k_left = spec.integer("k_left", 0, k);
-    o.k_right = spec.integer("k_right", 0, k);
+    o.k_right = spec.integer("k_right", 0, k);  // 2 k + 1 <= 2^21 + 1 buckets: no overflow
     o.share_across_heads = spec.flag("share_across_heads", true);
     o.rank = spec.integer("rank", 0, 0);
     return o;
@@ -177,8 +186,7 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         TransformerOptions o;
         o.dim = spec.integer("d_model", 1);
         o.heads = spec.integer("n_heads", 1);
-        constexpr int64_t most = std::numeric_limits<int64_t>::max();
-        o.ff_dim = spec.integer("ff_dim", 1, o.dim <= most / 4 ? 4 * o.dim : most);  // 4 D, never overflowing
+        o.ff_dim = spec.integer("ff_dim", 1, 4 * o.dim);  // d_model <= 2^20: 4 d_model fits
         o.dropout = 0;
         o.position = parse_position_mode(spec.text("position", "relative"));
         if (o.position == PositionMode::sinusoidal || o.position == PositionMode::learned) {
@@ -250,17 +258,15 @@ Tensor load_mask(const fs::path& path, int64_t B, int64_t L, const std::string& 
 }  // namespace
 
 void run_layer_command(const std::string& spec_path, const std::string& in_dir, const std::string& out_dir) {
-    std::ifstream spec_file(spec_path);
-    if (!spec_file) throw std::invalid_argument(spec_path + ": cannot open the spec");
-    json document;
-    try {
-        document = json::parse(spec_file);
-    } catch (const json::parse_error& e) {
-        throw std::invalid_argument(spec_path + ": not valid JSON (" + e.what() + ")");
-    }
+    const json document = parse_json(read_file(spec_path, "a layer spec (JSON)"), spec_path);
     Spec spec(document, spec_path);
     Generator gen(0);
-    LayerRun layer = build_layer(spec, gen);
+    LayerRun layer;
+    try {
+        layer = build_layer(spec, gen);
+    } catch (const std::bad_alloc&) {  // sizes each within bounds whose product is not
+        spec.fail("the layer's parameters do not fit in memory; make its sizes smaller");
+    }
     const std::string mask_type = layer.takes_mask ? spec.text("mask_type", "auto") : "auto";
     if (mask_type != "auto" && mask_type != "key_padding" && mask_type != "attention") {
         spec.fail("'mask_type' must be auto, key_padding or attention, got \"" + mask_type + "\"");

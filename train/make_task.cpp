@@ -167,11 +167,20 @@ std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig
 }  // namespace
 
 std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
-    if (!reads_files(c.task.kind)) return make_synthetic_task(c, init);
-    const DataConfig d = with_data_paths_resolved(c.data);
-    if (c.task.kind == TaskKind::classification) return make_classification_task(c, d, init, tokenizer);
-    if (c.task.kind == TaskKind::pairs) return make_pairs_task(c, d, init, tokenizer);
-    return make_language_model_task(c, d, init, tokenizer);
+    try {
+        if (!reads_files(c.task.kind)) return make_synthetic_task(c, init);
+        const DataConfig d = with_data_paths_resolved(c.data);
+        if (c.task.kind == TaskKind::classification) return make_classification_task(c, d, init, tokenizer);
+        if (c.task.kind == TaskKind::pairs) return make_pairs_task(c, d, init, tokenizer);
+        return make_language_model_task(c, d, init, tokenizer);
+    } catch (const std::bad_alloc&) {  // a model far too big: the sizes that make it, not "std::bad_alloc"
+        const TransformerOptions& t = c.model.transformer;
+        const int64_t vocab = tokenizer ? tokenizer->vocab_size() : c.task.vocab;
+        throw std::invalid_argument("the model does not fit in memory: /model/layers " + std::to_string(t.layers) +
+                                    ", /model/dim " + std::to_string(t.dim) + ", /model/ff_dim " +
+                                    std::to_string(t.ff_dim) + ", a vocabulary of " + std::to_string(vocab) +
+                                    " tokens; make them smaller");
+    }
 }
 
 }  // namespace relgrad

@@ -30,9 +30,7 @@ struct LoadedRun {
 // fused one keeps none; all three share the parameters, so a fused run is loaded as bucketed).
 LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept = false) {
     const fs::path dir(run_dir);
-    if (!fs::exists(dir / "config.json") || !fs::exists(dir / "checkpoint" / "state.json")) {
-        throw std::invalid_argument(run_dir + ": not a trained run (needs config.json and checkpoint/)");
-    }
+    const fs::path checkpoint = readable_checkpoint(dir);
     LoadedRun run;
     json document = read_json_file(dir / "config.json");
     if (!test_file.empty()) {
@@ -46,10 +44,10 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     if (weights_kept && run.config.model.transformer.impl == AttentionImpl::fused) {
         run.config.model.transformer.impl = AttentionImpl::bucketed;
     }
-    run.tokenizer = saved_tokenizer(dir);
+    run.tokenizer = saved_tokenizer(dir, run.config.task.kind);
     Generator gen(run.config.training.seed);
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
-    run.task->model().load((dir / "checkpoint" / "model").string());
+    run.task->model().load((checkpoint / "model").string());
     run.task->model().eval();
     return run;
 }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/system.hpp"
+#include "train/json_reader.hpp"
 
 namespace relgrad {
 
@@ -22,31 +23,24 @@ void write_text(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-json read_json_file(const fs::path& path) {
-    std::ifstream in(path);
-    if (!in) throw std::invalid_argument(path.string() + ": cannot open");
-    try {
-        return json::parse(in);
-    } catch (const json::exception& e) {
-        throw std::invalid_argument(path.string() + ": not valid JSON (" + e.what() + ")");
-    }
-}
-
-void write_json_file(const fs::path& path, const json& value) {
+void write_text_file(const fs::path& path, const std::string& text) {
     const fs::path partial = path.string() + ".partial";
-    write_text(partial, value.dump(2) + "\n");
+    write_text(partial, text);
     fs::rename(partial, path);
 }
 
-std::optional<Tokenizer> saved_tokenizer(const fs::path& run) {
-    if (!fs::exists(run / "tokenizer.json")) return std::nullopt;
+json read_json_file(const fs::path& path) { return parse_json(read_file(path, "a JSON file"), path.string()); }
+
+void write_json_file(const fs::path& path, const json& value) { write_text_file(path, value.dump(2) + "\n"); }
+
+std::optional<Tokenizer> saved_tokenizer(const fs::path& run, TaskKind kind) {
     const fs::path path = run / "tokenizer.json";
-    std::ifstream in(path);
-    std::stringstream text;  // the file as written: from_json parses and checks it
-    text << in.rdbuf();
-    if (!in) throw std::invalid_argument(path.string() + ": cannot read");
+    if (!reads_files(kind)) return std::nullopt;  // synthetic tasks have no text to tokenize
+    if (!fs::exists(path)) {
+        throw std::invalid_argument(path.string() + ": missing (a run on text files keeps its vocabulary there)");
+    }
     try {
-        return Tokenizer::from_json(text.str());
+        return Tokenizer::from_json(read_file(path, "the run's tokenizer.json"));
     } catch (const std::runtime_error& e) {
         throw std::invalid_argument(path.string() + ": " + e.what());
     }
@@ -62,17 +56,33 @@ void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& opti
 
 bool recovered_checkpoint(const fs::path& run) { return recover_directory(run / "checkpoint"); }
 
+fs::path readable_checkpoint(const fs::path& run) {
+    for (const char* name : {"checkpoint", "checkpoint.previous"}) {
+        if (fs::exists(run / name / "state.json")) return run / name;
+    }
+    throw std::invalid_argument(run.string() + ": not a trained run (needs config.json and checkpoint/)");
+}
+
 int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer) {
     if (!fs::exists(dir / "state.json")) {
         throw std::invalid_argument("--resume: no checkpoint in " + dir.string());
     }
+    const fs::path state_path = dir / "state.json";
+    const json state = read_json_file(state_path);
+    if (!state.is_object() || state.size() != 1 || !state.contains("step") || !state["step"].is_number_integer() ||
+        state["step"].get<int64_t>() < 0) {
+        throw std::invalid_argument(state_path.string() + ": expected {\"step\": a whole number}, got " +
+                                    json_excerpt(state));
+    }
+    const int64_t step = state["step"].get<int64_t>();
     model.load((dir / "model").string());
     optimizer.load((dir / "optimizer").string());
-    const json state = read_json_file(dir / "state.json");
-    if (!state.contains("step") || !state["step"].is_number_integer() || state["step"].get<int64_t>() < 0) {
-        throw std::invalid_argument((dir / "state.json").string() + ": no step count");
+    if (optimizer.steps() != step) {
+        throw std::invalid_argument(state_path.string() + ": step " + std::to_string(step) + ", but " +
+                                    (dir / "optimizer" / "step.txt").string() + " counts " +
+                                    std::to_string(optimizer.steps()) + " (a corrupt checkpoint)");
     }
-    return state["step"].get<int64_t>();
+    return step;
 }
 
 }  // namespace relgrad

@@ -1,7 +1,8 @@
 // relgrad: the files of a run directory (docs/training.md lists them):
 //
 //   config.json, tokenizer.json, summary.json   written to NAME.partial, then renamed to NAME
-//   metrics.jsonl                               a line per logged step and per evaluation
+//   metrics.jsonl                               a line per logged step and per evaluation; --resume
+//                                               keeps the lines up to the checkpoint's step
 //   checkpoint/                                 model/, optimizer/ and state.json, replaced whole
 //
 // A checkpoint is replaced as engine/system.hpp describes: stopped at any point, one whole
@@ -14,24 +15,33 @@
 
 #include "engine/optim.hpp"
 #include "layers/module.hpp"
+#include "train/config.hpp"
 #include "train/tokenizer.hpp"
 
 namespace relgrad {
 
 // A JSON file of a run; errors (std::invalid_argument) name the file.
 nlohmann::json read_json_file(const std::filesystem::path& path);
-// `value`, indented, into path.partial, then renamed to path.
+// `text` into path.partial, then renamed to path: a reader sees the old file or the new one, whole.
+void write_text_file(const std::filesystem::path& path, const std::string& text);
+// `value`, indented, written as write_text_file does.
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
 
-// The run's tokenizer.json (file tasks), or nothing.
-std::optional<Tokenizer> saved_tokenizer(const std::filesystem::path& run);
+// The run's tokenizer.json for a task on text files (an error when it is missing: its ids are the
+// checkpoint's), nothing for a synthetic task.
+std::optional<Tokenizer> saved_tokenizer(const std::filesystem::path& run, TaskKind kind);
 
 // Replaces the checkpoint directory `dir` with the model, the optimizer and the step count.
 void save_checkpoint(const std::filesystem::path& dir, const Module& model, const AdamW& optimizer, int64_t step);
 // Whether the run directory `run` holds a checkpoint; one left as checkpoint.previous/ by a run
 // stopped between save_checkpoint's two renames is first renamed back to checkpoint/.
 bool recovered_checkpoint(const std::filesystem::path& run);
-// Loads the checkpoint `dir` into model and optimizer and returns its step count.
+// The checkpoint a reading command (eval, generate, attention) loads from: checkpoint/, or one left
+// as checkpoint.previous/, read where it is; std::invalid_argument when the run has neither.
+std::filesystem::path readable_checkpoint(const std::filesystem::path& run);
+// Loads the checkpoint `dir` into model and optimizer and returns its step count. Every file is
+// checked before use: state.json is {"step": N} with the optimizer's own count equal to N, and the
+// weights and moments are float32 or float64, finite, with no negative second moment.
 int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer);
 
 }  // namespace relgrad

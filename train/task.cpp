@@ -117,6 +117,7 @@ json ClassificationTask::evaluate(int64_t batch_size, const LengthBuckets& bucke
             hits[bucket] += hit;
             counts[bucket] += 1;
         }
+        evaluation_batch_done(start, batch_size, test_.size());
     }
     return {{"accuracy", static_cast<double>(correct) / static_cast<double>(test_.size())},
             {"by_length", by_length(buckets, hits, counts)}};
@@ -164,6 +165,7 @@ json SequencePairTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
             bucket_of_example.push_back(buckets.bucket_of(static_cast<int64_t>(test_[i].source.size())));
         }
         for (auto& output : greedy_decode(sources, longest + 1)) outputs.push_back(std::move(output));
+        evaluation_batch_done(start, batch_size, test_.size());
     }
     auto scores = [](const std::vector<std::vector<int64_t>>& out, const std::vector<std::vector<int64_t>>& tgt) {
         const SequenceScores s = sequence_scores(out, tgt, Tokenizer::unk);
@@ -192,6 +194,7 @@ std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vec
 }
 
 std::vector<int64_t> SequencePairTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+    if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
     return greedy_decode({prompt}, max_tokens)[0];
 }
 
@@ -241,6 +244,7 @@ json LanguageModelTask::evaluate(int64_t batch_size, const LengthBuckets& bucket
             total -= picked[n];
             total_tokens += 1;
         }
+        evaluation_batch_done(start, batch_size, test_.size());
     }
     json by_length = json::object();
     for (int64_t b = 0; b < buckets.count(); ++b) {

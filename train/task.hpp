@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -36,6 +37,18 @@ public:
     virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens);
     // The self-attention weights of every layer of the (encoder) stack for one input: [H, L, L] each.
     virtual std::vector<Tensor> attention(const std::vector<int64_t>& tokens) = 0;
+
+    // When set, evaluate() calls it after every batch with (batches done, batches in all), so that
+    // a long evaluation can show its progress.
+    std::function<void(int64_t done, int64_t total)> on_evaluation_batch;
+
+protected:
+    // For evaluate(): the batch starting at example `start` of `examples` is done.
+    void evaluation_batch_done(std::size_t start, int64_t batch_size, std::size_t examples) const {
+        if (!on_evaluation_batch) return;
+        const auto size = static_cast<std::size_t>(batch_size);
+        on_evaluation_batch(static_cast<int64_t>(start / size + 1), static_cast<int64_t>((examples + size - 1) / size));
+    }
 };
 
 // A SequenceClassifier over the token sequence.

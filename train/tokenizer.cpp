@@ -238,9 +238,9 @@ Tokenizer Tokenizer::from_json(const std::string& text) {
     const auto fail = [](const std::string& what) { throw std::runtime_error("tokenizer JSON: " + what); };
     json document;
     try {
-        document = json::parse(text);
-    } catch (const json::parse_error& e) {
-        fail(std::string("not valid JSON: ") + e.what());
+        document = parse_json(text, "tokenizer JSON");
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(e.what());
     }
     if (!document.is_object())
         fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + json_excerpt(document));

@@ -13,6 +13,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/system.hpp"
+#include "train/json_reader.hpp"
 #include "train/make_task.hpp"
 #include "train/run_directory.hpp"
 
@@ -67,27 +68,88 @@ std::optional<Tokenizer> checked_output_directory(const fs::path& out, const jso
         throw std::invalid_argument("--resume: " + differs + " differs from the config " + out.string() +
                                     " was trained with");
     }
-    return saved_tokenizer(out);
+    return saved_tokenizer(out, parse_task_kind(saved));
 }
 
-// The step a run continues from: the checkpoint's for --resume (whose --stop-after must lie
-// ahead), else 0, with config.json, tokenizer.json and an empty metrics.jsonl written.
-int64_t first_step(const fs::path& out, const json& resolved, const std::optional<Tokenizer>& tokenizer,
-                   const TrainOptions& options, Module& model, AdamW& optimizer) {
+// metrics.jsonl of a run resumed at `step` must hold exactly the lines the run wrote up to that
+// step: the evaluation at step 0, then in step order a log line at every multiple of log_every and
+// an evaluation at every multiple of evaluation.every, both at the last step too. Lines after the
+// checkpoint's step (the run went on before it stopped, and the resumed run writes them again) and
+// a last line cut short are dropped; anything else means the metrics are not this checkpoint's.
+// Returns the evaluations kept, in order.
+std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const Config& config, int64_t total_steps) {
+    const std::string text = read_file(path, "the run's metrics (metrics.jsonl)");
+    const int64_t log_every = config.training.log_every, eval_every = config.evaluation.every;
+    auto expect = [&](bool condition, int64_t line, const std::string& what) {
+        if (!condition) {
+            throw std::invalid_argument(path.string() + ":line " + std::to_string(line) + ": " + what +
+                                        " (the metrics do not belong to the checkpoint at step " +
+                                        std::to_string(step) + ")");
+        }
+    };
+    std::string kept;
+    std::vector<json> evaluations;
+    int64_t line_number = 0, previous_step = -1, lines_kept = 0;
+    bool previous_was_eval = true;
+    for (std::size_t start = 0, end; (end = text.find('\n', start)) != std::string::npos; start = end + 1) {
+        const std::string line = text.substr(start, end - start);
+        ++line_number;
+        const json entry = parse_json(line, path.string() + ":line " + std::to_string(line_number));
+        expect(entry.is_object() && entry.contains("step") && entry["step"].is_number_integer(), line_number,
+               "expected an object with an integer \"step\"");
+        const int64_t at = entry["step"].get<int64_t>();
+        if (at > step) break;
+        const bool eval = entry.contains("eval"), last = at == total_steps;
+        expect(eval ? at == 0 || at % eval_every == 0 || last : at > 0 && (at % log_every == 0 || last), line_number,
+               "step " + std::to_string(at) + " is not one at which the run " + (eval ? "evaluates" : "logs"));
+        // in order: each step's log line before its evaluation, and no step twice
+        expect(at > previous_step || (at == previous_step && eval && !previous_was_eval), line_number,
+               "step " + std::to_string(at) + " out of order");
+        previous_step = at;
+        previous_was_eval = eval;
+        kept += line + "\n";
+        ++lines_kept;
+        if (eval) evaluations.push_back(entry["eval"]);
+    }
+    const bool at_end = step == total_steps;
+    const int64_t expected = 1 + step / log_every + step / eval_every + (at_end && total_steps % log_every != 0) +
+                             (at_end && total_steps % eval_every != 0);
+    expect(lines_kept == expected, line_number,
+           std::to_string(lines_kept) + " lines up to step " + std::to_string(step) + ", expected " +
+               std::to_string(expected));
+    if (kept.size() != text.size()) write_text_file(path, kept);
+    return evaluations;
+}
+
+// Where a run starts: at step 0, with config.json, tokenizer.json and an empty metrics.jsonl
+// written, or for --resume at the checkpoint's step (which --stop-after must lie beyond), with the
+// evaluations metrics.jsonl holds up to there.
+struct Start {
+    int64_t step = 0;
+    std::vector<json> evaluations;
+};
+
+Start first_step(const fs::path& out, const Config& config, const json& resolved,
+                 const std::optional<Tokenizer>& tokenizer, const TrainOptions& options, int64_t total_steps,
+                 Module& model, AdamW& optimizer) {
     fs::create_directories(out);
     if (!options.resume) {
         write_json_file(out / "config.json", resolved);
         if (tokenizer) write_json_file(out / "tokenizer.json", json::parse(tokenizer->to_json()));
-        std::ofstream(out / "metrics.jsonl", std::ios::trunc);
-        return 0;
+        write_text_file(out / "metrics.jsonl", "");
+        return {};
     }
     recovered_checkpoint(out);
     const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer);
+    if (step > total_steps) {
+        throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
+                                    " is past the run's " + std::to_string(total_steps) + " steps");
+    }
     if (options.stop_after > 0 && options.stop_after <= step) {
         throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
                                     ": the checkpoint is already at step " + std::to_string(step));
     }
-    return step;
+    return {step, keep_metrics_up_to(out / "metrics.jsonl", step, config, total_steps)};
 }
 
 // ---------------------------------------------------------------- a step
@@ -174,17 +236,30 @@ std::string duration(double seconds) {
     return text;
 }
 
+// metrics.jsonl, a line appended and flushed per entry; a failed write is an error, not lost metrics.
+class MetricsFile {
+public:
+    explicit MetricsFile(fs::path path) : path_(std::move(path)), out_(path_, std::ios::app) {
+        if (!out_) throw std::runtime_error(path_.string() + ": cannot open for writing");
+    }
+    void append(const json& entry) {
+        out_ << entry.dump() << "\n" << std::flush;
+        if (!out_) throw std::runtime_error(path_.string() + ": write failed");
+    }
+
+private:
+    fs::path path_;
+    std::ofstream out_;
+};
+
 // A line of metrics.jsonl for a logged step.
-void log_step(std::ostream& metrics, int64_t done, const StepResult& result, double seconds, double tokens_per_second) {
-    metrics << json{{"step", done},
-                    {"loss", result.loss.item()},
-                    {"learning_rate", result.learning_rate},
-                    {"grad_norm", result.grad_norm},
-                    {"seconds", seconds},
-                    {"tokens_per_second", tokens_per_second}}
-                   .dump()
-            << "\n"
-            << std::flush;
+void log_step(MetricsFile& metrics, int64_t done, const StepResult& result, double seconds, double tokens_per_second) {
+    metrics.append(json{{"step", done},
+                        {"loss", result.loss.item()},
+                        {"learning_rate", result.learning_rate},
+                        {"grad_norm", result.grad_norm},
+                        {"seconds", seconds},
+                        {"tokens_per_second", tokens_per_second}});
 }
 
 // The progress line on stderr, rewritten in place at every step.
@@ -243,6 +318,12 @@ json train(const Config& config, const TrainOptions& options) {
         throw std::invalid_argument("/training/batch_size " + std::to_string(config.training.batch_size) +
                                     " exceeds the " + std::to_string(task->train_size()) + " training examples");
     }
+    if (options.progress) {
+        task->on_evaluation_batch = [](int64_t done, int64_t total) {
+            std::fprintf(stderr, "\revaluating: batch %lld/%lld   ", static_cast<long long>(done),
+                         static_cast<long long>(total));
+        };
+    }
     Module& model = task->model();
     model.to(config.training.device);  // before the optimizer, whose state follows the parameters
     AdamW optimizer(model.parameters(), config.training.adamw);
@@ -250,22 +331,24 @@ json train(const Config& config, const TrainOptions& options) {
     const int64_t total_steps = config.training.total_steps(task->train_size());  // steps, or from epochs
     const int64_t warmup_steps = config.training.warmup(total_steps);
 
-    const int64_t resumed_at = first_step(out, resolved, tokenizer, options, model, optimizer);
-    std::ofstream metrics(out / "metrics.jsonl", std::ios::app);
+    const Start start_at = first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer);
+    const int64_t resumed_at = start_at.step;
+    MetricsFile metrics(out / "metrics.jsonl");
     auto evaluate = [&](int64_t at_step) {
         model.eval();
         json result = task->evaluate(config.evaluation.batch_size, buckets);
         model.train();
-        metrics << json{{"step", at_step}, {"eval", result}}.dump() << "\n" << std::flush;
+        metrics.append(json{{"step", at_step}, {"eval", result}});
         return result;
     };
-    const json initial = resumed_at == 0 ? evaluate(0) : json();
+    // the evaluation at step 0, and at the end already for a run resumed there
+    const json initial = resumed_at == 0 ? evaluate(0) : start_at.evaluations.front();
+    json last_eval = resumed_at == total_steps ? start_at.evaluations.back() : json();
 
     const auto start = Clock::now();
     const Sampler sampler(config.training, *task);
-    int64_t tokens_seen = 0, step = resumed_at;
-    json last_eval;
-    for (; step < total_steps; ++step) {
+    int64_t tokens_seen = 0;
+    for (int64_t step = resumed_at; step < total_steps; ++step) {
         const StepResult result =
             train_step(*task, optimizer, config.training, sampler.draw(step), step, warmup_steps, total_steps);
         tokens_seen += result.tokens;
@@ -296,7 +379,6 @@ json train(const Config& config, const TrainOptions& options) {
             return json{{"stopped_at", done}};
         }
     }
-    if (last_eval.is_null()) last_eval = evaluate(step);  // resumed at the end already
 
     const json summary = summary_of(config, *task, total_steps, initial, last_eval, seconds_since(start), tokens_seen);
     write_json_file(out / "summary.json", summary);

@@ -4,7 +4,8 @@
 Relative multi-head attention (Shaw et al. 2018), plain multi-head attention and the sinusoidal
 encoding are written here from their formulas, with PyTorch's autograd. Each random configuration
 is run through `relgrad layer` on the same .npy files; outputs and all gradients (float64) must
-agree to 1e-9.
+agree to 1e-9. The input files are written in the layouts NumPy can write (C or Fortran order,
+little- or big-endian; masks in any numeric dtype), which all hold the same values.
 
     python3 tests/reference/test_reference.py --relgrad build/relgrad [--configs 40] [--seed 1]
 """
@@ -97,6 +98,15 @@ def random_mask(rng, batch, length):
     return keep.astype(np.float32), torch.from_numpy(keep)[:, None], "attention"  # any dtype: non-zero = attend
 
 
+def save(path, value, layouts):
+    """np.save in a layout drawn from `layouts`: C or Fortran order, little- or big-endian"""
+    if layouts.random() < 0.3:
+        value = np.asfortranarray(value)
+    if layouts.random() < 0.3:
+        value = value.astype(value.dtype.newbyteorder(">"))
+    np.save(path, value)
+
+
 def combine(mask, causal, length):
     if not causal:
         return mask
@@ -104,7 +114,7 @@ def combine(mask, causal, length):
     return lower if mask is None else mask & lower
 
 
-def run_case(relgrad, rng, case):
+def run_case(relgrad, rng, layouts, case):
     batch = int(rng.integers(1, 4))
     length = int(rng.choice([1, 2, 3, 5, 7, 9]))
     kind = case["type"]
@@ -124,7 +134,8 @@ def run_case(relgrad, rng, case):
             spec.update({"d_model": dim, "n_heads": heads, "causal": causal})
             mask_np, mask_t, mask_type = random_mask(rng, batch, length)
             if mask_np is not None:
-                np.save(os.path.join(in_dir, "mask.npy"), mask_np)
+                mask_dtype = layouts.choice(["bool", "int8", "uint16", "int32", "uint64", "float16", "float64"])
+                save(os.path.join(in_dir, "mask.npy"), mask_np.astype(mask_dtype), layouts)
                 spec["mask_type"] = mask_type
             mask_t = combine(mask_t, causal, length)
             for name in ["w_q", "w_k", "w_v", "w_o"]:
@@ -140,10 +151,10 @@ def run_case(relgrad, rng, case):
                     params[name] = rng.normal(size=(k_left + k_right + 1, width))
         x = rng.normal(size=(batch, length, dim))
         dy = rng.normal(size=(batch, length, dim))
-        np.save(os.path.join(in_dir, "x.npy"), x)
-        np.save(os.path.join(in_dir, "dy.npy"), dy)
+        save(os.path.join(in_dir, "x.npy"), x, layouts)
+        save(os.path.join(in_dir, "dy.npy"), dy, layouts)
         for name, value in params.items():
-            np.save(os.path.join(in_dir, name + ".npy"), value)
+            save(os.path.join(in_dir, name + ".npy"), value, layouts)
         spec_path = os.path.join(work, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -184,10 +195,11 @@ def main():
     args = parser.parse_args()
     torch.set_default_dtype(torch.float64)
     rng = np.random.default_rng(args.seed)
+    layouts = np.random.default_rng(args.seed + 1)  # its own stream: the configurations stay those of rng
     passed = failed = 0
     for kind in ["relative_attention", "attention", "sinusoidal"]:
         for _ in range(args.configs):
-            spec, error, where = run_case(args.relgrad, rng, {"type": kind})
+            spec, error, where = run_case(args.relgrad, rng, layouts, {"type": kind})
             ok = error <= TOLERANCE
             passed += ok
             failed += not ok

@@ -116,7 +116,7 @@ TEST_CASE("malformed dataset lines are errors with path:line and what was expect
           p + ":line 1: invalid UTF-8 at byte offset 6 of the line: byte 0xFC cannot start a character");
 
     p = w.write("f.jsonl", "{\"text\": \"a\", \"label\": 1}\n{\"text\": \"b\", \"label\": 1\n");
-    CHECK(classification_error(p).find(p + ":line 2: not valid JSON: ") == 0);
+    CHECK(classification_error(p).find(p + ":line 2: not valid JSON (") == 0);
     p = w.write("g.jsonl", "[\"a\", 1]\n");
     CHECK(classification_error(p) ==
           p + ":line 1: expected a JSON object {\"label\": ..., \"text\": ...}, got [\"a\",1]");
@@ -132,6 +132,27 @@ TEST_CASE("malformed dataset lines are errors with path:line and what was expect
     CHECK(pairs_error(p) == p + ":line 1: 'source' must be a string, got 1");
     p = w.write("m.jsonl", "{\"text\": \"\", \"label\": \"x\"}\n");
     CHECK(classification_error(p) == p + ":line 1: 'text' is empty");
+    p = w.write("n.jsonl",
+                "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"a\", \"label\": \"x\", \"label\": \"y\"}\n");
+    CHECK(classification_error(p) == p + ":line 2: /label: the key is given twice");
+    p = w.write("o.tsv", "pos\tgut\n");
+    fs::remove(p);
+    fs::create_directory(p);
+    CHECK(classification_error(p) == p + ": is a directory, expected a file");
+}
+
+TEST_CASE("a UTF-8 byte order mark at the start of a file is not part of its first example") {
+    Workspace w;
+    const std::string bom = "\xEF\xBB\xBF";
+    const auto tsv = read_classification(w.write("bom.tsv", bom + "neg\tschlecht\npos\tgut\n"));
+    REQUIRE(tsv.size() == 2);
+    CHECK(tsv[0].label == "neg");  // not "\ufeffneg", a third class
+    const auto jsonl = read_pairs(w.write("bom.jsonl", bom + "{\"source\": \"a\", \"target\": \"b\"}\n"));
+    REQUIRE(jsonl.size() == 1);
+    CHECK(jsonl[0].source == "a");
+    CHECK(read_text(w.write("bom.txt", bom + "Text")) == "Text");
+    // elsewhere it is a character like any other (U+FEFF, a zero-width no-break space)
+    CHECK(read_classification(w.write("inner.tsv", "pos\t" + bom + "gut\n"))[0].text == bom + "gut");
 }
 
 TEST_CASE("bad dataset files: extension, missing, empty") {

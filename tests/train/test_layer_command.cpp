@@ -111,7 +111,7 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "heads": 2})");
     CHECK(w.error() == spec + ": unknown key 'heads' for layer type 'relative_attention'");
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": -2})");
-    CHECK(w.error() == spec + ": 'n_heads' must be an integer >= 1, got -2");
+    CHECK(w.error() == spec + ": 'n_heads' must be an integer in [1, 1048576], got -2");
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "impl": "fast"})");
     CHECK(w.error() == "unknown attention implementation 'fast' (expected reference, bucketed or fused)");
     w.write_spec(R"({"type": "rotary", "d_model": 4})");
@@ -122,6 +122,22 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     CHECK(w.error() == spec + ": 'dtype' must be float32 or float64, got \"float16\"");
     w.write_spec("{not json");
     CHECK(w.error().find(spec + ": not valid JSON") == 0);
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "n_heads": 4})");
+    CHECK(w.error() == spec + ": /n_heads: the key is given twice");
+    // sizes: each at most 2^20, named when too large; bounds written as JSON writes numbers
+    w.write_spec(R"({"type": "linear", "in_features": 4, "out_features": 100000000000})");
+    CHECK(w.error() == spec + ": 'out_features' must be an integer in [1, 1048576], got 100000000000");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "k": 1000000000})");
+    CHECK(w.error() == spec + ": 'k' must be an integer in [0, 1048576], got 1000000000");
+    w.write_spec(R"({"type": "linear", "in_features": 1048576, "out_features": 1048576})");  // 4 TiB
+    CHECK(w.error() == spec + ": the layer's parameters do not fit in memory; make its sizes smaller");
+    w.write_spec(R"({"type": "layer_norm", "d_model": 4, "eps": 0})");
+    CHECK(w.error() == spec + ": 'eps' must be a number in [1e-300, 1.0], got 0");
+    // a directory where the spec goes
+    fs::remove(w.spec);
+    fs::create_directory(w.spec);
+    CHECK(w.error() == spec + ": is a directory, expected a layer spec (JSON)");
+    fs::remove(w.spec);
 
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
     w.save("w_q.weight.npy", zeros({4, 3}));

@@ -181,8 +181,10 @@ TEST_CASE("JSON round trip") {
 TEST_CASE("a bad tokenizer document is a clear error") {
     const auto error = [](const std::string& json) { return error_of([&] { Tokenizer::from_json(json); }); };
     const std::string reserved = R"("<pad>", "<unk>", "<bos>", "<eos>")";
-    CHECK(error("{\"kind\": \"char\"").find("tokenizer JSON: not valid JSON: ") == 0);
+    CHECK(error("{\"kind\": \"char\"").find("tokenizer JSON: not valid JSON (") == 0);
     CHECK(error("[1]") == R"(tokenizer JSON: expected an object {"kind": ..., "tokens": [...]}, got [1])");
+    CHECK(error(R"({"kind": "char", "kind": "word", "tokens": []})") ==
+          "tokenizer JSON: /kind: the key is given twice");
     CHECK(error(R"({"tokens": []})") == "tokenizer JSON: 'kind' is required");
     CHECK(error(R"({"kind": "char"})") == "tokenizer JSON: 'tokens' is required");
     CHECK(error(R"({"kind": "char", "tokens": [], "size": 4})") ==

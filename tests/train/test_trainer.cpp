@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../engine/check.hpp"
 #include "engine/npy.hpp"
@@ -86,7 +87,9 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
     // a value nested 100,000 deep is named, not printed (printing it recursed once per level)
     nlohmann::json deep = nlohmann::json::array();
     for (int level = 0; level < 100000; ++level) deep = nlohmann::json::array({std::move(deep)});
-    CHECK(error_of({{"training", {{"steps", deep}}}}) ==
+    nlohmann::json deep_config = {{"training", nlohmann::json::object()}};
+    deep_config["training"]["steps"] = std::move(deep);  // moved: a copy would recurse once per level
+    CHECK(error_of(deep_config) ==
           "c.json: /training/steps: got an array nested more than 32 levels deep, expected an integer in [1, "
           "1099511627776]");
     CHECK(error_of({{"training", {{"steps", std::string(500, 'x')}}}}) ==
@@ -105,7 +108,7 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
     CHECK(error_of({{"task", {{"train_lengths", {9, 4}}}}}) ==
           "c.json: /task/train_lengths: got [9,4], expected [min, max] with min <= max");
     CHECK(error_of({{"task", {{"train_lengths", {4}}}}}) ==
-          "c.json: /task/train_lengths: got [4], expected a list of 2 integers in [1, 1048576]");
+          "c.json: /task/train_lengths: got [4], expected a list of 2 integers in [1, 65536]");
     CHECK(error_of({{"task", {{"distance", 8}}}}) ==
           "c.json: /task/train_lengths: got nothing, expected lengths above /task/distance = 8");
     CHECK(error_of({{"task", {{"distance", 3}, {"test_lengths", {2, 9}}}}}) ==
@@ -122,6 +125,31 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "c.json: /data/split_punctuation: got true, expected false with the char tokenizer (set data.tokenizer = "
           "\"word\")");
     CHECK(error_of(nlohmann::json::array()) == "c.json: /: got [], expected an object");
+    // limits that keep a valid config from asking for absurd work (docs/training.md)
+    CHECK(error_of({{"task", {{"kind", "copy"}, {"train_examples", 1 << 30}}}}) ==
+          "c.json: /task/train_examples: got 1073741824, expected at most 5592405 examples of up to 24 tokens "
+          "(/task/train_lengths): a synthetic split holds at most 2^27 tokens");
+    CHECK(error_of({{"task", {{"test_lengths", {8, 1 << 20}}}}}) ==
+          "c.json: /task/test_lengths: got [8,1048576], expected a list of 2 integers in [1, 65536]");
+}
+
+TEST_CASE("a config file is read whole and checked: JSON, no key twice, a file and not a directory") {
+    TempDir dir("relgrad_test_config_file");
+    fs::create_directories(dir.path / "a_directory.json");
+    const std::string directory = (dir.path / "a_directory.json").string();
+    CHECK_THROWS_WITH_AS(read_config_file(directory), (directory + ": is a directory, expected a config file").c_str(),
+                         std::invalid_argument);
+    const std::string twice = (dir.path / "twice.json").string();
+    std::ofstream(twice) << R"({"training": {"steps": 10, "batch_size": 4, "steps": 20}})";
+    CHECK_THROWS_WITH_AS(read_config_file(twice), (twice + ": /training/steps: the key is given twice").c_str(),
+                         std::invalid_argument);
+    const std::string nested = (dir.path / "nested.json").string();
+    std::ofstream(nested) << R"({"model": {"layers": 1}, "task": [{"a": 1}, {"b": 2, "b": 3}]})";
+    CHECK_THROWS_WITH_AS(read_config_file(nested), (nested + ": /task/1/b: the key is given twice").c_str(),
+                         std::invalid_argument);
+    nlohmann::json c = quickstart_config();
+    CHECK_THROWS_WITH_AS(apply_override(c, R"(model={"dim": 8, "dim": 16})"),
+                         "--set model: /dim: the key is given twice", std::invalid_argument);
 }
 
 TEST_CASE("overrides set values by path, read as JSON when they parse") {
@@ -338,6 +366,9 @@ TEST_CASE("the loss falls: copying short sequences") {
     REQUIRE(one["by_length"].size() == 1);
     for (const char* key : {"accuracy", "token_accuracy", "bleu"}) CHECK(one["by_length"]["1-8"][key] == one[key]);
     CHECK(one["token_accuracy"].get<double>() > 0);  // so that the equality compares something
+    CHECK_THROWS_WITH_AS(generate((out.path / "one_bucket").string(), " ", 5), "generate: the prompt is empty",
+                         std::invalid_argument);
+    CHECK(!generate((out.path / "one_bucket").string(), "4 5", 5).empty());
 }
 
 TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
@@ -407,6 +438,124 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     big_batch["training"]["batch_size"] = 1000;
     CHECK_THROWS_WITH_AS(train(Config::parse(big_batch, "tiny"), TrainOptions{}),
                          "/training/batch_size 1000 exceeds the 400 training examples", std::invalid_argument);
+}
+
+TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and what is wrong") {
+    TempDir base("relgrad_test_train_corrupt");
+    const fs::path stopped = base.path / "stopped";
+    TrainOptions stop;
+    stop.stop_after = 8;  // a checkpoint at step 8 of 12, metrics.jsonl up to step 8
+    train(Config::parse(tiny_run(stopped), "tiny"), stop);
+    TrainOptions resume;
+    resume.resume = true;
+    int copies = 0;
+    // the stopped run copied, changed by `corrupt`, then resumed: the error, or "resumed"
+    auto resume_error = [&](const std::function<void(const fs::path&)>& corrupt) -> std::string {
+        const fs::path run = base.path / ("copy" + std::to_string(copies++));
+        fs::copy(stopped, run, fs::copy_options::recursive);
+        corrupt(run);
+        try {
+            train(Config::parse(tiny_run(run), "tiny"), resume);
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "resumed";
+    };
+    auto write = [](const fs::path& file, const std::string& text) { std::ofstream(file) << text; };
+    const fs::path checkpoint = base.path / "copyN" / "checkpoint";  // as named in the messages below
+    auto named = [&](const fs::path& file) {                         // the file in the copy about to be made
+        return (base.path / ("copy" + std::to_string(copies)) / fs::relative(file, base.path / "copyN")).string();
+    };
+
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "state.json", "{\"step\": 1000000000}");
+          }) == named(checkpoint / "state.json") + ": step 1000000000, but " +
+                    named(checkpoint / "optimizer" / "step.txt") + " counts 8 (a corrupt checkpoint)");
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "state.json", "{\"step\": 13}");
+              write(run / "checkpoint" / "optimizer" / "step.txt", "13\n");
+          }) == named(checkpoint / "state.json") + ": step 13 is past the run's 12 steps");
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "state.json", "{\"step\": 8, \"step\": 9}");
+          }) == named(checkpoint / "state.json") + ": /step: the key is given twice");
+    CHECK(resume_error(
+              [&](const fs::path& run) { write(run / "checkpoint" / "state.json", "{\"step\": 8, \"loss\": 1}"); }) ==
+          named(checkpoint / "state.json") + ": expected {\"step\": a whole number}, got {\"loss\":1,\"step\":8}");
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "optimizer" / "step.txt", "8 steps\n");
+          }) == named(checkpoint / "optimizer" / "step.txt") + ": missing or not a step count");
+    CHECK(resume_error([&](const fs::path& run) {
+              fs::remove(run / "checkpoint" / "state.json");
+              fs::create_directory(run / "checkpoint" / "state.json");
+          }) == named(checkpoint / "state.json") + ": is a directory, expected a JSON file");
+
+    // the tensors: float32 or float64, finite, no negative second moment
+    const std::string weight = "encoder.layers.0.feed_forward.fc1.weight.npy";
+    REQUIRE(fs::exists(stopped / "checkpoint" / "model" / weight));
+    CHECK(resume_error([&](const fs::path& run) {
+              save_npy(zeros({32, 16}, DType::int64), (run / "checkpoint" / "model" / weight).string());
+          }) == named(checkpoint / "model" / weight) + ": a corrupt state: int64 values, expected float32 or float64");
+    CHECK(resume_error([&](const fs::path& run) {
+              save_npy(zeros({32, 16}, DType::boolean), (run / "checkpoint" / "optimizer" / "m.0.npy").string());
+          }).find(": a corrupt state: bool values, expected float32 or float64") != std::string::npos);
+    CHECK(resume_error([&](const fs::path& run) {
+              const fs::path file = run / "checkpoint" / "model" / weight;
+              std::vector<double> values = load_npy(file.string()).to_vector();
+              values[5] = std::nan("");
+              save_npy(from_vector(values, {32, 16}), file.string());
+          }) == named(checkpoint / "model" / weight) + ": a corrupt state: it holds nan");
+    // m and v swapped: v, a running mean of g^2, is never negative; m of a trained weight is
+    auto has_negative = [&](int64_t i) {
+        const std::vector<double> m =
+            load_npy((stopped / "checkpoint" / "optimizer" / ("m." + std::to_string(i) + ".npy")).string()).to_vector();
+        return std::any_of(m.begin(), m.end(), [](double x) { return x < 0; });
+    };
+    int64_t moment = 0;
+    while (!has_negative(moment)) ++moment;
+    const std::string m_file = "m." + std::to_string(moment) + ".npy", v_file = "v." + std::to_string(moment) + ".npy";
+    CHECK(resume_error([&](const fs::path& run) {
+              const fs::path optimizer = run / "checkpoint" / "optimizer";
+              fs::rename(optimizer / m_file, optimizer / "swap");
+              fs::rename(optimizer / v_file, optimizer / m_file);
+              fs::rename(optimizer / "swap", optimizer / v_file);
+          }) == named(checkpoint / "optimizer" / v_file) + ": a second moment is negative (a corrupt checkpoint)");
+
+    // metrics.jsonl: every line up to the checkpoint's step, in order; a directory is no file
+    const fs::path metrics = base.path / "copyN" / "metrics.jsonl";
+    CHECK(resume_error([&](const fs::path& run) {
+              fs::remove(run / "metrics.jsonl");
+              fs::create_directory(run / "metrics.jsonl");
+          }) == named(metrics) + ": is a directory, expected the run's metrics (metrics.jsonl)");
+    const std::vector<nlohmann::json> lines = read_lines(stopped / "metrics.jsonl");
+    REQUIRE(lines.size() == 1 + 8 + 1);  // the evaluations at steps 0 and 6, a log line per step
+    auto with_lines = [&](const std::vector<nlohmann::json>& kept) {
+        return [kept](const fs::path& run) {
+            std::ofstream out(run / "metrics.jsonl");
+            for (const auto& line : kept) out << line.dump() << "\n";
+        };
+    };
+    std::vector<nlohmann::json> missing = lines;
+    missing.erase(missing.begin() + 3);
+    CHECK(resume_error(with_lines(missing)) ==
+          named(metrics) +
+              ":line 9: 9 lines up to step 8, expected 10 (the metrics do not belong to the checkpoint "
+              "at step 8)");
+    std::vector<nlohmann::json> swapped = lines;
+    std::swap(swapped[2], swapped[3]);
+    CHECK(resume_error(with_lines(swapped)) ==
+          named(metrics) + ":line 4: step 2 out of order (the metrics do not belong to the checkpoint at step 8)");
+    // lines after the checkpoint's step, and a last line cut short, are the run's going on before
+    // it stopped: dropped, then written again by the resumed run
+    std::vector<nlohmann::json> ahead = lines;
+    ahead.push_back({{"step", 9}, {"loss", 1.0}});
+    CHECK(resume_error([&](const fs::path& run) {
+              with_lines(ahead)(run);
+              std::ofstream(run / "metrics.jsonl", std::ios::app) << "{\"step\": 10, \"lo";
+          }) == "resumed");
+    TempDir whole("relgrad_test_train_corrupt_whole");
+    train(Config::parse(tiny_run(whole.path), "tiny"), TrainOptions{});
+    CHECK(metrics_without_timing(whole.path) ==
+          metrics_without_timing(base.path / ("copy" + std::to_string(copies - 1))));
 }
 
 TEST_CASE("a diverging run stops with the step it diverged at") {
@@ -535,6 +684,10 @@ TEST_CASE("a trained run evaluates again to its summary and generates") {
         evaluate_run((dir.path / "nothing").string()),
         ((dir.path / "nothing").string() + ": not a trained run (needs config.json and checkpoint/)").c_str(),
         std::invalid_argument);
+    // a checkpoint left as checkpoint.previous/ (a run stopped between two renames) is read there
+    fs::rename(dir.path / "cls" / "checkpoint", dir.path / "cls" / "checkpoint.previous");
+    CHECK(evaluate_run((dir.path / "cls").string())["accuracy"] == summary["final"]["accuracy"]);
+    CHECK_FALSE(fs::exists(dir.path / "cls" / "checkpoint"));  // reading changes nothing
 
     fs::create_directories(dir.path);
     std::ofstream(dir.path / "text.txt") << std::string(2000, 'a');
@@ -584,6 +737,13 @@ TEST_CASE("a sequence-pair run evaluates on another file and translates; a gated
     CHECK(other["by_length"]["1-2"]["examples"] == 2);  // nein !, and ja nein, which it never saw
     CHECK(other["by_length"]["1-2"]["accuracy"] == 0.5);
     CHECK(generate((dir.path / "pairs").string(), "JA, GUT.", 10) == "yes , good .");
+    CHECK_THROWS_WITH_AS(generate((dir.path / "pairs").string(), "", 10), "generate: the prompt is empty",
+                         std::invalid_argument);
+    // the ids of the checkpoint are the saved tokenizer's: without it the run cannot be read
+    fs::remove(dir.path / "pairs" / "tokenizer.json");
+    const std::string missing =
+        (dir.path / "pairs" / "tokenizer.json").string() + ": missing (a run on text files keeps its vocabulary there)";
+    CHECK_THROWS_WITH_AS(evaluate_run((dir.path / "pairs").string()), missing.c_str(), std::invalid_argument);
 }
 
 TEST_CASE("the attention weights of a trained run, per layer") {

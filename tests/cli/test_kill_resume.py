@@ -1,0 +1,121 @@
+"""A training run killed with SIGKILL at many moments, inside checkpoint writes too, and resumed
+each time, ends exactly where an uninterrupted run ends: the same checkpoint bytes, the same
+metrics.jsonl and summary.json (their timing fields aside).
+
+    /usr/bin/python3 tests/cli/test_kill_resume.py --relgrad build/relgrad
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIG = {
+    "model": {"layers": 1, "dim": 16, "heads": 2, "ff_dim": 32, "k": 4},
+    "task": {"kind": "relative_order", "train_examples": 300, "test_examples": 48,
+             "train_lengths": [6, 12], "test_lengths": [6, 16]},
+    # one thread: the other core polls the run directory
+    "training": {"steps": 60, "batch_size": 16, "learning_rate": 3e-3, "log_every": 1, "threads": 1},
+    "evaluation": {"every": 10, "length_buckets": [8, 16]},
+    "output": {"checkpoint_every": 2},  # most of the run's time is spent writing checkpoints
+}
+TIMING_KEYS = {"seconds", "tokens_per_second", "train_seconds", "peak_rss_mib", "peak_live_mib"}
+
+
+def without_timing(entry):
+    return {key: value for key, value in entry.items() if key not in TIMING_KEYS}
+
+
+def run_files(run):
+    """What two runs of the same config must share exactly."""
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        metrics = [without_timing(json.loads(line)) for line in f]
+    with open(os.path.join(run, "summary.json")) as f:
+        summary = without_timing(json.load(f))
+    checkpoint = {}
+    for root, _, files in os.walk(os.path.join(run, "checkpoint")):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                checkpoint[os.path.relpath(path, run)] = f.read()
+    return metrics, summary, checkpoint
+
+
+def start(relgrad, config_path, run):
+    has_checkpoint = any(os.path.exists(os.path.join(run, name, "state.json"))
+                         for name in ("checkpoint", "checkpoint.previous"))
+    command = [relgrad, "train", config_path, "--out", run] + (["--resume"] if has_checkpoint else [])
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def wait_for(process, condition, timeout=60.0):
+    """Polls until condition() holds (True) or the process ends (False)."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if condition():
+            return True
+    return False
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--relgrad", required=True)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="relgrad_kill_resume_")
+    try:
+        config_path = os.path.join(work, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(CONFIG, f)
+        whole, parts = os.path.join(work, "whole"), os.path.join(work, "parts")
+        subprocess.run([args.relgrad, "train", config_path, "--out", whole], check=True,
+                       stdout=subprocess.DEVNULL)
+
+        partial = os.path.join(parts, "checkpoint.partial")
+        previous = os.path.join(parts, "checkpoint.previous")
+        rng = random.Random(7)
+        # the moments to kill at, in turn: a checkpoint being written, a checkpoint being swapped
+        # in, and a random moment
+        moments = [("during a checkpoint write", lambda: os.path.isdir(partial)),
+                   ("between the checkpoint's renames", lambda: os.path.isdir(previous)),
+                   ("at a random moment", None)]
+        kills, inside_writes, finished = 0, 0, False
+        while not finished:
+            name, condition = moments[kills % len(moments)]
+            process = start(args.relgrad, config_path, parts)
+            if condition is None:
+                time.sleep(rng.uniform(0.05, 0.6))
+                hit = process.poll() is None
+            else:
+                hit = wait_for(process, condition)
+            if hit and kills < 12:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                kills += 1
+                if os.path.isdir(partial) or os.path.isdir(previous):
+                    inside_writes += 1
+                print(f"killed {name}", flush=True)
+                continue
+            _, stderr = process.communicate()
+            if process.returncode != 0:
+                sys.exit(f"the resumed run failed ({process.returncode}): {stderr.decode()}")
+            finished = True
+
+        if kills < 6 or inside_writes < 2:
+            sys.exit(f"only {kills} kills, {inside_writes} of them inside a checkpoint write: the test proved little")
+        expected, got = run_files(whole), run_files(parts)
+        for what, a, b in zip(("metrics.jsonl", "summary.json", "checkpoint"), expected, got):
+            if a != b:
+                sys.exit(f"{what} differs from the uninterrupted run's after {kills} kills")
+        print(f"{kills} kills ({inside_writes} inside a checkpoint write or swap): "
+              f"the same checkpoint ({len(got[2])} files), metrics and summary")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
