@@ -11,6 +11,7 @@
 #include "engine/npy.hpp"
 #include "layers/transformer.hpp"
 #include "train/config.hpp"
+#include "train/make_task.hpp"
 #include "train/run_commands.hpp"
 #include "train/run_directory.hpp"
 #include "train/trainer.hpp"
@@ -556,6 +557,18 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
     train(Config::parse(tiny_run(whole.path), "tiny"), TrainOptions{});
     CHECK(metrics_without_timing(whole.path) ==
           metrics_without_timing(base.path / ("copy" + std::to_string(copies - 1))));
+}
+
+TEST_CASE("a long evaluation reports every batch it has done") {
+    TempDir dir("relgrad_test_train_progress");
+    const Config config = Config::parse(tiny_run(dir.path), "tiny");  // 64 test examples
+    Generator gen(config.training.seed);
+    std::optional<Tokenizer> no_tokenizer;
+    std::unique_ptr<Task> task = make_task(config, Init{gen, DType::float32}, no_tokenizer);
+    std::vector<std::pair<int64_t, int64_t>> reported;
+    task->on_evaluation_batch = [&](int64_t done, int64_t total) { reported.emplace_back(done, total); };
+    task->evaluate(24, LengthBuckets({8, 16}));  // batches of 24, 24 and 16
+    CHECK(reported == std::vector<std::pair<int64_t, int64_t>>{{1, 3}, {2, 3}, {3, 3}});
 }
 
 TEST_CASE("a diverging run stops with the step it diverged at") {
