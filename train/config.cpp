@@ -237,7 +237,13 @@ void config_fields(Fields& f, Config& c) {
 const char* task_kind_name(TaskKind kind) { return name_of(task_kinds, kind); }
 
 TaskKind parse_task_kind(const nlohmann::json& document) {
-    return task_kind_from_name(document.value("task", nlohmann::json::object()).value("kind", "relative_order"));
+    // looked up in place: document.value() would copy "task", recursing once per level of nesting
+    if (!document.is_object() || !document.contains("task") || !document["task"].is_object()) {
+        return TaskKind::relative_order;  // the default; Config::parse reports a "task" that is not an object
+    }
+    const nlohmann::json& task = document["task"];
+    if (!task.contains("kind") || !task["kind"].is_string()) return TaskKind::relative_order;  // likewise
+    return task_kind_from_name(task["kind"].get<std::string>());
 }
 
 bool reads_files(TaskKind kind) {

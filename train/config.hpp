@@ -29,7 +29,8 @@ bool reads_files(TaskKind kind);
 // data.max_length), and a synthetic split of at most 2^27 tokens (examples x longest length).
 constexpr int64_t kMostLength = int64_t{1} << 16;
 constexpr int64_t kMostTokens = int64_t{1} << 27;
-// The task kind a config document names (the default when it names none); throws on an unknown one.
+// The task kind a config document names: the default when it names none (or none that is a string,
+// which Config::parse then reports); throws on an unknown name.
 TaskKind parse_task_kind(const nlohmann::json& document);
 struct TaskConfig {
     TaskKind kind = TaskKind::relative_order;

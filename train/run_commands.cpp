@@ -34,8 +34,9 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     LoadedRun run;
     json document = read_json_file(dir / "config.json");
     if (!test_file.empty()) {
-        if (!reads_files(parse_task_kind(document))) {
-            throw std::invalid_argument("--data: a " + document["task"]["kind"].get<std::string>() +
+        const TaskKind kind = parse_task_kind(document);
+        if (!reads_files(kind)) {
+            throw std::invalid_argument(std::string("--data: a ") + task_kind_name(kind) +
                                         " run generates its own test data");
         }
         document["data"]["test"] = test_file;

@@ -151,6 +151,14 @@ TEST_CASE("a config file is read whole and checked: JSON, no key twice, a file a
     nlohmann::json c = quickstart_config();
     CHECK_THROWS_WITH_AS(apply_override(c, R"(model={"dim": 8, "dim": 16})"),
                          "--set model: /dim: the key is given twice", std::invalid_argument);
+    // a "task" nested 100,000 levels deep: looked at in place, never copied (a copy recursed per level)
+    const std::string deep = (dir.path / "deep.json").string();
+    std::ofstream(deep) << "{\"task\": " << std::string(100000, '[') << std::string(100000, ']') << "}";
+    const nlohmann::json deep_task = read_config_file(deep);
+    CHECK(parse_task_kind(deep_task) == TaskKind::relative_order);
+    CHECK_THROWS_WITH_AS(Config::parse(deep_task, deep),
+                         (deep + ": /task: got an array nested more than 32 levels deep, expected an object").c_str(),
+                         std::invalid_argument);
 }
 
 TEST_CASE("overrides set values by path, read as JSON when they parse") {
