@@ -2,8 +2,11 @@
 # Installs the Debian packages relgrad builds with, and nothing when they are all present.
 set -euo pipefail
 
+# clang-14, libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes) and libomp-14-dev
+# (clang's OpenMP, which find_package(OpenMP) needs under clang) build the fuzzers of tests/fuzz/.
 packages=(g++ cmake make libxtensor-dev libxtensor-blas-dev libxsimd-dev libopenblas-dev doctest-dev
-          nlohmann-json3-dev libcli11-dev python3-torch python3-numpy)
+          nlohmann-json3-dev libcli11-dev python3-torch python3-numpy
+          clang-14 libclang-rt-14-dev libomp-14-dev)
 
 missing=()
 for package in "${packages[@]}"; do

@@ -316,8 +316,7 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
     }
     const std::string path = assignment.substr(0, equals), text = assignment.substr(equals + 1);
     // JSON (duplicate keys refused), or else a plain string such as reverse or runs/x
-    const nlohmann::json value =
-        nlohmann::json::accept(text) ? parse_json(text, "--set " + path) : nlohmann::json(text);
+    nlohmann::json value = nlohmann::json::accept(text) ? parse_json(text, "--set " + path) : nlohmann::json(text);
     require_utf8(text, "--set " + path);
     if (!document.is_object()) {
         throw std::invalid_argument("--set " + assignment + ": the config is not a JSON object {...}");
@@ -332,7 +331,7 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
             if (value.is_null()) {
                 node->erase(key);  // back to the default
             } else {
-                (*node)[key] = value;
+                (*node)[key] = std::move(value);  // moved: a copy would recurse once per level of nesting
             }
             return;
         }

@@ -21,9 +21,11 @@ using nlohmann::json;
 
 namespace {
 
-// Every size of a spec (features, d_model, heads, ff_dim, max_len, k) is at most 2^20: beyond
-// that a single parameter would not fit in memory anyway, and the error names the key.
+// Every size of a spec (features, d_model, heads, ff_dim, max_len, k) is at most 2^20, and no
+// two of them may multiply to more than 2^28 elements (a parameter of 1 GiB in float32): checked
+// as each is read, before anything is allocated, so the error names the key.
 constexpr int64_t kMostSize = int64_t{1} << 20;
+constexpr int64_t kMostElements = int64_t{1} << 28;
 
 // Reads the spec's keys, each at most once, and complains about any key never read.
 class Spec {
@@ -50,7 +52,20 @@ public:
             fail("'" + key + "' must be an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
                  "], got " + json_excerpt(value));
         }
-        return value.get<int64_t>();
+        const int64_t size = value.get<int64_t>();
+        // A parameter is at most [a size, another size] or [2 k + 1 table rows, a size]: a clipping
+        // distance (k, k_left, k_right) is paired with the other sizes only.
+        const bool distance = key[0] == 'k';
+        const int64_t extent = distance ? 2 * size + 1 : size;
+        const Largest& partner = distance || sizes_.extent >= distances_.extent ? sizes_ : distances_;
+        if (partner.extent * extent > kMostElements) {
+            fail("'" + key + "' = " + std::to_string(size) + " with '" + partner.key +
+                 "' = " + std::to_string(partner.value) + " makes a parameter of up to " +
+                 std::to_string(partner.extent * extent) + " elements, more than the 2^28 a layer spec may ask for");
+        }
+        Largest& mine = distance ? distances_ : sizes_;
+        if (extent > mine.extent) mine = Largest{extent, size, key};
+        return size;
     }
 
     double number(const std::string& key, double low, double high, double fallback) {
@@ -91,6 +106,11 @@ private:
     const json& doc_;
     std::string path_;
     std::set<std::string> read_;
+    struct Largest {  // of the sizes or of the clipping distances read so far
+        int64_t extent = 1, value = 0;
+        std::string key;
+    };
+    Largest sizes_, distances_;
 };
 
 DType parse_dtype(Spec& spec) {

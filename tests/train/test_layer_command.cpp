@@ -130,7 +130,13 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "k": 1000000000})");
     CHECK(w.error() == spec + ": 'k' must be an integer in [0, 1048576], got 1000000000");
     w.write_spec(R"({"type": "linear", "in_features": 1048576, "out_features": 1048576})");  // 4 TiB
-    CHECK(w.error() == spec + ": the layer's parameters do not fit in memory; make its sizes smaller");
+    CHECK(w.error() == spec +
+                           ": 'out_features' = 1048576 with 'in_features' = 1048576 makes a parameter of up to "
+                           "1099511627776 elements, more than the 2^28 a layer spec may ask for");
+    w.write_spec(R"({"type": "relative_attention", "d_model": 1024, "n_heads": 2, "k": 262144})");
+    CHECK(w.error() == spec +
+                           ": 'k' = 262144 with 'd_model' = 1024 makes a parameter of up to 536871936 "
+                           "elements, more than the 2^28 a layer spec may ask for");
     w.write_spec(R"({"type": "layer_norm", "d_model": 4, "eps": 0})");
     CHECK(w.error() == spec + ": 'eps' must be a number in [1e-300, 1.0], got 0");
     // a directory where the spec goes

@@ -156,6 +156,12 @@ TEST_CASE("a config file is read whole and checked: JSON, no key twice, a file a
     std::ofstream(deep) << "{\"task\": " << std::string(100000, '[') << std::string(100000, ']') << "}";
     const nlohmann::json deep_task = read_config_file(deep);
     CHECK(parse_task_kind(deep_task) == TaskKind::relative_order);
+    nlohmann::json deep_set = quickstart_config();  // and a --set value as deep: moved into place, not copied
+    apply_override(deep_set, "training.steps=" + std::string(100000, '[') + std::string(100000, ']'));
+    CHECK_THROWS_WITH_AS(Config::parse(deep_set, "c"),
+                         "c: /training/steps: got an array nested more than 32 levels deep, expected an integer in [1, "
+                         "1099511627776]",
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(Config::parse(deep_task, deep),
                          (deep + ": /task: got an array nested more than 32 levels deep, expected an object").c_str(),
                          std::invalid_argument);

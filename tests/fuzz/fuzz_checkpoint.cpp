@@ -1,0 +1,180 @@
+// fuzz_checkpoint: a damaged checkpoint, loaded as `relgrad train --resume` loads one, and then
+// evaluated as `relgrad eval` would. LLVMFuzzerInitialize trains a tiny run once (relgrad::train,
+// 2 steps of a 1-layer model of width 8 with relative positions, under the scratch directory),
+// checks that evaluate_run (train/run_commands.hpp) reads it, and builds the run's task (model and
+// data) and optimizer once. Each input then replaces ONE file of the run's checkpoint/: the first
+// byte picks the file (modulo their count, in sorted path order: model/*.npy, model/manifest.json,
+// optimizer/m.*.npy, optimizer/step.txt, optimizer/v.*.npy, state.json), the other bytes are its
+// new content. The checkpoint is loaded into that model and optimizer by load_checkpoint
+// (train/run_directory.hpp, the resume path) and, when it loads, the model is evaluated on the
+// run's test set; then the file is put back. Refusals are std::exceptions; weights the checks let
+// through must only give numbers, never a crash or undefined behaviour. (The model is reused, not
+// rebuilt per input: building one precomputes a 512 x 512 relative index, which under the
+// sanitizers costs more than the rest of an input; a load that succeeds replaces every parameter
+// and moment, so an evaluation depends only on the checkpoint it follows.)
+// Seeds (corpus/checkpoint/): each file's selector byte followed by its content in such a run
+// (so valid), and damaged versions of them (truncated, wrong shape, a bad step count, a manifest
+// missing a parameter or naming one more, a step nested 100,000 levels deep). A seed whose
+// selector points at another file than intended (a changed model) is still a valid input, only a
+// less interesting one; regenerate them with
+//     RELGRAD_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/checkpoint build-fuzz/tests/fuzz/fuzz_checkpoint
+#include <algorithm>
+#include <exception>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/optim.hpp"
+#include "fuzz_common.hpp"
+#include "train/config.hpp"
+#include "train/make_task.hpp"
+#include "train/run_commands.hpp"
+#include "train/run_directory.hpp"
+#include "train/trainer.hpp"
+
+using namespace relgrad_fuzz;
+
+namespace {
+
+fs::path run;                         // the trained run
+relgrad::Config config;               // its config
+std::unique_ptr<relgrad::Task> task;  // its task, and the optimizer of its model
+std::unique_ptr<relgrad::AdamW> optimizer;
+std::vector<fs::path> files;               // the files of run/checkpoint/, sorted
+std::map<fs::path, std::string> pristine;  // their content as trained
+
+std::string read_bytes(const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+nlohmann::json tiny_config(const fs::path& out) {
+    return {{"model",
+             {{"layers", 1},
+              {"dim", 8},
+              {"heads", 2},
+              {"ff_dim", 16},
+              {"dropout", 0.0},
+              {"position", "relative"},
+              {"k", 2}}},
+            {"task",
+             {{"kind", "relative_order"},
+              {"vocab", 8},
+              {"train_lengths", {4, 6}},
+              {"test_lengths", {4, 8}},
+              {"distance", 1},
+              {"train_examples", 8},
+              {"test_examples", 4}}},
+            {"training", {{"steps", 2}, {"batch_size", 4}, {"warmup_steps", 1}, {"threads", 1}, {"log_every", 1}}},
+            {"evaluation", {{"every", 2}, {"batch_size", 4}, {"length_buckets", {4, 8}}}},
+            {"output", {{"dir", out.string()}, {"checkpoint_every", 2}}}};
+}
+
+// RELGRAD_FUZZ_WRITE_SEEDS=DIR: writes the seeds of corpus/checkpoint/ into DIR (and exits): the
+// checkpoint's small files and its first tensor of each kind, valid and damaged.
+void write_seeds(const fs::path& dir) {
+    fs::create_directories(dir);
+    const auto seed = [&](const std::string& name, const fs::path& file, const std::string& content) {
+        const auto at = std::find(files.begin(), files.end(), file);
+        if (at == files.end()) finding("fuzz_checkpoint: no file " + file.string() + " in the tiny run");
+        write_file(dir / name, std::string(1, static_cast<char>(at - files.begin())) + content);
+        std::printf("%s: file %zu, %s\n", name.c_str(), static_cast<std::size_t>(at - files.begin()),
+                    fs::relative(file, run / "checkpoint").string().c_str());
+    };
+    const fs::path checkpoint = run / "checkpoint";
+    const fs::path model_npy = *std::find_if(files.begin(), files.end(), [&](const fs::path& f) {
+        return f.parent_path() == checkpoint / "model" && f.extension() == ".npy";
+    });
+    const fs::path optimizer_npy = checkpoint / "optimizer" / "m.0.npy";
+    for (const auto& [name, file] : {std::pair{"valid_state", checkpoint / "state.json"},
+                                     {"valid_manifest", checkpoint / "model" / "manifest.json"},
+                                     {"valid_step", checkpoint / "optimizer" / "step.txt"},
+                                     {"valid_model_tensor", model_npy},
+                                     {"valid_optimizer_tensor", optimizer_npy}}) {
+        seed(name, file, pristine[file]);
+    }
+    seed("broken_state_negative", checkpoint / "state.json", "{\"step\": -1}\n");
+    seed("broken_state_text", checkpoint / "state.json", "{\"step\": \"2\"}");
+    seed("broken_step", checkpoint / "optimizer" / "step.txt", "two\n");
+    nlohmann::json manifest = nlohmann::json::parse(pristine[checkpoint / "model" / "manifest.json"]);
+    nlohmann::json fewer = manifest;
+    fewer["parameters"].erase(0);
+    seed("broken_manifest_missing", checkpoint / "model" / "manifest.json", fewer.dump());
+    nlohmann::json more = manifest;
+    more["parameters"].push_back({{"name", "extra"}, {"shape", {2}}});
+    seed("broken_manifest_extra", checkpoint / "model" / "manifest.json", more.dump());
+    const std::string tensor = pristine[model_npy];
+    seed("broken_tensor_truncated", model_npy, tensor.substr(0, tensor.size() - 4));
+    // the same bytes with a leading dimension of 1 (a shape the model does not expect), the header
+    // kept at its length by taking three of its padding spaces
+    std::string reshaped = tensor;
+    const std::size_t open = reshaped.find("'shape': (");
+    if (open != std::string::npos) {
+        reshaped.replace(open, 10, "'shape': (1, ");
+        const std::size_t end = reshaped.find('\n', open);
+        if (end != std::string::npos && reshaped.compare(end - 3, 3, "   ") == 0) reshaped.erase(end - 3, 3);
+    }
+    seed("broken_tensor_shape", model_npy, reshaped);
+    seed("broken_state_deep", checkpoint / "state.json",
+         "{\"step\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    single_thread();
+    run = scratch_dir("checkpoint") / "run";
+    try {
+        config = relgrad::Config::parse(tiny_config(run), "tiny");
+        relgrad::train(config, relgrad::TrainOptions{});
+    } catch (const std::exception& e) {
+        finding(std::string("fuzz_checkpoint: training the tiny run failed: ") + e.what());
+    }
+    for (const auto& entry : fs::recursive_directory_iterator(run / "checkpoint")) {
+        if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) finding("fuzz_checkpoint: the tiny run wrote no checkpoint files");
+    for (const fs::path& file : files) pristine[file] = read_bytes(file);
+    try {
+        static_cast<void>(relgrad::evaluate_run(run.string()));
+        relgrad::Generator gen(config.training.seed);
+        std::optional<relgrad::Tokenizer> no_tokenizer;
+        task = relgrad::make_task(config, relgrad::Init{gen, relgrad::DType::float32}, no_tokenizer);
+        optimizer = std::make_unique<relgrad::AdamW>(task->model().parameters(), config.training.adamw);
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer);
+    } catch (const std::exception& e) {
+        finding(std::string("fuzz_checkpoint: the tiny run does not load: ") + e.what());
+    }
+    if (const char* dir = std::getenv("RELGRAD_FUZZ_WRITE_SEEDS")) {
+        write_seeds(dir);
+        std::exit(0);
+    }
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    if (size == 0) return 0;
+    const fs::path& file = files[data[0] % files.size()];
+    write_file(file, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+
+    bool loaded = false;
+    try {
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer);
+        loaded = true;
+    } catch (const std::exception&) {
+    }
+    if (loaded) {  // relgrad eval's work on what was loaded
+        try {
+            task->model().eval();
+            static_cast<void>(
+                task->evaluate(config.evaluation.batch_size, relgrad::LengthBuckets(config.evaluation.length_buckets)));
+        } catch (const std::exception&) {
+        }
+    }
+    write_file(file, pristine[file]);
+    return 0;
+}
