@@ -60,9 +60,9 @@ Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, Ba
     return output;
 }
 
-// Tensors reachable from root through inputs that require a gradient, each listed after all the
-// tensors it depends on (a post-order depth-first walk with an explicit stack).
-static std::vector<Tensor> topological_order(const Tensor& root) {
+// A post-order depth-first walk with an explicit stack: a tensor is listed when all of its inputs
+// have been.
+std::vector<Tensor> topological_order(const Tensor& root) {
     // The list owns its tensors: releasing a node must not free a tensor still to be visited.
     std::vector<Tensor> order;
     std::unordered_set<TensorImpl*> seen;

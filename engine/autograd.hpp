@@ -72,6 +72,11 @@ private:
 // reference cycle); capture output.detach() instead.
 Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward);
 
+// The tensors reachable from root through inputs that require a gradient, each listed after all
+// the tensors it depends on (root last). backward() walks this list from the end, so every use
+// of a tensor has added its share to the tensor's gradient before that gradient is passed on.
+std::vector<Tensor> topological_order(const Tensor& root);
+
 // The reverse-mode pass; Tensor::backward calls this.
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph);
 

@@ -56,12 +56,16 @@ class Comparison {
 public:
     explicit Comparison(const GradcheckOptions& options) : options_(options) {}
 
-    void compare(double analytic, double numeric, const std::string& where) {
+    // `errors`: the input's own maxima, or none (fast mode's projection of all of them)
+    void compare(double analytic, double numeric, const std::string& where, GradcheckErrors* errors = nullptr) {
         const double abs_error = std::fabs(analytic - numeric);
         const bool ok = std::isfinite(analytic) && abs_error <= options_.atol + options_.rtol * std::fabs(numeric);
-        result_.max_abs_error = std::max(result_.max_abs_error, std::isnan(abs_error) ? INFINITY : abs_error);
-        if (std::fabs(numeric) > options_.atol) {
-            result_.max_rel_error = std::max(result_.max_rel_error, abs_error / std::fabs(numeric));
+        for (GradcheckErrors* maxima : {static_cast<GradcheckErrors*>(&result_), errors}) {
+            if (!maxima) continue;
+            maxima->max_abs_error = std::max(maxima->max_abs_error, std::isnan(abs_error) ? INFINITY : abs_error);
+            if (std::fabs(numeric) > options_.atol) {
+                maxima->max_rel_error = std::max(maxima->max_rel_error, abs_error / std::fabs(numeric));
+            }
         }
         if (ok) return;
         if (result_.passed) report_ << "gradient mismatch (analytic vs numeric):\n";
@@ -78,7 +82,9 @@ public:
         report_ << message << "\n";
     }
 
-    GradcheckResult result() {
+    GradcheckResult& result() { return result_; }
+
+    GradcheckResult finish() {
         if (mismatches_ > options_.max_reported) {
             report_ << "  ... " << mismatches_ - options_.max_reported << " more mismatches\n";
         }
@@ -152,6 +158,7 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
 
     const double eps = options.eps;
     if (!options.fast) {
+        std::vector<GradcheckErrors> per_input(leaves.size());
         for (std::size_t i = 0; i < leaves.size(); ++i) {
             if (!checked[i]) continue;
             const std::vector<double> x = leaves[i].to_vector();
@@ -163,10 +170,12 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
                 const double minus = project(f, leaves, cotangent);
                 set_element(leaves[i], k, x[k]);
                 comparison.compare(a[k], (plus - minus) / (2 * eps),
-                                   "input " + std::to_string(i) + " element " + multi_index(k, leaves[i].shape()));
+                                   "input " + std::to_string(i) + " element " + multi_index(k, leaves[i].shape()),
+                                   &per_input[i]);
             }
         }
-        return comparison.result();
+        comparison.result().per_input = per_input;
+        return comparison.finish();
     }
 
     // fast mode: one random direction u_i per input; compare sum_i <analytic_i, u_i> with v^T J u
@@ -196,7 +205,7 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     const double minus = project(f, leaves, cotangent);
     shift(0);
     comparison.compare(analytic_projection, (plus - minus) / (2 * eps), "random projection v^T J u");
-    return comparison.result();
+    return comparison.finish();
 }
 
 }  // namespace relgrad

@@ -27,11 +27,18 @@ struct GradcheckOptions {
     int max_reported = 5;  // mismatches listed in the report
 };
 
-struct GradcheckResult {
-    bool passed = true;
+struct GradcheckErrors {
     double max_abs_error = 0;  // max |analytic - numeric|
     double max_rel_error = 0;  // max |analytic - numeric| / |numeric| where |numeric| > atol
-    std::string report;        // why it failed: mismatches side by side, with indices
+};
+
+// max_abs_error and max_rel_error over every checked element
+struct GradcheckResult : GradcheckErrors {
+    bool passed = true;
+    // The same per input, in the inputs' order (zeros for an input that is not checked). Fast
+    // mode compares one projection of all inputs together, so it leaves this empty.
+    std::vector<GradcheckErrors> per_input;
+    std::string report;  // why it failed: mismatches side by side, with indices
 };
 
 using Function = std::function<Tensor(const std::vector<Tensor>&)>;

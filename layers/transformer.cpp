@@ -95,8 +95,9 @@ TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const
 
 Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
     if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
-    // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 would otherwise be
-    // about sqrt(D) times shorter than the sinusoids (norm sqrt(D/2)) added to them
+    // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 (norm about
+    // 0.0176 sqrt(D) after the truncation) would otherwise be about 40 times shorter than the
+    // sinusoids (norm sqrt(D/2)) added to them, whatever D; scaled, 40 / sqrt(D) times
     Tensor x = mul(tokens.forward(ids),
                    scalar(std::sqrt(static_cast<double>(tokens.dim)), tokens.weight.dtype(), tokens.weight.device()));
     if (position == PositionMode::sinusoidal) x = sinusoidal.forward(x, offset);

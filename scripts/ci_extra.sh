@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Hardened inputs: what .ci/run runs after the README's test command.
+# What .ci/run runs after the README's test command: the notebooks, and the hardened-input checks.
 #
+#   0. notebooks: every notebooks/*.ipynb executed top to bottom against the Python module of
+#      build/ (the README's build; configured and built here if missing), any error a failure.
 #   1. asan: a sanitizer build of everything (g++, AddressSanitizer + UndefinedBehaviorSanitizer,
 #      every report fatal, -O1 -g1) in build-asan/, and the whole ctest suite on it.
 #   2. fuzz: the libFuzzer harnesses of tests/fuzz/ (clang++-14, ASan + UBSan too) built in
 #      build-fuzz/, each run from its seed corpus for a bounded time.
 #
-# Both parts always run; any failing build or test, sanitizer report or fuzzer finding fails the
+# Every part always runs; any failing build or test, sanitizer report or fuzzer finding fails the
 # script at the end. A finding's input is left in build-fuzz/artifacts/<fuzzer>/; replay it with
 # `build-fuzz/tests/fuzz/fuzz_<fuzzer> FILE`.
 #
-# Usage: scripts/ci_extra.sh [all|asan|fuzz]                    (default: all)
+# Usage: scripts/ci_extra.sh [all|notebooks|asan|fuzz]          (default: all)
 # Environment:
 #   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 45)
 #   RELGRAD_FUZZERS       which fuzzers (default "npy config data tokenizer checkpoint")
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh  # clang-14 and its sanitizer and fuzzer runtimes among them
 
 what=${1:-all}
-case "$what" in all | asan | fuzz) ;; *) echo "usage: $0 [all|asan|fuzz]" >&2; exit 2 ;; esac
+case "$what" in all | notebooks | asan | fuzz) ;; *) echo "usage: $0 [all|notebooks|asan|fuzz]" >&2; exit 2 ;; esac
 fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-45}
 fuzzers=${RELGRAD_FUZZERS:-"npy config data tokenizer checkpoint"}
 jobs=${RELGRAD_JOBS:-2}
@@ -39,6 +41,18 @@ elapsed() { echo "---- $1: $(($(date +%s) - $2)) s"; }
 export ASAN_OPTIONS="strict_string_checks=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1"
 
+run_notebooks() {
+    section "notebooks (against build/python)"
+    local start
+    start=$(date +%s)
+    if [ ! -f build/CMakeCache.txt ]; then
+        cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
+    fi
+    cmake --build build -j"$jobs" --target relgrad_python || return 1
+    /usr/bin/python3 scripts/run_notebooks.py --build build || return 1
+    elapsed "notebooks" "$start"
+}
+
 run_asan() {
     section "sanitizer build (build-asan: g++, ASan + UBSan, -O1 -g1)"
     local start
@@ -46,12 +60,14 @@ run_asan() {
     # Debug with -O1: fast enough for the suite, and no -DNDEBUG. -g1: line tables, all a report's
     # stack trace needs (file:line of every frame), at a third less build time than -g (GCC spends
     # it on the debug info of xtensor's and doctest's templates). Benchmarks are run by hand, never
-    # by ctest: not built. Warnings are not errors here: the README's build already holds them at
+    # by ctest: not built, nor the Python module (an instrumented module would need the sanitizer
+    # runtimes preloaded into Python; build/ runs its tests). Warnings are not errors here: the README's build already holds them at
     # zero with the flags users build with, and sanitizers make GCC warn falsely
     # (-Wmaybe-uninitialized and the like).
     cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
         -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-        -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DRELGRAD_BUILD_BENCH=OFF || return 1
+        -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DRELGRAD_BUILD_BENCH=OFF \
+        -DRELGRAD_PYTHON=OFF || return 1
     cmake --build build-asan -j"$jobs" || return 1
     elapsed "sanitizer build" "$start"
 
@@ -76,7 +92,7 @@ run_fuzz() {
     # (structured bindings captured by lambdas), and build-asan runs them already.
     cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
         -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DRELGRAD_FUZZ=ON -DRELGRAD_BUILD_TESTS=OFF \
-        -DRELGRAD_BUILD_BENCH=OFF || return 1
+        -DRELGRAD_BUILD_BENCH=OFF -DRELGRAD_PYTHON=OFF || return 1
     cmake --build build-fuzz -j"$jobs" --target fuzzers || return 1
     elapsed "fuzz build" "$start"
 
@@ -112,6 +128,7 @@ run_fuzz() {
 
 total=$(date +%s)
 failed=()
+if [ "$what" = all ] || [ "$what" = notebooks ]; then run_notebooks || failed+=(notebooks); fi
 if [ "$what" = all ] || [ "$what" = asan ]; then run_asan || failed+=(asan); fi
 if [ "$what" = all ] || [ "$what" = fuzz ]; then run_fuzz || failed+=(fuzz); fi
 elapsed "ci_extra $what" "$total"

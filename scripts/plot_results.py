@@ -4,8 +4,8 @@
     python3 scripts/plot_results.py
 
 - EXP_loss.png: training loss per variant (first seed), from metrics.jsonl
-- EXP_by_length.png: the metric per length bucket (BLEU for translation), mean over seeds with the
-  spread as error bars
+- EXP_by_length.png: the metric per length bucket (BLEU for translation), mean over seeds with
+  error bars of one standard deviation, cut at the metric's range ([0, 1] for accuracy and BLEU)
 - translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
 - gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
@@ -56,18 +56,33 @@ def loss_curves(experiment, results):
     plt.close()
 
 
+# The values a metric can take: mean ± std may leave them (a seed at 1.0 and one at chance give a
+# std that reaches past 1), so the error bars are cut there.
+METRIC_RANGE = {"accuracy": (0.0, 1.0), "bleu": (0.0, 1.0)}
+
+
+def error_bars(means, stds, metric):
+    """yerr for plt.errorbar: mean - std and mean + std, cut at the metric's range."""
+    low, high = METRIC_RANGE.get(metric, (-np.inf, np.inf))
+    below = [m - max(m - s, low) for m, s in zip(means, stds)]
+    above = [min(m + s, high) - m for m, s in zip(means, stds)]
+    return [below, above]
+
+
 def by_length(experiment, results):
+    metric = next(iter(results.values()))["metric"]
     plt.figure(figsize=(6, 4))
     for variant, r in results.items():
         buckets = sorted(r["by_length"], key=lambda name: int(name.split("-")[0].lstrip(">")))
         means = [r["by_length"][b]["mean"] for b in buckets]
         stds = [r["by_length"][b]["std"] for b in buckets]
-        plt.errorbar(range(len(buckets)), means, yerr=stds, label=variant, capsize=2, linewidth=1)
+        plt.errorbar(range(len(buckets)), means, yerr=error_bars(means, stds, metric), label=variant, capsize=2,
+                     linewidth=1)
         plt.xticks(range(len(buckets)), buckets)
-    metric = next(iter(results.values()))["metric"]
     plt.xlabel("length bucket")
     plt.ylabel({"bleu": "BLEU"}.get(metric, metric))
-    plt.title(f"{experiment}: by length (mean ± std over seeds)")
+    cut = f", cut to [{METRIC_RANGE[metric][0]:g}, {METRIC_RANGE[metric][1]:g}]" if metric in METRIC_RANGE else ""
+    plt.title(f"{experiment}: by length (mean ± std over seeds{cut})", fontsize=10)
     plt.legend(fontsize=7)
     plt.tight_layout()
     plt.savefig(os.path.join(OUT, f"{experiment}_by_length.png"), dpi=120)
@@ -82,7 +97,7 @@ def bleu_vs_k(results):
             means.append(r["bleu"]["mean"])
             stds.append(r["bleu"]["std"])
     plt.figure(figsize=(5, 3.5))
-    plt.errorbar(ks, means, yerr=stds, marker="o", capsize=3, label="relative")
+    plt.errorbar(ks, means, yerr=error_bars(means, stds, "bleu"), marker="o", capsize=3, label="relative")
     if "sinusoidal" in results:
         plt.axhline(results["sinusoidal"]["bleu"]["mean"], color="gray", linestyle="--", label="sinusoidal")
     plt.xscale("log", base=2)

@@ -17,18 +17,7 @@ namespace relgrad {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-// A trained run: its config, task (data re-read) and tokenizer, with the checkpoint's weights.
-struct LoadedRun {
-    Config config;
-    std::optional<Tokenizer> tokenizer;
-    std::unique_ptr<Task> task;
-};
-
-// Loads a trained run; `weights_kept` asks for an attention implementation that keeps the weights (the
-// fused one keeps none; all three share the parameters, so a fused run is loaded as bucketed).
-LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept = false) {
+LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept) {
     const fs::path dir(run_dir);
     const fs::path checkpoint = readable_checkpoint(dir);
     LoadedRun run;
@@ -52,6 +41,8 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     run.task->model().eval();
     return run;
 }
+
+namespace {
 
 // A prompt as token ids: the run's tokenizer, or for synthetic tasks space-separated symbol ids.
 std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
@@ -94,13 +85,17 @@ std::string generate(const std::string& run_dir, const std::string& prompt, int6
     return out;
 }
 
-std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
-                                         const std::string& out_dir) {
+std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt) {
     LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true);
     const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
     if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
     NoGradGuard no_grad;
-    const std::vector<Tensor> weights = run.task->attention(ids);
+    return run.task->attention(ids);
+}
+
+std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
+                                         const std::string& out_dir) {
+    const std::vector<Tensor> weights = attention_weights(run_dir, prompt);
     fs::create_directories(out_dir);
     std::vector<std::string> written;
     for (std::size_t layer = 0; layer < weights.size(); ++layer) {

@@ -4,11 +4,29 @@
 // checkpoint.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "train/config.hpp"
+#include "train/task.hpp"
+#include "train/tokenizer.hpp"
+
 namespace relgrad {
+
+// A trained run: its config, tokenizer (file tasks) and task (data read again), with the
+// checkpoint's weights loaded into the task's model, in eval mode.
+struct LoadedRun {
+    Config config;
+    std::optional<Tokenizer> tokenizer;
+    std::unique_ptr<Task> task;
+};
+// Loads a trained run; test_file replaces data.test (file tasks only). `weights_kept` asks for an
+// attention implementation that keeps the weights: the fused one keeps none, and all three share
+// the parameters, so a fused run is then loaded as bucketed.
+LoadedRun load_run(const std::string& run_dir, const std::string& test_file = "", bool weights_kept = false);
 
 // The metrics of a trained run on its test data, or on `test_file` (file tasks only: it replaces
 // data.test).
@@ -19,8 +37,9 @@ nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_
 std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens);
 
 // The self-attention weights of a trained run for one prompt (the encoder's for sequence pairs):
-// <out_dir>/layer<i>.npy, [H, L, L] each, row i the weights query i gives every key. Returns the
-// files written.
+// one [H, L, L] tensor per layer, row i the weights query i gives every key.
+std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt);
+// The same as <out_dir>/layer<i>.npy; returns the files written.
 std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
                                          const std::string& out_dir);
 

@@ -46,6 +46,32 @@ TEST_CASE("a wrong derivative fails and is reported element by element") {
     CHECK_FALSE(gradcheck(f, one_input(), fast).passed);
 }
 
+TEST_CASE("the errors are also reported per input, and only the wrong input's are large") {
+    // f(x, y, index) = x^2 (wrong: 2.1 x) + y^2 (right); index is passed through unchecked
+    const auto f = [](const std::vector<Tensor>& in) {
+        const Tensor wrong =
+            square_with(in[0], [x = in[0].detach()](const Tensor& g) { return std::vector<Tensor>{g * x * 2.1}; });
+        const Tensor right =
+            square_with(in[1], [y = in[1].detach()](const Tensor& g) { return std::vector<Tensor>{g * y * 2.0}; });
+        return wrong + right;
+    };
+    Generator gen(5);
+    std::vector<Tensor> inputs = one_input();
+    inputs.push_back(randn({2, 3}, gen, DType::float64).requires_grad_(true));
+    inputs.push_back(zeros({1}, DType::int64));
+    const GradcheckResult result = gradcheck(f, inputs);
+    CHECK_FALSE(result.passed);
+    REQUIRE(result.per_input.size() == 3);
+    CHECK(result.per_input[0].max_abs_error == result.max_abs_error);
+    CHECK(result.per_input[0].max_abs_error > 1e-3);
+    CHECK(result.per_input[1].max_abs_error > 0);
+    CHECK(result.per_input[1].max_abs_error < 1e-8);
+    CHECK(result.per_input[2].max_abs_error == 0);
+    GradcheckOptions fast;
+    fast.fast = true;
+    CHECK(gradcheck(f, inputs, fast).per_input.empty());
+}
+
 TEST_CASE("a backward that changes between runs fails") {
     auto calls = std::make_shared<int>(0);
     const auto f = [calls](const std::vector<Tensor>& x) {

@@ -1,0 +1,37 @@
+// relgrad's Python module (relgrad._relgrad): what its three files share. The module is thin: every
+// function calls the C++ engine, layers or trainer, which stay the one implementation.
+//
+//   tensor_bindings.cpp   Tensor, NumPy in and out, the ops, autograd, gradcheck
+//   nn_bindings.cpp       relgrad.nn: the layers, masks and models
+//   run_bindings.cpp      training from a config, and the commands on a trained run
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "engine/tensor.hpp"
+
+namespace relgrad::python {
+
+namespace py = pybind11;
+
+// A relgrad dtype from a DType, a name ("float32", "float64", "int64", "bool") or a NumPy dtype.
+DType dtype_from(const py::handle& value);
+// A device from its name ("cpu", "guarded_cpu", "cuda").
+Device device_from(const py::handle& value);
+// A new CPU tensor with the values of a NumPy array, a (nested) list or a Python number. The
+// dtype, when none is given, follows NumPy's (float16 becomes float32); a list or number of
+// floats gives float32, as torch.tensor does.
+Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool requires_grad, const py::handle& device);
+// The tensor's elements as a NumPy array over the same memory (no copy): the array holds the
+// storage alive. Read-only when writing would go around autograd (the tensor requires a
+// gradient) or write several elements at once (a broadcast view). CPU tensors only.
+py::array to_numpy(const Tensor& tensor);
+// An undefined tensor as None.
+py::object tensor_or_none(const Tensor& tensor);
+
+void bind_tensor(py::module_& module);
+void bind_nn(py::module_& module);
+void bind_run(py::module_& module);
+
+}  // namespace relgrad::python

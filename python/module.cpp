@@ -1,0 +1,14 @@
+// relgrad's Python module, relgrad._relgrad; python/relgrad/__init__.py re-exports it as relgrad.
+//
+// An engine error raises a Python exception carrying the engine's message: bad input
+// (std::invalid_argument) a ValueError, an index out of range an IndexError, anything else a
+// RuntimeError; the long calls (backward, the models' forward, training, evaluation) release the
+// GIL.
+#include "python/bindings.hpp"
+
+PYBIND11_MODULE(_relgrad, module) {
+    module.doc() = "relgrad: a reverse-mode autograd engine and Transformer layers with relative positions";
+    relgrad::python::bind_tensor(module);
+    relgrad::python::bind_nn(module);
+    relgrad::python::bind_run(module);
+}

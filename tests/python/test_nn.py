@@ -1,0 +1,174 @@
+"""relgrad.nn from Python: every layer built and run, parameters and state_dict, modes, devices,
+the three attention forms agreeing, greedy decoding, and the errors."""
+import gc
+
+import numpy as np
+import pytest
+
+import relgrad
+from relgrad import nn
+
+MODEL = dict(dim=8, heads=2, ff_dim=16, layers=1, dropout=0.0, seed=3)
+
+
+def test_basic_layers_shapes_and_names():
+    x = relgrad.randn(2, 5, 8, seed=1)
+    linear = nn.Linear(8, 3, seed=1)
+    assert linear(x).shape == (2, 5, 3)
+    assert [name for name, _ in linear.named_parameters()] == ["weight", "bias"]
+    assert nn.Linear(8, 3, bias=False).bias is None
+    assert nn.Embedding(10, 4)(relgrad.tensor([[1, 2, 3]])).shape == (1, 3, 4)
+    norm = nn.LayerNorm(8)
+    np.testing.assert_allclose(norm(x).numpy().mean(-1), 0, atol=1e-6)
+    assert nn.FeedForward(8, 16)(x).shape == (2, 5, 8)
+    assert [n for n, _ in nn.FeedForward(8, 16).named_parameters()] == ["fc1.weight", "fc1.bias", "fc2.weight",
+                                                                        "fc2.bias"]
+    dropout = nn.Dropout(0.5, seed=1)
+    assert (dropout(relgrad.ones(100)).numpy() == 0).any()
+    np.testing.assert_array_equal(dropout.eval()(relgrad.ones(100)).numpy(), np.ones(100))
+
+
+def test_position_layers():
+    pe = nn.SinusoidalPositionalEncoding(4).encoding(3).numpy()
+    np.testing.assert_allclose(pe[2], [np.sin(2), np.cos(2), np.sin(2 / 100), np.cos(2 / 100)], rtol=1e-6)
+    assert nn.LearnedPositionalEmbedding(16, 8)(relgrad.zeros(1, 5, 8)).shape == (1, 5, 8)
+    relative = nn.RelativePositionEmbedding(4, heads=2, k=2, share_across_heads=False)
+    index = relative.index(4, 4).numpy()
+    np.testing.assert_array_equal(index, np.clip(np.arange(4)[None] - np.arange(4)[:, None], -2, 2) + 2)
+    assert relative.buckets == 5 and relative.table().shape == (2, 5, 4)
+    assert relative.lookup(3, 3).shape == (2, 3, 3, 4)
+    asymmetric = nn.RelativePositionEmbedding(4, k_left=1, k_right=3)
+    assert asymmetric.buckets == 5 and asymmetric.k_left == 1
+
+
+def test_masks():
+    padding = nn.key_padding_mask([2, 3])
+    assert padding.shape == (2, 1, 1, 3)
+    np.testing.assert_array_equal(padding.numpy()[:, 0, 0], [[True, True, False], [True, True, True]])
+    np.testing.assert_array_equal(nn.causal_mask(3).numpy(), np.tril(np.ones((3, 3), bool)))
+    window = nn.local_window_mask(4, window=1).numpy()
+    np.testing.assert_array_equal(window, np.abs(np.arange(4)[None] - np.arange(4)[:, None]) <= 1)
+    both = nn.combine_masks(nn.causal_mask(4), nn.local_window_mask(4, window=1)).numpy()
+    np.testing.assert_array_equal(both, np.tril(window))
+    assert nn.combine_masks(None, None) is None
+    np.testing.assert_array_equal(nn.pattern_mask(4, 4, causal=True).numpy(), np.tril(np.ones((4, 4), bool)))
+
+
+def test_attention_layers_and_weights():
+    x = relgrad.randn(2, 5, 8, seed=2)
+    mha = nn.MultiHeadAttention(8, 2, seed=1)
+    mask = nn.key_padding_mask([5, 3])
+    assert mha(x, mask=mask).shape == (2, 5, 8)
+    weights = mha.last_weights.numpy()
+    np.testing.assert_allclose(weights.sum(-1), 1, rtol=1e-6)
+    assert (weights[1, :, :, 3:] == 0).all()
+    mha.causal = True
+    mha(x)
+    assert (np.triu(mha.last_weights.numpy()[0, 0], 1) == 0).all()
+    gated = nn.GatedPositionAttention(8, 2, k=2, seed=1)
+    assert gated(x).shape == (2, 5, 8) and gated.gate_values() == [0.5, 0.5]
+    assert gated.w_gate is None and nn.GatedPositionAttention(8, 2, token_gate=True).w_gate is not None
+
+
+def test_three_attention_forms_agree_in_float64():
+    x_values = np.random.default_rng(0).standard_normal((2, 6, 8))
+    outputs, grads = [], []
+    for impl in ("reference", "bucketed", "fused"):
+        layer = nn.RelativeMultiHeadAttention(8, 2, k=2, impl=impl, seed=5, dtype="float64")
+        assert layer.impl == impl
+        x = relgrad.tensor(x_values, requires_grad=True)
+        out = layer(x, mask=nn.key_padding_mask([6, 4]))
+        (out * out).sum().backward()
+        outputs.append(out.numpy())
+        grads.append([x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()])
+    for other, other_grads in zip(outputs[1:], grads[1:]):
+        np.testing.assert_allclose(other, outputs[0], atol=1e-12)
+        for a, b in zip(other_grads, grads[0]):
+            np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+@pytest.mark.parametrize("position", ["none", "sinusoidal", "learned", "relative", "gated"])
+def test_models_forward_and_decode(position):
+    ids = relgrad.tensor([[4, 5, 6, 7], [5, 6, 0, 0]])
+    classifier = nn.SequenceClassifier(10, 3, position=position, **MODEL)
+    assert classifier(ids, lengths=[4, 2]).shape == (2, 3)
+    language_model = nn.CausalLanguageModel(10, position=position, **MODEL)
+    assert language_model(ids).shape == (2, 4, 10)
+    continuation = language_model.eval().greedy_decode([4, 5], eos=2, max_tokens=5)
+    assert len(continuation) <= 5 and all(0 <= t < 10 for t in continuation)
+    translator = nn.EncoderDecoder(10, 12, position=position, **MODEL)
+    assert translator(ids, ids, source_lengths=[4, 2], target_lengths=[4, 2]).shape == (2, 4, 12)
+    decoded = translator.eval().greedy_decode(ids, bos=1, eos=2, max_steps=4, source_lengths=[4, 2])
+    assert len(decoded) == 2 and all(len(row) <= 4 for row in decoded)
+    gates = classifier.gates()
+    assert (len(gates) == 1 and len(gates[0]) == 2) if position == "gated" else gates == []
+
+
+def test_state_dict_round_trip():
+    a = nn.SequenceClassifier(10, 2, position="relative", **MODEL)
+    b = nn.SequenceClassifier(10, 2, position="relative", **dict(MODEL, seed=4))
+    ids = relgrad.tensor([[4, 5, 6]])
+    assert not np.allclose(a(ids).numpy(), b(ids).numpy())
+    state = a.state_dict()
+    assert list(state) == [name for name, _ in a.named_parameters()]
+    assert "encoder.layers.0.self_attention.rel_pos_emb_k.weight" in state
+    assert all(isinstance(v, np.ndarray) for v in state.values())
+    b.load_state_dict(state)
+    np.testing.assert_array_equal(a(ids).numpy(), b(ids).numpy())
+    state["classifier.bias"][:] = 100  # a copy: the model is not changed through it
+    assert a.classifier.bias.numpy().max() < 100
+
+
+def test_load_state_dict_refuses_and_changes_nothing():
+    model = nn.Linear(3, 2, seed=1)
+    before = model.state_dict()
+    with pytest.raises(ValueError, match="missing bias"):
+        model.load_state_dict({"weight": np.zeros((2, 3))})
+    with pytest.raises(ValueError, match="unexpected extra"):
+        model.load_state_dict(dict(before, extra=np.zeros(1)))
+    with pytest.raises(ValueError, match="weight has shape \\[3, 2\\], the parameter \\[2, 3\\]"):
+        model.load_state_dict({"weight": np.zeros((3, 2)), "bias": np.zeros(2)})
+    with pytest.raises(ValueError, match="relgrad dtype"):
+        model.load_state_dict({"weight": np.full((2, 3), "text"), "bias": np.zeros(2)})
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_modes_dtypes_and_devices():
+    model = nn.EncoderLayer(**MODEL)
+    assert model.training and not model.eval().training and model.train().training
+    x = relgrad.randn(1, 4, 8, seed=1)
+    expected = model(x).numpy()
+    model.to("guarded_cpu")
+    assert model.device == "guarded_cpu"
+    on_device = model(x.to("guarded_cpu"))
+    with pytest.raises(ValueError, match="cannot read"):
+        on_device.numpy()
+    np.testing.assert_allclose(on_device.to("cpu").numpy(), expected, rtol=1e-6)
+    model.to("cpu").to("float64")
+    assert all(p.dtype == relgrad.float64 for p in model.parameters())
+
+
+def test_child_layers_keep_their_parent_alive():
+    fc1 = nn.FeedForward(4, 8, seed=1).fc1
+    layers = nn.Encoder(**MODEL).layers
+    gc.collect()
+    assert fc1(relgrad.ones(1, 4)).shape == (1, 8)
+    assert isinstance(layers[0].self_attention, nn.RelativeMultiHeadAttention)  # the most derived type
+    assert layers[0](relgrad.ones(1, 3, 8)).shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize("build, error, message", [
+    (lambda: nn.Linear(3, 2, sede=1), TypeError, "unexpected keyword argument 'sede'"),
+    (lambda: nn.SequenceClassifier(10, 2, position="rotary"), ValueError, "rotary"),
+    (lambda: nn.SequenceClassifier(10, 2, pooling="max"), ValueError, "pooling"),
+    (lambda: nn.RelativeMultiHeadAttention(8, 2, impl="flash"), ValueError, "flash"),
+    (lambda: nn.MultiHeadAttention(8, 3), ValueError, "heads"),
+    (lambda: nn.Encoder(k=2, k_left=1), ValueError, "not both"),
+    (lambda: nn.Linear(3, 2)(relgrad.ones(2, 4)), ValueError, "input of shape \\[2, 4\\] must end in dim 3"),
+    (lambda: nn.SequenceClassifier(10, 2, **MODEL)(relgrad.tensor([[4, 5]]), lengths=[3]), ValueError, "length"),
+    (lambda: nn.Linear(3, 2).to("tpu"), ValueError, "tpu"),
+])
+def test_errors(build, error, message):
+    with pytest.raises(error, match=message):
+        build()

@@ -1,0 +1,109 @@
+"""Training from Python: relgrad.train with the command line's keys, defaults and errors, and
+the commands on a trained run."""
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import relgrad
+
+# A run of a few seconds: the quickstart's task and model, smaller.
+SMALL = ["task.train_examples=200", "task.test_examples=40", "training.steps=20", "evaluation.every=10",
+         "model.layers=1", "model.dim=16", "model.ff_dim=32", "model.heads=2"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    summary = relgrad.train(out=str(out), set=SMALL)
+    assert summary["steps"] == 20 and summary["position"] == "relative" and "accuracy" in summary["final"]
+    return out
+
+
+def test_train_writes_the_run_directory(run_dir):
+    for name in ("config.json", "metrics.jsonl", "summary.json", "checkpoint"):
+        assert (run_dir / name).exists()
+    written = json.loads((run_dir / "config.json").read_text())
+    assert written["training"]["steps"] == 20 and written["model"]["dim"] == 16
+
+
+def test_config_as_dict_path_and_overrides_agree(tmp_path):
+    config = relgrad.quickstart_config()
+    config["training"]["steps"] = 7
+    resolved = relgrad.validate(config)
+    assert resolved["training"]["steps"] == 7 and resolved["training"]["schedule"] == "cosine"  # defaults filled in
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert relgrad.validate(str(path)) == resolved
+    assert relgrad.validate(path) == resolved  # a pathlib.Path too
+    assert relgrad.validate(set=["training.steps=7"]) == resolved
+
+
+@pytest.mark.parametrize("config, overrides, message", [
+    ({"training": {"steps": -1}}, [], "config: /training/steps: got -1"),
+    ({"training": {"stepz": 1}}, [], "stepz"),
+    ({"model": {"position": "rotary"}}, [], "rotary"),
+    (None, ["training.steps"], "training.steps"),
+    ({"training": {"learning_rate": float("nan")}}, [], "not valid JSON"),
+])
+def test_bad_configs_raise_value_error(config, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        relgrad.validate(config, set=overrides)
+    with pytest.raises(ValueError, match=message):
+        relgrad.train(config, set=overrides)
+
+
+def test_bad_config_arguments(tmp_path):
+    with pytest.raises(TypeError, match="a config is a dict"):
+        relgrad.train(42)
+    with pytest.raises(ValueError, match="missing"):
+        relgrad.validate(str(tmp_path / "nothing.json"))
+    with pytest.raises(ValueError, match="is a directory"):
+        relgrad.validate(str(tmp_path))
+
+
+def test_loaded_run(run_dir):
+    run = relgrad.load_run(str(run_dir))
+    assert run.task == "relative_order" and run.config["model"]["dim"] == 16
+    assert isinstance(run.model, relgrad.nn.SequenceClassifier) and not run.model.training
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics if "eval" in m] == [0, 10, 20]
+    assert all(m["loss"] > 0 for m in metrics if "eval" not in m)
+    assert metrics[-1]["eval"] == run.summary()["final"]
+    evaluation = run.evaluate()
+    assert evaluation["accuracy"] == run.summary()["final"]["accuracy"]
+    weights = run.attention("4 5 6 7")
+    assert len(weights) == 1 and weights[0].shape == (2, 4, 4)
+    np.testing.assert_allclose(weights[0].sum(-1), 1, rtol=1e-5)
+    # the loaded model gives the run's own predictions
+    logits = run.model(relgrad.tensor([[4, 5, 6, 7]]))
+    assert logits.shape == (1, 2)
+
+
+def test_run_errors(run_dir, tmp_path):
+    with pytest.raises(ValueError, match="checkpoint"):
+        relgrad.load_run(str(tmp_path))
+    run = relgrad.load_run(str(run_dir))
+    with pytest.raises(ValueError, match="not a symbol id"):
+        run.attention("4 banana")
+    with pytest.raises(ValueError, match="generates its own test data"):
+        run.evaluate(data="x.tsv")
+
+
+def test_training_releases_the_gil(tmp_path):
+    ticks, done = [], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        relgrad.train(out=str(tmp_path / "run"), set=SMALL)
+    finally:
+        done.set()
+        ticker.join()
+    assert len(ticks) > 50  # training takes seconds; the ticker ran all along

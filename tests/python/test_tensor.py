@@ -1,0 +1,349 @@
+"""relgrad.Tensor from Python: NumPy in and out, lifetimes, operators, indexing, autograd, errors,
+and gradients of composed expressions against PyTorch."""
+import gc
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import relgrad
+
+
+# --- NumPy in and out
+
+
+@pytest.mark.parametrize("numpy_dtype, expected", [
+    ("float16", relgrad.float32), ("float32", relgrad.float32), ("float64", relgrad.float64),
+    ("int8", relgrad.int64), ("int16", relgrad.int64), ("int32", relgrad.int64), ("int64", relgrad.int64),
+    ("uint8", relgrad.int64), ("uint16", relgrad.int64), ("uint32", relgrad.int64), ("uint64", relgrad.int64),
+    ("bool", relgrad.bool),
+])
+def test_dtype_round_trip(numpy_dtype, expected):
+    values = (np.arange(12).reshape(3, 4) % 7).astype(numpy_dtype)
+    t = relgrad.tensor(values)
+    assert t.dtype == expected
+    assert t.shape == (3, 4)
+    back = t.numpy()
+    assert back.dtype == np.dtype(str(expected))
+    np.testing.assert_array_equal(back, values.astype(back.dtype))
+
+
+def test_python_values_follow_torch_defaults():
+    assert relgrad.tensor([1.5, 2.0]).dtype == relgrad.float32
+    assert relgrad.tensor([[1, 2], [3, 4]]).dtype == relgrad.int64
+    assert relgrad.tensor([True, False]).dtype == relgrad.bool
+    assert relgrad.tensor(3.0).shape == ()
+    assert relgrad.tensor(np.zeros(2)).dtype == relgrad.float64  # an array keeps its dtype
+
+
+def test_explicit_dtype_converts():
+    t = relgrad.tensor(np.arange(4.0), dtype="int64")
+    assert t.dtype == relgrad.int64 and t.numpy().tolist() == [0, 1, 2, 3]
+    assert relgrad.tensor([1, 2], dtype=relgrad.float64).dtype == relgrad.float64
+    assert relgrad.tensor([1, 2], dtype=np.float32).dtype == relgrad.float32
+    assert t.to("float32").dtype == relgrad.float32
+
+
+@pytest.mark.parametrize("data, dtype, message", [
+    (np.array([0.5]), "int64", "fractional"),
+    (np.array([1 + 2j]), None, "complex128"),
+    (np.array(["a"]), None, "relgrad dtype"),
+    ([1.0], "float16", "unknown dtype"),
+    ([1.0], 3, "a dtype is one of"),
+])
+def test_tensor_refuses_what_it_cannot_hold(data, dtype, message):
+    with pytest.raises(ValueError, match=message):
+        relgrad.tensor(data, dtype=dtype)
+
+
+def test_numpy_shares_memory_without_copy():
+    t = relgrad.zeros(2, 3)
+    array = t.numpy()
+    assert np.shares_memory(array, t.numpy())
+    array[1, 2] = 7.0
+    assert t[1, 2].item() == 7.0
+    view = t.transpose(0, 1)
+    assert view.numpy()[2, 1] == 7.0 and not view.is_contiguous()
+    assert np.shares_memory(view.numpy(), array)
+
+
+def test_numpy_is_read_only_where_writing_would_bypass_autograd():
+    leaf = relgrad.ones(3, requires_grad=True)
+    assert not leaf.numpy().flags.writeable
+    broadcast = relgrad.ones(1, 3).expand(4, 3)
+    assert not broadcast.numpy().flags.writeable
+    assert relgrad.ones(3).numpy().flags.writeable
+
+
+def test_array_outlives_its_tensor():
+    t = relgrad.randn(64, 64, seed=3)
+    expected = t.numpy().copy()
+    array = t.numpy()
+    del t
+    gc.collect()
+    churn = [relgrad.full((64, 64), 9.0) for _ in range(50)]  # would reuse freed memory
+    np.testing.assert_array_equal(array, expected)
+    assert len(churn) == 50
+
+
+def test_tensor_outlives_its_array():
+    source = np.arange(4096, dtype=np.float64)
+    t = relgrad.tensor(source)
+    del source
+    gc.collect()
+    churn = [np.full(4096, -1.0) for _ in range(50)]
+    np.testing.assert_array_equal(t.numpy(), np.arange(4096, dtype=np.float64))
+    assert len(churn) == 50
+
+
+def test_guarded_device_refuses_host_access():
+    t = relgrad.ones(2, 2, device="guarded_cpu")
+    assert t.device == "guarded_cpu"
+    with pytest.raises(ValueError, match="cannot read"):
+        t.numpy()
+    np.testing.assert_array_equal((t + t).to("cpu").numpy(), np.full((2, 2), 2.0))
+
+
+# --- operators and indexing against NumPy
+
+
+def test_operators_match_numpy(rng):
+    a_np, b_np = rng.uniform(0.5, 2, (3, 4)), rng.uniform(0.5, 2, (4,))
+    a, b = relgrad.tensor(a_np), relgrad.tensor(b_np)
+    cases = [(a + b, a_np + b_np), (a - b, a_np - b_np), (a * b, a_np * b_np), (a / b, a_np / b_np),
+             (a ** b, a_np ** b_np), (a ** 2, a_np ** 2), (-a, -a_np), (2 + a, 2 + a_np), (2 - a, 2 - a_np),
+             (3 * a, 3 * a_np), (1 / a, 1 / a_np), (2 ** a, 2 ** a_np), (a @ b, a_np @ b_np),
+             (a @ a.T, a_np @ a_np.T)]
+    for got, want in cases:
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
+def test_integer_tensor_refuses_fractional_number():
+    with pytest.raises(ValueError, match="int64 tensor and the number 2.5"):
+        relgrad.tensor([1, 2]) + 2.5
+    with pytest.raises(ValueError, match="add: needs a float32 or float64 tensor"):
+        relgrad.tensor([1, 2]) + 2  # the engine's arithmetic is floating-point
+
+
+@pytest.mark.parametrize("key", [
+    0, -1, slice(1, 3), slice(None, None, 2), (1, slice(None)), (Ellipsis, 2), (None, 0), (slice(0, 2), None, -1),
+    (Ellipsis,), (1, 2, 3), slice(5, 9), (slice(1, None, 3), Ellipsis, None),
+])
+def test_indexing_matches_numpy(key):
+    values = np.arange(4 * 3 * 5.0).reshape(4, 3, 5)
+    got = relgrad.tensor(values)[key]
+    np.testing.assert_array_equal(got.numpy(), values[key])
+
+
+@pytest.mark.parametrize("key, error", [
+    (4, IndexError), (-5, IndexError), ((0, 0, 0, 0), IndexError), (slice(None, None, -1), ValueError),
+    (relgrad.tensor([0]), IndexError), ((Ellipsis, Ellipsis), IndexError),
+])
+def test_indexing_errors(key, error):
+    with pytest.raises(error):
+        relgrad.zeros(4, 3, 5)[key]
+
+
+def test_indexing_is_differentiable():
+    x = relgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    (x[1, 1:] * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 0, 0], [0, 2, 2]])
+
+
+# --- autograd
+
+
+def test_grad_fn_is_walkable():
+    a = relgrad.tensor([1.0, 2.0], requires_grad=True)
+    b = relgrad.tensor([3.0, 4.0], requires_grad=True)
+    y = a * b + a
+    assert a.grad_fn is None and a.is_leaf
+    assert y.grad_fn.name == "add"
+    product, again = y.grad_fn.inputs
+    assert product.grad_fn.name == "mul" and again._id == a._id
+    assert [t._id for t in product.grad_fn.inputs] == [a._id, b._id]
+    order = relgrad.topological_order(y)
+    assert order[-1]._id == y._id and {t._id for t in order[:2]} == {a._id, b._id}
+    # one chain-rule step by hand: d(a*b)/da = b
+    grads = product.grad_fn.backward(relgrad.ones(2))
+    np.testing.assert_array_equal(grads[0].numpy(), [3.0, 4.0])
+    y.sum().backward()
+    assert y.grad_fn.released and y.grad_fn.inputs == []
+    np.testing.assert_array_equal(a.grad.numpy(), [4.0, 5.0])
+
+
+def test_no_grad_restores_recording_even_after_an_error():
+    x = relgrad.ones(2, requires_grad=True)
+    with relgrad.no_grad():
+        assert not relgrad.is_grad_enabled()
+        assert not (x * 2).requires_grad
+    assert relgrad.is_grad_enabled()
+    with pytest.raises(ZeroDivisionError):
+        with relgrad.no_grad():
+            1 / 0
+    assert relgrad.is_grad_enabled() and (x * 2).requires_grad
+
+
+def test_detach_and_requires_grad():
+    x = relgrad.ones(2, requires_grad=True)
+    assert not x.detach().requires_grad
+    y = x * 2
+    with pytest.raises(ValueError, match="only a leaf"):
+        y.requires_grad = False
+    with pytest.raises(ValueError, match="cannot require a gradient"):
+        relgrad.tensor([1, 2]).requires_grad_()
+
+
+@pytest.mark.parametrize("action, error, message", [
+    (lambda: relgrad.ones(2, 3) + relgrad.ones(4), ValueError, "broadcast"),
+    (lambda: relgrad.ones(2, 3) @ relgrad.ones(2, 3), ValueError, "matmul"),
+    (lambda: relgrad.ones(2, 3, requires_grad=True).backward(), ValueError, "single-element"),
+    (lambda: relgrad.ones(2).backward(), ValueError, "does not require a gradient"),
+    (lambda: relgrad.ones(6).view(4, 2), ValueError, "view"),
+    (lambda: relgrad.ones(2).to("tpu"), ValueError, "tpu"),
+    (lambda: relgrad.zeros(2, dtype="float16"), ValueError, "unknown dtype"),
+    (lambda: relgrad.ones(2, 2).transpose(0, 5), ValueError, "dim"),
+    (lambda: relgrad.ones(2, dtype="float32") + relgrad.ones(2, dtype="float64"), ValueError, "dtype"),
+    (lambda: relgrad.softmax(relgrad.ones(2), 3), ValueError, "dim"),
+    (lambda: relgrad.cross_entropy(relgrad.ones(2, 3), relgrad.tensor([0, 5])), ValueError, "target"),
+    (lambda: relgrad.gather(relgrad.ones(2, 3), 1, relgrad.tensor([[0.5]])), ValueError, "int64"),
+    (lambda: len(relgrad.tensor(1.0)), TypeError, "0-d"),
+])
+def test_engine_errors_raise_with_the_engine_message(action, error, message):
+    with pytest.raises(error, match=message):
+        action()
+
+
+def test_backward_twice_needs_retain_graph():
+    x = relgrad.ones(2, requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [4.0, 4.0])
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.backward()
+
+
+# --- gradcheck
+
+
+def test_gradcheck_reports_per_input_errors():
+    a = relgrad.randn(3, 4, seed=1, dtype="float64").requires_grad_()
+    b = relgrad.randn(4, seed=2, dtype="float64").requires_grad_()
+    index = relgrad.tensor([[0, 2], [1, 3], [3, 3]])
+    result = relgrad.gradcheck(lambda x, y, i: relgrad.gather(relgrad.tanh(x * y), 1, i).sum(), [a, b, index])
+    assert result.passed and bool(result)
+    assert len(result.per_input) == 3
+    assert 0 < result.per_input[0].max_abs_error < 1e-7 and 0 < result.per_input[1].max_abs_error < 1e-7
+    assert result.per_input[2].max_abs_error == 0  # not checked: an index
+    assert result.max_abs_error == max(e.max_abs_error for e in result.per_input)
+
+
+def test_gradcheck_catches_a_kink_and_refuses_float32():
+    at_kink = relgrad.tensor([0.0, 1.0], dtype="float64", requires_grad=True)
+    result = relgrad.gradcheck(lambda x: relgrad.relu(x).sum(), [at_kink])
+    assert not result.passed and "input 0 element [0]" in result.report
+    with pytest.raises(ValueError, match="float64"):
+        relgrad.gradcheck(lambda x: x.sum(), [relgrad.ones(2, requires_grad=True)])
+    with pytest.raises(TypeError, match="not a relgrad.Tensor"):
+        relgrad.gradcheck(lambda x: 1.0, [at_kink])
+    with pytest.raises(KeyError):  # an exception raised by fn comes through unchanged
+        relgrad.gradcheck(lambda x: {}["missing"], [at_kink])
+
+
+# --- gradients of composed expressions against PyTorch
+
+
+def against_torch(fn_relgrad, fn_torch, shapes, rng):
+    values = [rng.standard_normal(shape) for shape in shapes]
+    ours = [relgrad.tensor(v, requires_grad=True) for v in values]
+    theirs = [torch.tensor(v, requires_grad=True) for v in values]
+    out_ours, out_theirs = fn_relgrad(*ours), fn_torch(*theirs)
+    np.testing.assert_allclose(out_ours.numpy(), out_theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
+    out_ours.backward()
+    out_theirs.backward()
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_attention_like_expression_against_torch(rng):
+    against_torch(lambda q, k, v: (relgrad.softmax(q @ k.transpose(0, 1) / 2.0, -1) @ v).tanh().sum(),
+                  lambda q, k, v: torch.tanh(torch.softmax(q @ k.T / 2.0, -1) @ v).sum(),
+                  [(4, 3), (5, 3), (5, 2)], rng)
+
+
+def test_broadcast_and_normalisation_against_torch(rng):
+    against_torch(lambda x, w, b: (relgrad.layer_norm(x, w, b) * x.sigmoid() + b).mean(),
+                  lambda x, w, b: (torch.nn.functional.layer_norm(x, (4,), w, b) * torch.sigmoid(x) + b).mean(),
+                  [(2, 3, 4), (4,), (4,)], rng)
+
+
+def test_loss_expression_against_torch(rng):
+    target = [2, 0, 1]
+    against_torch(lambda x, w: relgrad.cross_entropy(relgrad.gelu(x @ w), relgrad.tensor(target)) ** 2.0,
+                  lambda x, w: torch.nn.functional.cross_entropy(torch.nn.functional.gelu(x @ w),
+                                                                 torch.tensor(target)) ** 2,
+                  [(3, 5), (5, 4)], rng)
+
+
+def test_used_twice_and_sliced_against_torch(rng):
+    against_torch(lambda x: ((x[:, 1:] * x[:, :-1]).exp() + x.max(1, keepdim=True)).log().sum(),
+                  lambda x: ((x[:, 1:] * x[:, :-1]).exp() + x.amax(1, keepdim=True)).log().sum(),
+                  [(3, 4)], rng)
+
+
+# --- the picture of the graph
+
+
+def test_draw_names_every_op_and_shape():
+    a = relgrad.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    b = relgrad.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    loss = ((a + b) * a).sum()
+    graph = relgrad.draw(loss, values=True)
+    for op in ("add", "mul", "sum"):
+        assert f'label="{op}"' in graph.source
+    assert "[1, 3] float32" in graph.source and "[3] float32" in graph.source
+    assert "data [1., 2., 3.]" in graph.source
+    assert graph.svg().lstrip().startswith("<?xml") and "<svg" in graph.svg()
+    loss.backward(retain_graph=True)
+    source = relgrad.draw(loss, grads=True).source
+    assert "grad [3., 6., 9.]" in source and "grad [1., 2., 3.]" in source  # 2a + b and a
+    with pytest.raises(TypeError):
+        relgrad.draw(np.zeros(2))
+
+
+# --- long calls release the GIL
+
+
+def test_backward_releases_the_gil():
+    # With a 30 s switch interval Python never takes the GIL from the main thread by itself: the
+    # ticker runs during backward() only if backward() lets go of the GIL.
+    x = relgrad.randn(512, 512, seed=0, requires_grad=True)
+    loss = (x @ x @ x @ x).tanh().sum()
+    ticks, started, go, done = [], threading.Event(), threading.Event(), threading.Event()
+
+    def tick():
+        started.set()
+        go.wait()
+        while not done.is_set():
+            ticks.append(1)
+            time.sleep(0.001)  # lets go of the GIL between ticks
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    started.wait()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30)
+    try:
+        go.set()
+        before = len(ticks)
+        loss.backward()
+        during = len(ticks) - before
+    finally:
+        sys.setswitchinterval(interval)
+        done.set()
+        ticker.join()
+    assert during > 0
