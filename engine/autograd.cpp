@@ -55,6 +55,9 @@ Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, Ba
     node->op_name = std::move(op_name);
     node->inputs = std::move(inputs);
     node->backward = std::move(backward);
+    node->output_shape = output.shape();
+    node->output_dtype = output.dtype();
+    node->output_device = output.device();
     output.impl()->requires_grad = true;
     output.impl()->grad_fn = std::move(node);
     return output;

@@ -25,6 +25,10 @@ struct Node {
     std::string op_name;
     std::vector<Tensor> inputs;
     BackwardFn backward;
+    // what the op produced, which is what backward's argument must be like
+    Shape output_shape;
+    DType output_dtype = DType::float32;
+    Device output_device = Device::cpu;
     bool released = false;  // set when backward ran without retain_graph
 
     Node() = default;

@@ -10,6 +10,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <omp.h>
+
 #include "engine/autograd.hpp"
 #include "engine/gradcheck.hpp"
 #include "engine/ops.hpp"
@@ -229,6 +231,14 @@ void bind_tensor(py::module_& m) {
             "backward",
             [](const Node& n, const Tensor& grad_output) {
                 if (n.released) throw std::invalid_argument("Node.backward: a backward pass already freed this node");
+                if (grad_output.shape() != n.output_shape || grad_output.dtype() != n.output_dtype ||
+                    grad_output.device() != n.output_device) {
+                    throw std::invalid_argument(
+                        "Node.backward: " + n.op_name + " made a tensor of shape " + shape_str(n.output_shape) + " (" +
+                        dtype_name(n.output_dtype) + ", " + device_name(n.output_device) + "); grad_output is " +
+                        shape_str(grad_output.shape()) + " (" + dtype_name(grad_output.dtype()) + ", " +
+                        device_name(grad_output.device()) + ")");
+                }
                 NoGradGuard no_grad;  // as in backward(): the gradient computation is not recorded
                 py::list grads;
                 for (const Tensor& g : n.backward(grad_output)) grads.append(tensor_or_none(g));
@@ -236,6 +246,7 @@ void bind_tensor(py::module_& m) {
             },
             py::arg("grad_output"),
             "One step of the chain rule by hand: dL/d(output) -> [dL/d(input) per input] (None: no gradient)")
+        .def_property_readonly("output_shape", [](const Node& n) { return py::tuple(py::cast(n.output_shape)); })
         .def_property_readonly("_id", [](const Node& n) { return reinterpret_cast<uintptr_t>(&n); })
         .def("__repr__", [](const Node& n) { return "<Node " + n.op_name + ">"; });
 
@@ -611,6 +622,18 @@ void bind_tensor(py::module_& m) {
         .def_property_readonly("steps", &AdamW::steps);
     m.def("clip_grad_norm", &clip_grad_norm, py::arg("parameters"), py::arg("max_norm"));
 
+    m.def(
+        "set_threads",
+        [](int threads) {
+            if (threads < 1) {
+                throw std::invalid_argument("set_threads: the thread count must be >= 1, got " +
+                                            std::to_string(threads));
+            }
+            omp_set_num_threads(threads);
+        },
+        py::arg("threads"), "The threads the ops use from now on, as --threads (training sets training.threads)");
+    m.def(
+        "threads", [] { return omp_get_max_threads(); }, "The threads the ops use");
     m.def(
         "memory_stats",
         [](const std::string& device) {

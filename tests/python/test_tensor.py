@@ -170,6 +170,11 @@ def test_grad_fn_is_walkable():
     # one chain-rule step by hand: d(a*b)/da = b
     grads = product.grad_fn.backward(relgrad.ones(2))
     np.testing.assert_array_equal(grads[0].numpy(), [3.0, 4.0])
+    assert product.grad_fn.output_shape == (2,)
+    with pytest.raises(ValueError, match=r"mul made a tensor of shape \[2\] \(float32, cpu\); grad_output is \[3\]"):
+        product.grad_fn.backward(relgrad.ones(3))
+    with pytest.raises(ValueError, match=r"grad_output is \[2\] \(float64, cpu\)"):
+        product.grad_fn.backward(relgrad.ones(2, dtype="float64"))
     y.sum().backward()
     assert y.grad_fn.released and y.grad_fn.inputs == []
     np.testing.assert_array_equal(a.grad.numpy(), [4.0, 5.0])
@@ -313,6 +318,22 @@ def test_draw_names_every_op_and_shape():
     assert "grad [3., 6., 9.]" in source and "grad [1., 2., 3.]" in source  # 2a + b and a
     with pytest.raises(TypeError):
         relgrad.draw(np.zeros(2))
+
+
+def test_threads_change_nothing_but_speed():
+    before = relgrad.threads()
+    x = relgrad.randn(96, 96, seed=4, dtype="float64")
+    try:
+        relgrad.set_threads(1)
+        assert relgrad.threads() == 1
+        one = (x @ x).softmax(-1).numpy()
+        relgrad.set_threads(3)
+        assert relgrad.threads() == 3
+        np.testing.assert_array_equal((x @ x).softmax(-1).numpy(), one)
+        with pytest.raises(ValueError, match="must be >= 1, got 0"):
+            relgrad.set_threads(0)
+    finally:
+        relgrad.set_threads(before)
 
 
 # --- long calls release the GIL
