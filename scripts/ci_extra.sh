@@ -14,7 +14,7 @@
 #
 # Usage: scripts/ci_extra.sh [all|notebooks|asan|fuzz]          (default: all)
 # Environment:
-#   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 45)
+#   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 30)
 #   RELGRAD_FUZZERS       which fuzzers (default "npy config data tokenizer checkpoint")
 #   RELGRAD_JOBS          build parallelism (default 2)
 set -euo pipefail
@@ -23,7 +23,7 @@ scripts/install_deps.sh  # clang-14 and its sanitizer and fuzzer runtimes among 
 
 what=${1:-all}
 case "$what" in all | notebooks | asan | fuzz) ;; *) echo "usage: $0 [all|notebooks|asan|fuzz]" >&2; exit 2 ;; esac
-fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-45}
+fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-30}
 fuzzers=${RELGRAD_FUZZERS:-"npy config data tokenizer checkpoint"}
 jobs=${RELGRAD_JOBS:-2}
 
@@ -77,9 +77,13 @@ run_asan() {
     # as a child process (Python itself is not instrumented, nor needs to be), and
     # package.find_package builds an outside project against the installed, instrumented static
     # libraries: LDFLAGS, which CMake reads when it configures that project, links the sanitizer
-    # runtimes they need (set for the suite only, never for the configure above).
+    # runtimes they need (set for the suite only, never for the configure above). Two tests at a
+    # time (each declares two processors: -j$((2 * jobs)) on $jobs cores), their OpenMP threads
+    # waiting passively: the sanitized tests are slow, and spinning threads of two tests would
+    # take the cores from each other (docs/performance.md); 310 s one at a time, 132 s so.
     local status=0
-    LDFLAGS="-fsanitize=address,undefined" ctest --test-dir build-asan --output-on-failure --timeout 900 || status=1
+    OMP_WAIT_POLICY=passive LDFLAGS="-fsanitize=address,undefined" \
+        ctest --test-dir build-asan --output-on-failure --timeout 900 -j$((2 * jobs)) || status=1
     elapsed "ctest on the sanitizer build" "$start"
     return $status
 }
