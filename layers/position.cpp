@@ -21,6 +21,9 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t d) : dim(d) {
 }
 
 Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype, Device device) const {
+    if (length < 0) {
+        throw std::invalid_argument("SinusoidalPositionalEncoding: length must be >= 0, got " + std::to_string(length));
+    }
     std::vector<double> values(length * dim);
     for (int64_t p = 0; p < length; ++p) {
         for (int64_t c = 0; c < dim; ++c) {

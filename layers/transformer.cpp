@@ -225,6 +225,10 @@ Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<K
 std::vector<int64_t> CausalLanguageModel::greedy_decode(const std::vector<int64_t>& prompt, int64_t eos,
                                                         int64_t max_tokens) {
     if (prompt.empty()) throw std::invalid_argument("CausalLanguageModel::greedy_decode: the prompt is empty");
+    if (max_tokens < 0) {
+        throw std::invalid_argument("CausalLanguageModel::greedy_decode: max_tokens must be >= 0, got " +
+                                    std::to_string(max_tokens));
+    }
     NoGradGuard no_grad;
     std::vector<KVCache> caches;
     std::vector<double> input(prompt.begin(), prompt.end());
@@ -304,6 +308,10 @@ Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCa
 std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& source,
                                                                 const std::vector<int64_t>& source_lengths, int64_t bos,
                                                                 int64_t eos, int64_t max_steps) {
+    if (max_steps < 0) {
+        throw std::invalid_argument("EncoderDecoder::greedy_decode: max_steps must be >= 0, got " +
+                                    std::to_string(max_steps));
+    }
     NoGradGuard no_grad;
     const Tensor memory = encode(source, source_lengths);
     const std::size_t B = source_lengths.size();

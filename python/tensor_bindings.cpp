@@ -67,6 +67,9 @@ Tensor index_tensor(const Tensor& t, const py::object& key) {
     int64_t consumed = 0;
     bool ellipsis = false;
     for (const py::handle& item : items) {
+        if (py::isinstance<py::bool_>(item)) {  // True is an int to Python, a mask to NumPy: neither here
+            throw py::index_error("relgrad does not index with True or False (boolean masks: relgrad.where)");
+        }
         if (py::isinstance<py::int_>(item) || py::isinstance<py::slice>(item)) {
             ++consumed;
         } else if (item.is(py::ellipsis())) {
@@ -289,6 +292,15 @@ void bind_tensor(py::module_& m) {
             },
             py::arg("dtype") = py::none())
         .def("item", &Tensor::item)
+        .def("__float__", &Tensor::item)
+        .def("__bool__",
+             [](const Tensor& t) {
+                 if (t.numel() != 1) {
+                     throw std::invalid_argument("the truth value of a tensor of " + std::to_string(t.numel()) +
+                                                 " elements is ambiguous");
+                 }
+                 return t.item() != 0;
+             })
         .def("tolist", [](const Tensor& t) { return numpy_copy(t).attr("tolist")(); })
         .def(
             "to",
@@ -625,8 +637,8 @@ void bind_tensor(py::module_& m) {
     m.def(
         "set_threads",
         [](int threads) {
-            if (threads < 1) {
-                throw std::invalid_argument("set_threads: the thread count must be >= 1, got " +
+            if (threads < 1 || threads > 1024) {  // the bounds of training.threads
+                throw std::invalid_argument("set_threads: the thread count must be in [1, 1024], got " +
                                             std::to_string(threads));
             }
             omp_set_num_threads(threads);

@@ -20,6 +20,9 @@ TEST_CASE("sinusoidal encoding: the formula, odd widths, any length") {
     const Tensor x = random_input({2, 7, 5}, 1);
     check_values(pe.forward(x).narrow(0, 1, 1), add(x.narrow(0, 1, 1), pe.encoding(7, DType::float64)).to_vector());
     CHECK(pe.encoding(3000, DType::float32).shape() == Shape{3000, 5});
+    CHECK(pe.encoding(0, DType::float32).shape() == Shape{0, 5});
+    CHECK_THROWS_WITH_AS(pe.encoding(-1, DType::float32), "SinusoidalPositionalEncoding: length must be >= 0, got -1",
+                         std::invalid_argument);
     CHECK_THROWS_AS(pe.forward(random_input({2, 7, 4}, 1)), std::invalid_argument);
     gradcheck_layer(pe, {random_input({2, 3, 5}, 2)}, [&](const auto& in) { return pe.forward(in[0]); });
 }

@@ -212,6 +212,9 @@ TEST_CASE("greedy decoding takes the most likely token at every step, as full pa
     CHECK(lm.greedy_decode(prompt, never, 4) == continuation);
     CHECK(lm.greedy_decode(prompt, continuation[2], 4) == cut_at(continuation, continuation[2]));
     CHECK_THROWS_AS(lm.greedy_decode({}, never, 4), std::invalid_argument);
+    CHECK(lm.greedy_decode(prompt, never, 0).empty());
+    CHECK_THROWS_WITH_AS(lm.greedy_decode(prompt, never, -1),
+                         "CausalLanguageModel::greedy_decode: max_tokens must be >= 0, got -1", std::invalid_argument);
 
     // a batch of two sources of different lengths decodes as each source alone
     EncoderDecoder seq2seq(9, 9, o, Init{gen, DType::float64});
@@ -233,6 +236,9 @@ TEST_CASE("greedy decoding takes the most likely token at every step, as full pa
     const int64_t eos = targets[0][1];  // ends the first row early, the second where it gives that token
     CHECK(seq2seq.greedy_decode(sources, {3, 2}, bos, eos, 4) ==
           std::vector<std::vector<int64_t>>{cut_at(targets[0], eos), cut_at(targets[1], eos)});
+    CHECK(seq2seq.greedy_decode(sources, {3, 2}, bos, eos, 0) == std::vector<std::vector<int64_t>>(2));
+    CHECK_THROWS_WITH_AS(seq2seq.greedy_decode(sources, {3, 2}, bos, eos, -1),
+                         "EncoderDecoder::greedy_decode: max_steps must be >= 0, got -1", std::invalid_argument);
 }
 
 TEST_CASE("gradient checkpointing gives the same outputs and gradients, dropout masks included") {

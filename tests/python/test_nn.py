@@ -168,6 +168,18 @@ def test_child_layers_keep_their_parent_alive():
     (lambda: nn.Linear(3, 2)(relgrad.ones(2, 4)), ValueError, "input of shape \\[2, 4\\] must end in dim 3"),
     (lambda: nn.SequenceClassifier(10, 2, **MODEL)(relgrad.tensor([[4, 5]]), lengths=[3]), ValueError, "length"),
     (lambda: nn.Linear(3, 2).to("tpu"), ValueError, "tpu"),
+    (lambda: nn.Linear(-1, 2), ValueError, "in_features must be positive, got -1"),
+    (lambda: nn.Dropout(2.0), ValueError, "p must be in"),
+    (lambda: nn.SinusoidalPositionalEncoding(4).encoding(-1), ValueError, "length must be >= 0, got -1"),
+    (lambda: nn.LearnedPositionalEmbedding(2, 8)(relgrad.zeros(1, 5, 8)), ValueError, "exceeds max_len 2"),
+    (lambda: nn.CausalLanguageModel(10, **MODEL).greedy_decode([], eos=2, max_tokens=3), ValueError, "empty"),
+    (lambda: nn.CausalLanguageModel(10, **MODEL).greedy_decode([4], eos=2, max_tokens=-1), ValueError,
+     "max_tokens must be >= 0, got -1"),
+    (lambda: nn.EncoderDecoder(10, 10, **MODEL).greedy_decode(relgrad.tensor([[4]]), bos=1, eos=2, max_steps=-1),
+     ValueError, "max_steps must be >= 0, got -1"),
+    (lambda: nn.SequenceClassifier(10, 2, **MODEL)(relgrad.tensor([[4.0, 5.0]])), ValueError, "must be int64"),
+    (lambda: nn.key_padding_mask([-1]), ValueError, "outside"),
+    (lambda: nn.causal_mask(-1), ValueError, "negative size"),
 ])
 def test_errors(build, error, message):
     with pytest.raises(error, match=message):

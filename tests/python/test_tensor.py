@@ -39,6 +39,13 @@ def test_python_values_follow_torch_defaults():
     assert relgrad.tensor(np.zeros(2)).dtype == relgrad.float64  # an array keeps its dtype
 
 
+def test_single_elements_as_python_values():
+    assert float(relgrad.tensor([2.5])) == 2.5 and relgrad.tensor(2.5).item() == 2.5
+    assert bool(relgrad.tensor(1.0)) and not bool(relgrad.zeros(1, 1))
+    with pytest.raises(ValueError, match="2 elements is ambiguous"):
+        bool(relgrad.ones(2))
+
+
 def test_explicit_dtype_converts():
     t = relgrad.tensor(np.arange(4.0), dtype="int64")
     assert t.dtype == relgrad.int64 and t.numpy().tolist() == [0, 1, 2, 3]
@@ -140,7 +147,7 @@ def test_indexing_matches_numpy(key):
 
 @pytest.mark.parametrize("key, error", [
     (4, IndexError), (-5, IndexError), ((0, 0, 0, 0), IndexError), (slice(None, None, -1), ValueError),
-    (relgrad.tensor([0]), IndexError), ((Ellipsis, Ellipsis), IndexError),
+    (relgrad.tensor([0]), IndexError), ((Ellipsis, Ellipsis), IndexError), (True, IndexError), ((0, False), IndexError),
 ])
 def test_indexing_errors(key, error):
     with pytest.raises(error):
@@ -330,8 +337,10 @@ def test_threads_change_nothing_but_speed():
         relgrad.set_threads(3)
         assert relgrad.threads() == 3
         np.testing.assert_array_equal((x @ x).softmax(-1).numpy(), one)
-        with pytest.raises(ValueError, match="must be >= 1, got 0"):
+        with pytest.raises(ValueError, match=r"must be in \[1, 1024\], got 0"):
             relgrad.set_threads(0)
+        with pytest.raises(ValueError, match="got 100000"):
+            relgrad.set_threads(100000)
     finally:
         relgrad.set_threads(before)
 
