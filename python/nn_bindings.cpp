@@ -150,14 +150,14 @@ void load_state_dict(Module& module, const py::dict& state) {
 template <class Layer>
 using LayerClass = py::class_<Layer, Module>;
 
-// Child layer and tensor attributes.
-template <class Layer, class Child>
-void child(LayerClass<Layer>& layer, const char* name, Child Layer::*member) {
+// Child layer and tensor attributes, on a layer class of any base.
+template <class Layer, class... Bases, class Child>
+void child(py::class_<Layer, Bases...>& layer, const char* name, Child Layer::*member) {
     layer.def_property_readonly(
         name, [member](Layer& self) -> Child& { return self.*member; }, kChild);
 }
-template <class Layer>
-void tensor_attribute(LayerClass<Layer>& layer, const char* name, Tensor Layer::*member) {
+template <class Layer, class... Bases>
+void tensor_attribute(py::class_<Layer, Bases...>& layer, const char* name, Tensor Layer::*member) {
     layer.def_property_readonly(name, [member](const Layer& self) { return tensor_or_none(self.*member); });
 }
 
@@ -407,16 +407,15 @@ void bind_nn(py::module_& m) {
         .def_property(
             "impl",
             [](const RelativeMultiHeadAttention& layer) { return std::string(attention_impl_name(layer.impl)); },
-            [](RelativeMultiHeadAttention& layer, const std::string& name) { layer.impl = parse_attention_impl(name); })
-        .def_property_readonly(
-            "rel_pos_emb_k",
-            [](RelativeMultiHeadAttention& l) -> RelativePositionEmbedding& { return l.rel_pos_emb_k; }, kChild)
-        .def_property_readonly(
-            "rel_pos_emb_v",
-            [](RelativeMultiHeadAttention& l) -> RelativePositionEmbedding& { return l.rel_pos_emb_v; }, kChild);
+            [](RelativeMultiHeadAttention& layer, const std::string& name) {
+                layer.impl = parse_attention_impl(name);
+            });
+    child(relative_mha, "rel_pos_emb_k", &RelativeMultiHeadAttention::rel_pos_emb_k);
+    child(relative_mha, "rel_pos_emb_v", &RelativeMultiHeadAttention::rel_pos_emb_v);
 
-    py::class_<GatedPositionAttention, RelativeMultiHeadAttention>(
-        nn, "GatedPositionAttention", "Relative and absolute position terms mixed per head by g = sigmoid(lambda)")
+    py::class_<GatedPositionAttention, RelativeMultiHeadAttention> gated(
+        nn, "GatedPositionAttention", "Relative and absolute position terms mixed per head by g = sigmoid(lambda)");
+    gated
         .def(py::init([](int64_t dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
                          const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
                          const std::string& impl, bool token_gate, const py::kwargs& kwargs) {
@@ -433,11 +432,9 @@ void bind_nn(py::module_& m) {
             "gate", [](const GatedPositionAttention& l) { return l.gate; }, "lambda [H]")
         .def_readonly("token_gate", &GatedPositionAttention::token_gate)
         .def_property_readonly(
-            "w_pq", [](GatedPositionAttention& l) -> Linear& { return l.w_pq; }, kChild)
-        .def_property_readonly(
-            "w_pk", [](GatedPositionAttention& l) -> Linear& { return l.w_pk; }, kChild)
-        .def_property_readonly(
             "w_gate", [](GatedPositionAttention& l) { return l.w_gate.get(); }, kChild);
+    child(gated, "w_pq", &GatedPositionAttention::w_pq);
+    child(gated, "w_pk", &GatedPositionAttention::w_pk);
 
     // --- Transformer blocks and models; keyword options as TransformerOptions (layers/transformer.hpp)
     LayerClass<EncoderLayer> encoder_layer(nn, "EncoderLayer", "x + attention(norm1(x)), then x + ff(norm2(x))");

@@ -157,11 +157,9 @@ Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool require
     const bool from_python_values = !py::isinstance<py::array>(data);
     py::module_ numpy = py::module_::import("numpy");
     py::array values = numpy.attr("asarray")(data);
-    const DType target = dtype.is_none() ? dtype_of_numpy(values.dtype(), from_python_values) : dtype_from(dtype);
-    if (values.dtype().kind() == 'O' || values.dtype().kind() == 'U' || values.dtype().kind() == 'S' ||
-        values.dtype().kind() == 'c') {
-        dtype_of_numpy(values.dtype(), from_python_values);  // throws, naming the dtype
-    }
+    // throws, naming the dtype, for values relgrad cannot hold (complex, strings, objects)
+    const DType natural = dtype_of_numpy(values.dtype(), from_python_values);
+    const DType target = dtype.is_none() ? natural : dtype_from(dtype);
     if (!is_floating(target) && values.dtype().kind() == 'f') {
         const bool whole = numpy.attr("all")(numpy.attr("equal")(numpy.attr("floor")(values), values)).cast<bool>();
         if (!whole) {
@@ -464,24 +462,20 @@ void bind_tensor(py::module_& m) {
             return arange(n, dtype_from(dtype), parse_device(device));
         },
         py::arg("n"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
-    m.def(
-        "randn",
-        [leaf](const py::args& shape, uint64_t seed, const py::object& dtype, const std::string& device,
-               bool requires_grad) {
-            Generator gen(seed);
-            return leaf(randn(shape_from_args(shape), gen, dtype_from(dtype), parse_device(device)), requires_grad);
-        },
-        py::arg("seed") = 0, py::arg("dtype") = "float32", py::arg("device") = "cpu", py::arg("requires_grad") = false,
-        "Standard normal values drawn from the seed: the same on every machine");
-    m.def(
-        "rand",
-        [leaf](const py::args& shape, uint64_t seed, const py::object& dtype, const std::string& device,
-               bool requires_grad) {
-            Generator gen(seed);
-            return leaf(rand(shape_from_args(shape), gen, dtype_from(dtype), parse_device(device)), requires_grad);
-        },
-        py::arg("seed") = 0, py::arg("dtype") = "float32", py::arg("device") = "cpu", py::arg("requires_grad") = false,
-        "Uniform values in [0, 1) drawn from the seed");
+    auto random_factory = [&m, leaf](const char* name, Tensor (*draw)(const Shape&, Generator&, DType, Device),
+                                     const char* doc) {
+        m.def(
+            name,
+            [draw, leaf](const py::args& shape, uint64_t seed, const py::object& dtype, const std::string& device,
+                         bool requires_grad) {
+                Generator gen(seed);
+                return leaf(draw(shape_from_args(shape), gen, dtype_from(dtype), parse_device(device)), requires_grad);
+            },
+            py::arg("seed") = 0, py::arg("dtype") = "float32", py::arg("device") = "cpu",
+            py::arg("requires_grad") = false, doc);
+    };
+    random_factory("randn", &randn, "Standard normal values drawn from the seed: the same on every machine");
+    random_factory("rand", &rand, "Uniform values in [0, 1) drawn from the seed");
     m.def("zeros_like", &zeros_like);
     m.def("ones_like", &ones_like);
 
