@@ -125,14 +125,18 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
 
     Generator gen(options.seed);
     Tensor cotangent;
+    Comparison comparison(options);
     {
         NoGradGuard no_grad;
         const Tensor y = f(leaves);
         cotangent = randn(y.shape(), gen, DType::float64, y.device());
+        comparison.result().output = y.to_vector();
     }
-    Comparison comparison(options);
 
     const std::vector<Tensor> analytic = analytic_gradients(f, leaves, checked, cotangent);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+        comparison.result().gradients.push_back(checked[i] ? analytic[i].to_vector() : std::vector<double>());
+    }
 
     // reentrancy: a second forward + backward gives the same gradients, bit for bit
     const std::vector<Tensor> again = analytic_gradients(f, leaves, checked, cotangent);

@@ -39,6 +39,10 @@ struct GradcheckResult : GradcheckErrors {
     // mode compares one projection of all inputs together, so it leaves this empty.
     std::vector<GradcheckErrors> per_input;
     std::string report;  // why it failed: mismatches side by side, with indices
+    // f(inputs) and the analytic gradient of each input (empty for one not checked), copied to the
+    // host: the tests compare them between devices.
+    std::vector<double> output;
+    std::vector<std::vector<double>> gradients;
 };
 
 using Function = std::function<Tensor(const std::vector<Tensor>&)>;

@@ -1,6 +1,7 @@
 #include "engine/storage.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <new>
 #include <stdexcept>
 
@@ -18,12 +19,11 @@ bool host_can_read(Device device) { return device == Device::cpu; }
 
 namespace {
 
-constexpr std::size_t kCachedFrom = std::size_t{1} << 20;
 constexpr int64_t kCacheBytes = int64_t{1} << 30;
 
-// Small blocks are rounded to 64 bytes (the alignment), cached ones to whole pages.
+// Small blocks are rounded to 64 bytes (the alignment), blocks of 1 MiB or more to whole pages.
 std::size_t rounded_size(std::size_t nbytes) {
-    const std::size_t unit = nbytes >= kCachedFrom ? 4096 : 64;
+    const std::size_t unit = nbytes >= (std::size_t{1} << 20) ? 4096 : 64;
     return (std::max<std::size_t>(nbytes, 1) + unit - 1) / unit * unit;
 }
 
@@ -34,14 +34,11 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
     void* block = nullptr;
     {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (bytes >= kCachedFrom) {
-            auto same_size =
-                std::find_if(cache_.begin(), cache_.end(), [&](const auto& b) { return b.first == bytes; });
-            if (same_size != cache_.end()) {
-                block = same_size->second;
-                cache_.erase(same_size);
-                cached_ -= static_cast<int64_t>(bytes);
-            }
+        const auto same_size = cache_.find(bytes);
+        if (same_size != cache_.end()) {
+            block = same_size->second;
+            cache_.erase(same_size);
+            cached_ -= static_cast<int64_t>(bytes);
         }
     }
     if (!block) block = raw_allocate_(bytes);
@@ -63,16 +60,17 @@ void CachingAllocator::deallocate(void* block, std::size_t nbytes) {
     const std::size_t bytes = rounded_size(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     live_ -= static_cast<int64_t>(bytes);
-    if (bytes < kCachedFrom) {
+    if (bytes < cached_from_) {
         raw_free_(block);
         return;
     }
-    cache_.emplace_back(bytes, block);
+    cache_.emplace(bytes, block);
     cached_ += static_cast<int64_t>(bytes);
     while (cached_ > kCacheBytes) {
-        raw_free_(cache_.front().second);
-        cached_ -= static_cast<int64_t>(cache_.front().first);
-        cache_.pop_front();
+        const auto biggest = std::prev(cache_.end());
+        raw_free_(biggest->second);
+        cached_ -= static_cast<int64_t>(biggest->first);
+        cache_.erase(biggest);
     }
 }
 

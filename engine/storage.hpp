@@ -9,7 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -57,15 +57,20 @@ private:
 };
 
 // One device's allocator: blocks from the device's raw allocation functions, with the live/peak
-// accounting above and a cache of big blocks. A training step frees and asks for the same sizes
+// accounting above and a cache of freed blocks. A training step frees and asks for the same sizes
 // again, and a fresh buffer costs the system work (a page fault per 4 KiB on first touch on the
-// host, a synchronising call on a GPU), so blocks of 1 MiB or more go to a cache when freed (at
-// most 1 GiB in all, oldest dropped first) and are handed out again for the same rounded size.
+// host; on a GPU, cudaMalloc and cudaFree, which wait for the whole device), so freed blocks of
+// `cached_from` bytes or more (1 MiB on the host, every block on a GPU, as PyTorch's caching
+// allocator does) go to a cache, at most 1 GiB in all (the biggest dropped first), and are handed
+// out again for the same rounded size. When the device is full the cache is given back and the
+// allocation tried once more.
 class CachingAllocator {
 public:
-    using RawAllocate = void* (*)(std::size_t nbytes);
+    using RawAllocate = void* (*)(std::size_t nbytes);  // nullptr when the device is full
     using RawFree = void (*)(void* block);
-    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free) : raw_allocate_(raw_allocate), raw_free_(raw_free) {}
+    static constexpr std::size_t kHostCachedFrom = std::size_t{1} << 20;
+    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free, std::size_t cached_from = kHostCachedFrom)
+        : raw_allocate_(raw_allocate), raw_free_(raw_free), cached_from_(cached_from) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -78,8 +83,9 @@ public:
 private:
     RawAllocate raw_allocate_;
     RawFree raw_free_;
+    std::size_t cached_from_;
     std::mutex mutex_;
-    std::deque<std::pair<std::size_t, void*>> cache_;  // (rounded size, block), oldest first
+    std::multimap<std::size_t, void*> cache_;  // rounded size -> block
     int64_t live_ = 0, peak_ = 0, cached_ = 0;
 };
 

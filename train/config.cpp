@@ -213,7 +213,7 @@ void config_fields(Fields& f, Config& c) {
     f.number("clip_norm", tr.clip_norm, 0, 1e9, 1.0, true);
     f.integer("seed", tr.seed, 0, int64_t{1} << 53, 1);
     f.integer("threads", tr.threads, 1, 1024, 2);
-    named(f, "device", tr.device, "cpu", {"cpu", "guarded_cpu"}, parse_device, device_name);
+    named(f, "device", tr.device, "cpu", {"cpu", "guarded_cpu", "cuda"}, parse_device, device_name);
     f.flag("gradient_checkpointing", t.checkpoint, false);
     f.flag("length_bucketing", tr.length_bucketing, false);
     f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);

@@ -74,8 +74,9 @@ struct TrainingConfig {
     double clip_norm = 1.0;
     uint64_t seed = 1;
     int64_t threads = 2;
-    // where the model and every batch live: cpu, or guarded_cpu (the CPU kernels as a device whose
-    // memory the host may not read; the same numbers, a check that training is device-clean)
+    // where the model and every batch live: cpu, cuda (an NVIDIA GPU), or guarded_cpu (the CPU
+    // kernels as a device whose memory the host may not read; the same numbers, a check that
+    // training is device-clean)
     Device device = Device::cpu;
     int64_t log_every = 20;
     bool length_bucketing = false;  // draw each batch from examples of about the same length

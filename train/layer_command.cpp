@@ -277,7 +277,8 @@ Tensor load_mask(const fs::path& path, int64_t B, int64_t L, const std::string& 
 
 }  // namespace
 
-void run_layer_command(const std::string& spec_path, const std::string& in_dir, const std::string& out_dir) {
+void run_layer_command(const std::string& spec_path, const std::string& in_dir, const std::string& out_dir,
+                       Device device) {
     const json document = parse_json(read_file(spec_path, "a layer spec (JSON)"), spec_path);
     Spec spec(document, spec_path);
     Generator gen(0);
@@ -318,6 +319,11 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     }
     if (layer.causal) mask = combine_masks(mask, causal_mask(x.size(1), x.size(1)));
 
+    // computed on `device`: the layer, its input, mask and parameters moved there
+    layer.module->to(device);
+    x = x.to(device);
+    if (mask.defined()) mask = mask.to(device);
+
     std::vector<Tensor> parameters;
     for (const auto& [name, current] : layer.module->named_parameters()) {
         const fs::path path = require(name + ".npy", "the parameter " + name + ", shape " + shape_str(current.shape()));
@@ -326,7 +332,7 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
             throw std::invalid_argument(path.string() + ": expected shape " + shape_str(current.shape()) +
                                         " for the parameter " + name + ", got " + shape_str(value.shape()));
         }
-        parameters.push_back(value.requires_grad_(true));
+        parameters.push_back(value.to(device).requires_grad_(true));
     }
     layer.module->assign_parameters(parameters);
     x.requires_grad_(true);
@@ -334,7 +340,7 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     const Tensor y = layer.forward(x, mask);
     Tensor dy = ones_like(y);
     if (fs::exists(in / "dy.npy")) {
-        dy = load_floating(in / "dy.npy", layer.dtype);
+        dy = load_floating(in / "dy.npy", layer.dtype).to(device);
         if (dy.shape() != y.shape()) {
             throw std::invalid_argument((in / "dy.npy").string() + ": expected the output's shape " +
                                         shape_str(y.shape()) + ", got " + shape_str(dy.shape()));

@@ -7,8 +7,11 @@
 
 #include <string>
 
+#include "engine/storage.hpp"
+
 namespace relgrad {
 
-void run_layer_command(const std::string& spec_path, const std::string& in_dir, const std::string& out_dir);
+void run_layer_command(const std::string& spec_path, const std::string& in_dir, const std::string& out_dir,
+                       Device device = Device::cpu);
 
 }  // namespace relgrad

@@ -7,9 +7,11 @@
 //   relgrad generate RUN_DIR --prompt TEXT [--max-tokens N]   greedy continuation or target (pairs)
 //   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
 //   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
-//   relgrad gradcheck [--filter OP] [--device D]    run the registered gradient checks, print a table
+//   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
 //   --threads N with any of them                    the threads (train, validate: training.threads)
+//   --device D with any of them                     where to compute: cpu (default), guarded_cpu or
+//                                                   cuda (train, validate: training.device)
 //
 // Exit codes: 0 success, 1 a gradient check failed or training diverged, 2 bad input (one line
 // on stderr).
@@ -25,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <omp.h>
 
+#include "engine/backend/backend.hpp"
 #include "engine/op_checks.hpp"
 #include "train/config.hpp"
 #include "train/datasets.hpp"
@@ -35,10 +38,10 @@
 
 namespace {
 
-int run_gradcheck(const std::string& filter, const std::string& device) {
+int run_gradcheck(const std::string& filter, relgrad::Device on) {
     const std::vector<relgrad::OpCheck> checks = relgrad::op_checks_for(filter);
     if (checks.empty()) throw std::invalid_argument("no registered op is named '" + filter + "'");
-    const relgrad::Device on = relgrad::parse_device(device);
+    relgrad::backend_for(on);  // no usable device: the one-line error before the table
     std::printf("%-32s %12s %12s  %s\n", "op", "max abs err", "max rel err", "pass");
     int failed = 0;
     std::string reports;
@@ -115,11 +118,11 @@ CLI::Validator whole_number_in(int64_t low, int64_t high) {
 }
 
 // CLI11 reports a command it does not know as "A subcommand is required"; name it instead. The
-// command is the first argument that is not an option (nor the value of --threads).
+// command is the first argument that is not an option (nor the value of --threads or --device).
 void require_known_command(const CLI::App& app, int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
-        if (arg == "--threads") {
+        if (arg == "--threads" || arg == "--device") {
             ++i;
             continue;
         }
@@ -150,6 +153,10 @@ int main(int argc, char** argv) {
     int threads = 0;
     app.add_option("--threads", threads, "threads for every command (train: overrides training.threads)")
         ->check(whole_number_in(1, 1024));
+    std::string device_choice;
+    app.add_option("--device", device_choice,
+                   "where every command computes: cpu (default), guarded_cpu (the CPU kernels as a device) or cuda "
+                   "(train: overrides training.device)");
     std::string filter;
     std::string config_path, out_dir_override;
     std::vector<std::string> overrides;
@@ -188,8 +195,6 @@ int main(int argc, char** argv) {
 
     CLI::App* gradcheck = app.add_subcommand("gradcheck", "run the gradient check of every registered op");
     gradcheck->add_option("--filter", filter, "run only the cases of this op (e.g. matmul)");
-    std::string gradcheck_device = "cpu";
-    gradcheck->add_option("--device", gradcheck_device, "cpu, or guarded_cpu (the CPU kernels as a device)");
     std::string spec, in_dir, out_dir;
     CLI::App* layer = app.add_subcommand("layer", "run one layer forward and backward on .npy files");
     layer->add_option("--spec", spec, "the layer as JSON: type and options")->required();
@@ -203,6 +208,8 @@ int main(int argc, char** argv) {
             omp_set_num_threads(threads);
             overrides.push_back("training.threads=" + std::to_string(threads));
         }
+        const relgrad::Device device = relgrad::parse_device(device_choice.empty() ? "cpu" : device_choice);
+        if (!device_choice.empty()) overrides.push_back("training.device=\"" + device_choice + "\"");
         if (train->parsed()) {
             train_options.progress = isatty(fileno(stderr));
             relgrad::Config config = load_config(config_path, overrides, out_dir_override);
@@ -232,15 +239,15 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (eval->parsed()) {
-            std::printf("%s\n", relgrad::evaluate_run(run_dir, data_file).dump(2).c_str());
+            std::printf("%s\n", relgrad::evaluate_run(run_dir, data_file, device).dump(2).c_str());
             return 0;
         }
         if (generate->parsed()) {
-            std::printf("%s\n", relgrad::generate(run_dir, prompt, max_tokens).c_str());
+            std::printf("%s\n", relgrad::generate(run_dir, prompt, max_tokens, device).c_str());
             return 0;
         }
         if (attention->parsed()) {
-            for (const std::string& file : relgrad::write_attention(run_dir, prompt, attention_out)) {
+            for (const std::string& file : relgrad::write_attention(run_dir, prompt, attention_out, device)) {
                 std::printf("%s\n", file.c_str());
             }
             return 0;
@@ -251,8 +258,8 @@ int main(int argc, char** argv) {
             std::printf("%s\n", written.c_str());
             return 0;
         }
-        if (gradcheck->parsed()) return run_gradcheck(filter, gradcheck_device);
-        if (layer->parsed()) relgrad::run_layer_command(spec, in_dir, out_dir);
+        if (gradcheck->parsed()) return run_gradcheck(filter, device);
+        if (layer->parsed()) relgrad::run_layer_command(spec, in_dir, out_dir, device);
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e);  // --help
         std::cerr << "relgrad: " << one_line(e.what()) << " (run 'relgrad --help')\n";

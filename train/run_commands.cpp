@@ -17,7 +17,7 @@ namespace relgrad {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept) {
+LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept, Device device) {
     const fs::path dir(run_dir);
     const fs::path checkpoint = readable_checkpoint(dir);
     LoadedRun run;
@@ -38,6 +38,7 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     Generator gen(run.config.training.seed);
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
     run.task->model().load((checkpoint / "model").string());
+    run.task->model().to(device);
     run.task->model().eval();
     return run;
 }
@@ -67,17 +68,17 @@ std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt,
 
 }  // namespace
 
-json evaluate_run(const std::string& run_dir, const std::string& test_file) {
-    LoadedRun run = load_run(run_dir, test_file);
+json evaluate_run(const std::string& run_dir, const std::string& test_file, Device device) {
+    LoadedRun run = load_run(run_dir, test_file, false, device);
     json result =
         run.task->evaluate(run.config.evaluation.batch_size, LengthBuckets(run.config.evaluation.length_buckets));
     result["metric"] = run.task->metric();
     return result;
 }
 
-std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens) {
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens, Device device) {
     if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
-    LoadedRun run = load_run(run_dir, "");
+    LoadedRun run = load_run(run_dir, "", false, device);
     const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens);
     if (run.tokenizer) return run.tokenizer->decode(output);
     std::string out;
@@ -85,8 +86,8 @@ std::string generate(const std::string& run_dir, const std::string& prompt, int6
     return out;
 }
 
-std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt) {
-    LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true);
+std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt, Device device) {
+    LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true, device);
     const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
     if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
     NoGradGuard no_grad;
@@ -94,8 +95,8 @@ std::vector<Tensor> attention_weights(const std::string& run_dir, const std::str
 }
 
 std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
-                                         const std::string& out_dir) {
-    const std::vector<Tensor> weights = attention_weights(run_dir, prompt);
+                                         const std::string& out_dir, Device device) {
+    const std::vector<Tensor> weights = attention_weights(run_dir, prompt, device);
     fs::create_directories(out_dir);
     std::vector<std::string> written;
     for (std::size_t layer = 0; layer < weights.size(); ++layer) {

@@ -23,24 +23,29 @@ struct LoadedRun {
     std::optional<Tokenizer> tokenizer;
     std::unique_ptr<Task> task;
 };
-// Loads a trained run; test_file replaces data.test (file tasks only). `weights_kept` asks for an
-// attention implementation that keeps the weights: the fused one keeps none, and all three share
-// the parameters, so a fused run is then loaded as bucketed.
-LoadedRun load_run(const std::string& run_dir, const std::string& test_file = "", bool weights_kept = false);
+// Loads a trained run, its model on `device` (whichever device it was trained on); test_file
+// replaces data.test (file tasks only). `weights_kept` asks for an attention implementation that
+// keeps the weights: the fused one keeps none, and all three share the parameters, so a fused run
+// is then loaded as bucketed.
+LoadedRun load_run(const std::string& run_dir, const std::string& test_file = "", bool weights_kept = false,
+                   Device device = Device::cpu);
 
 // The metrics of a trained run on its test data, or on `test_file` (file tasks only: it replaces
 // data.test).
-nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "");
+nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "",
+                            Device device = Device::cpu);
 
 // Greedy output of a trained run for `prompt`: the continuation of a language model, the target of
 // a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids).
-std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens);
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens,
+                     Device device = Device::cpu);
 
 // The self-attention weights of a trained run for one prompt (the encoder's for sequence pairs):
-// one [H, L, L] tensor per layer, row i the weights query i gives every key.
-std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt);
+// one [H, L, L] tensor per layer on `device`, row i the weights query i gives every key.
+std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt,
+                                      Device device = Device::cpu);
 // The same as <out_dir>/layer<i>.npy; returns the files written.
 std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
-                                         const std::string& out_dir);
+                                         const std::string& out_dir, Device device = Device::cpu);
 
 }  // namespace relgrad

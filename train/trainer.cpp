@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "engine/autograd.hpp"
+#include "engine/backend/backend.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 #include "train/make_task.hpp"
@@ -307,6 +308,7 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
 }
 
 json train(const Config& config, const TrainOptions& options) {
+    backend_for(config.training.device);  // an unusable device (no GPU) is refused before anything is written
     const fs::path out(config.output.dir);
     const json resolved = config.resolved();
     std::optional<Tokenizer> tokenizer = checked_output_directory(out, resolved, options);

@@ -6,11 +6,14 @@
 // device (the ops check that every operand is). A backend also owns its device's memory: it
 // allocates the storages and copies bytes to and from the host. The CPU backend (cpu/) is always
 // built, and serves the guarded_cpu device too: the same kernels as a device the host may not
-// read; a CUDA backend would implement the same list on raw device buffers (not written yet).
+// read. The CUDA backend (cuda/) implements the same list on a GPU's memory, or in the emulator of
+// the test build.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/attention_pattern.hpp"
@@ -51,6 +54,50 @@ template <class T>
 T* device_data(const Tensor& t) {
     return static_cast<T*>(t.storage()->data()) + t.offset();
 }
+
+// Calls f(T{}) with T the C++ type of a dtype, for kernels written once as templates; the floating
+// and numeric forms refuse other dtypes naming the kernel.
+template <class F>
+void dispatch_floating(DType dtype, const char* kernel, F&& f) {
+    switch (dtype) {
+        case DType::float32: f(float{}); return;
+        case DType::float64: f(double{}); return;
+        default:
+            throw std::invalid_argument(std::string(kernel) + ": needs a float32 or float64 tensor, got " +
+                                        dtype_name(dtype));
+    }
+}
+
+// float32, float64 or int64 (which where and equal take too)
+template <class F>
+void dispatch_numeric(DType dtype, const char* kernel, F&& f) {
+    if (dtype == DType::int64) {
+        f(int64_t{});
+    } else {
+        dispatch_floating(dtype, kernel, f);
+    }
+}
+
+// any dtype
+template <class F>
+void dispatch_any(DType dtype, F&& f) {
+    switch (dtype) {
+        case DType::float32: f(float{}); return;
+        case DType::float64: f(double{}); return;
+        case DType::int64: f(int64_t{}); return;
+        case DType::boolean: f(bool{}); return;
+    }
+}
+
+// How a BLAS (OpenBLAS, cuBLAS) can read a rows x cols matrix stored with (row_stride, col_stride):
+// row-major as it is, or as the transpose of a row-major matrix, so that a transposed view costs a
+// flag and no copy; `ok` is false when neither works (e.g. stride 0), and the matrix is packed first.
+struct BlasOperand {
+    bool ok;
+    bool transposed;
+    int64_t leading_dim;
+};
+BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride);
 
 class Backend {
 public:
@@ -121,7 +168,12 @@ public:
                                           Tensor& dv, Tensor& d_table_k, Tensor& d_table_v);
 };
 
-// The backend of a device; throws naming the device when none is built for it.
+// The backend of a device. For cuda: the one install_cuda_backend gave, else the GPU's when relgrad
+// is built with CUDA; without a usable GPU a std::runtime_error says why ("no usable CUDA device:
+// ...").
 Backend& backend_for(Device device);
+// Makes `backend` the cuda device's, for the rest of the program: the test build installs the
+// CUDA backend's kernels running in the emulator (engine/backend/cuda/emulator.hpp).
+void install_cuda_backend(Backend& backend);
 
 }  // namespace relgrad

@@ -11,17 +11,21 @@ namespace relgrad::testing {
 // before each evaluation, so the check covers d output / d parameter too. Layers run in eval
 // mode (dropout off) so that every evaluation is the same function.
 //
-// The check runs twice: on the CPU, then with the layer and the inputs moved to the guarded CPU
-// device, whose memory the host API refuses to touch; it must pass there too and measure exactly
-// the same errors. forward makes any constant it needs (ids, masks) on layer.device().
+// The check runs on the CPU, then with the layer and the inputs moved to each other device
+// (other_devices: guarded_cpu, whose memory the host API refuses to touch, and the test build's
+// cuda); it must pass there too, with the same outputs and gradients as on the CPU (and on
+// guarded_cpu exactly the same errors). forward makes any constant it needs (ids, masks) on
+// layer.device().
 template <class Forward>
 void gradcheck_layer(Module& layer, std::vector<Tensor> inputs, Forward forward, bool fast = false) {
     layer.eval();
     const std::size_t n_inputs = inputs.size();
     GradcheckOptions options;
     options.fast = fast;
+    std::vector<Device> devices{Device::cpu};
+    for (Device device : other_devices()) devices.push_back(device);
     std::vector<GradcheckResult> results;
-    for (Device device : {Device::cpu, Device::guarded_cpu}) {
+    for (Device device : devices) {
         layer.to(device);
         std::vector<Tensor> all_inputs;
         for (const Tensor& x : inputs) all_inputs.push_back(x.detach().to(device).requires_grad_(x.requires_grad()));
@@ -37,8 +41,18 @@ void gradcheck_layer(Module& layer, std::vector<Tensor> inputs, Forward forward,
         results.push_back(result);
     }
     layer.to(Device::cpu);
-    CHECK_MESSAGE(results[1].max_abs_error == results[0].max_abs_error, "guarded_cpu and cpu differ");
-    CHECK_MESSAGE(results[1].max_rel_error == results[0].max_rel_error, "guarded_cpu and cpu differ");
+    for (std::size_t d = 1; d < devices.size(); ++d) {
+        check_same_values(results[d].output, results[0].output, devices[d], "layer output");
+        REQUIRE(results[d].gradients.size() == results[0].gradients.size());
+        for (std::size_t i = 0; i < results[0].gradients.size(); ++i) {
+            check_same_values(results[d].gradients[i], results[0].gradients[i], devices[d],
+                              "gradient " + std::to_string(i));
+        }
+        if (devices[d] == Device::guarded_cpu) {
+            CHECK_MESSAGE(results[d].max_abs_error == results[0].max_abs_error, "guarded_cpu and cpu differ");
+            CHECK_MESSAGE(results[d].max_rel_error == results[0].max_rel_error, "guarded_cpu and cpu differ");
+        }
+    }
 }
 
 inline Tensor random_input(const Shape& shape, uint64_t seed) {

@@ -62,6 +62,23 @@ std::vector<nlohmann::json> metrics_without_timing(const fs::path& run) {
     return lines;
 }
 
+// Two JSON documents of one structure whose numbers agree to `tol` relative (strings, keys and
+// every other value equal).
+void check_json_close(const nlohmann::json& a, const nlohmann::json& b, double tol, const std::string& where = "") {
+    if (a.is_number() && b.is_number()) {
+        const double x = a.get<double>(), y = b.get<double>();
+        CHECK_MESSAGE(std::fabs(x - y) <= tol * (1 + std::fabs(y)), where << ": " << x << " vs " << y);
+    } else if (a.is_object() && b.is_object()) {
+        CHECK_MESSAGE(a.size() == b.size(), where << ": " << a.dump() << " vs " << b.dump());
+        for (const auto& item : b.items()) {
+            REQUIRE_MESSAGE(a.contains(item.key()), where << ": no " << item.key());
+            check_json_close(a[item.key()], item.value(), tol, where + "/" + item.key());
+        }
+    } else {
+        CHECK_MESSAGE(a == b, where << ": " << a.dump() << " vs " << b.dump());
+    }
+}
+
 fs::path dir_for_batch(const fs::path& base) { return base.string() + "-batch"; }
 
 struct TempDir {
@@ -260,7 +277,7 @@ TEST_CASE("the same run with any thread count, fused attention or not, checkpoin
     }
 }
 
-TEST_CASE("the same run on the guarded CPU device, whose memory the host may not read") {
+TEST_CASE("the same run on the guarded CPU device, whose memory the host may not read, and on cuda") {
     // every batch, mask and index is made on the model's device and every number read back by an
     // explicit copy; a run that reads device memory from the host or mixes devices fails here
     auto run = [](const fs::path& out, const std::string& device, const std::string& kind,
@@ -287,9 +304,28 @@ TEST_CASE("the same run on the guarded CPU device, whose memory the host may not
         CHECK(on_guarded.first == on_cpu.first);
         CHECK(on_guarded.second == on_cpu.second);
         CHECK(on_cpu.second["steps"] == 12);
+#ifdef RELGRAD_TEST_CUDA
+        // on the test build's cuda device (the CUDA kernels, emulated): the same run up to the
+        // order of float32 sums; the fused attention falls back to the bucketed kernels there
+        TempDir cuda("relgrad_test_device_cuda");
+        const auto on_cuda = run(cuda.path, "cuda", kind, position);
+        REQUIRE(on_cuda.first.size() == on_cpu.first.size());
+        for (std::size_t n = 0; n < on_cpu.first.size(); ++n) {
+            check_json_close(on_cuda.first[n], on_cpu.first[n], 1e-3, "metrics line " + std::to_string(n));
+        }
+        check_json_close(on_cuda.second, on_cpu.second, 1e-3, "summary");
+        // a checkpoint written from cuda tensors loads on the cpu, and one written on the cpu
+        // loads on cuda: each run evaluates there as it did where it was trained
+        nlohmann::json trained_on_cuda = evaluate_run(cuda.path.string(), "", Device::cpu);
+        nlohmann::json trained_on_cpu = evaluate_run(cpu.path.string(), "", Device::cuda);
+        trained_on_cuda.erase("metric");
+        trained_on_cpu.erase("metric");
+        check_json_close(trained_on_cuda, on_cuda.second["final"], 1e-3, "cuda run evaluated on the cpu");
+        check_json_close(trained_on_cpu, on_cpu.second["final"], 1e-3, "cpu run evaluated on cuda");
+#endif
     }
     CHECK(error_of({{"training", {{"device", "tpu"}}}}) ==
-          "c.json: /training/device: got \"tpu\", expected one of \"cpu\", \"guarded_cpu\"");
+          "c.json: /training/device: got \"tpu\", expected one of \"cpu\", \"guarded_cpu\", \"cuda\"");
 }
 
 TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses them") {

@@ -36,24 +36,6 @@ using namespace cpu;
 
 namespace {
 
-// How BLAS can read a rows x cols matrix stored with (row_stride, col_stride): row-major as it is,
-// or as the transpose of a row-major matrix; `ok` is false when neither works (e.g. stride 0).
-struct BlasOperand {
-    bool ok;
-    bool transposed;
-    int64_t leading_dim;
-};
-
-BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-    if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= std::max<int64_t>(cols, 1))) {
-        return {true, false, rows == 1 ? std::max<int64_t>(cols, 1) : row_stride};
-    }
-    if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= std::max<int64_t>(rows, 1))) {
-        return {true, true, cols == 1 ? std::max<int64_t>(rows, 1) : col_stride};
-    }
-    return {false, false, 0};
-}
-
 // How a batch of products is cut into pieces for the threads. The cut depends on the shapes alone
 // (see batched_gemm): a batch of kWholeProducts products or more (attention's, one per head) is cut
 // into the products; fewer products are cut into blocks of rows, or, when a product is too short

@@ -1,5 +1,5 @@
-// Helpers shared by the CPU kernel files: xtensor views of a tensor's strided memory, dtype
-// dispatch, a walk over every multi-index, and the split of flat work between threads.
+// Helpers shared by the CPU kernel files: xtensor views of a tensor's strided memory, a walk over
+// every multi-index, and the split of flat work between threads.
 #pragma once
 
 #include <array>
@@ -41,39 +41,6 @@ template <class T>
 auto input(const Tensor& t, const Tensor& out) {
     const std::vector<std::size_t> shape(out.shape().begin(), out.shape().end());
     return xt::broadcast(strided<T>(t), shape);
-}
-
-// Calls f(T{}) with T the C++ type of a floating dtype.
-template <class F>
-void dispatch_floating(DType dtype, const char* kernel, F&& f) {
-    switch (dtype) {
-        case DType::float32: f(float{}); return;
-        case DType::float64: f(double{}); return;
-        default:
-            throw std::invalid_argument(std::string(kernel) + ": needs a float32 or float64 tensor, got " +
-                                        dtype_name(dtype));
-    }
-}
-
-// Calls f(T{}) with T the C++ type of a floating dtype or int64 (which where and equal take too).
-template <class F>
-void dispatch_numeric(DType dtype, const char* kernel, F&& f) {
-    if (dtype == DType::int64) {
-        f(int64_t{});
-    } else {
-        dispatch_floating(dtype, kernel, f);
-    }
-}
-
-// Calls f(T{}) for any dtype.
-template <class F>
-void dispatch_any(DType dtype, F&& f) {
-    switch (dtype) {
-        case DType::float32: f(float{}); return;
-        case DType::float64: f(double{}); return;
-        case DType::int64: f(int64_t{}); return;
-        case DType::boolean: f(bool{}); return;
-    }
 }
 
 // Visits every multi-index of `shape` in C order and calls fn(offsets), where offsets[k] is the

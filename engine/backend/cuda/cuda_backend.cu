@@ -1,0 +1,190 @@
+// The CUDA backend's device: whether one is usable, its memory through the caching allocator, and
+// the checks every kernel starts with. On a GPU through the CUDA runtime; in the emulator the
+// device's memory is host memory that the host API refuses to touch, as a GPU's.
+#include "engine/backend/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+// ---------------------------------------------------------------- the runtime (runtime.hpp)
+
+#ifdef RELGRAD_CUDA_EMULATION
+
+std::string unusable_reason() { return ""; }
+int multiprocessor_count() { return 1; }  // a small device: grids of a few blocks
+void* device_allocate(std::size_t nbytes) { return std::aligned_alloc(256, (nbytes + 255) / 256 * 256); }
+void device_free(void* block) { std::free(block); }
+void copy_to_device(const void* host, void* device, std::size_t nbytes) {
+    if (nbytes) std::memcpy(device, host, nbytes);
+}
+void copy_to_host(const void* device, void* host, std::size_t nbytes) {
+    if (nbytes) std::memcpy(host, device, nbytes);
+}
+
+#else
+
+namespace {
+void check(cudaError_t status, const char* call) {
+    if (status != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(status));
+}
+}  // namespace
+
+std::string unusable_reason() {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) return cudaGetErrorString(status);  // no driver, a driver too old, ...
+    if (count == 0) return "no CUDA device is present";
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cudaDeviceGetAttribute");
+    if (major < 8) return "device 0 has compute capability " + std::to_string(major) + ".x; relgrad needs 8.0 or newer";
+    return "";
+}
+
+int multiprocessor_count() {
+    static const int count = [] {
+        int n = 0;
+        check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+        return n;
+    }();
+    return count;
+}
+
+void* device_allocate(std::size_t nbytes) {
+    void* block = nullptr;
+    if (cudaMalloc(&block, nbytes) != cudaSuccess) {
+        cudaGetLastError();  // clear the out-of-memory error: the allocator retries after emptying its cache
+        return nullptr;
+    }
+    return block;
+}
+void device_free(void* block) { check(cudaFree(block), "cudaFree"); }
+void copy_to_device(const void* host, void* device, std::size_t nbytes) {
+    if (nbytes) check(cudaMemcpy(device, host, nbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+void copy_to_host(const void* device, void* host, std::size_t nbytes) {
+    // waits for the kernels before it, and reports an error any of them met
+    if (nbytes) check(cudaMemcpy(host, device, nbytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+
+#endif
+
+// ---------------------------------------------------------------- the backend
+
+CudaBackend& cuda_backend() {
+    static CudaBackend* const backend = [] {  // never destroyed, as the other backends
+        const std::string reason = unusable_reason();
+        if (!reason.empty()) throw std::runtime_error("no usable CUDA device: " + reason);
+        return new CudaBackend();
+    }();
+    return *backend;
+}
+
+Backend& gpu_backend() { return cuda_backend(); }
+
+CudaBackend::CudaBackend() : allocator_(device_allocate, device_free, 0) {}
+
+bool CudaBackend::supports(OptionalKernel kernel) const {
+    switch (kernel) {
+        case OptionalKernel::fused_attention: return false;
+    }
+    return false;
+}
+
+void CudaBackend::require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const {
+    for (const Tensor* t : operands) {
+        if (t->defined() && t->device() != Device::cuda) {
+            throw std::logic_error(std::string(kernel) + ": an operand on the " + device_name(t->device()) +
+                                   " device reached the cuda kernels");
+        }
+        if (t->defined() && t->dim() > kMaxDims) {
+            throw std::invalid_argument(std::string(kernel) + ": a tensor of " + std::to_string(t->dim()) +
+                                        " dims; the cuda kernels take at most " + std::to_string(kMaxDims));
+        }
+    }
+}
+
+void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nbytes) {
+    copy_to_device(host, device, nbytes);
+}
+void CudaBackend::copy_to_host(const void* device, void* host, std::size_t nbytes) {
+    RELGRAD_CUDA_NAMESPACE::copy_to_host(device, host, nbytes);
+}
+
+// ---------------------------------------------------------------- shared by the kernel files
+
+Layout layout_of(const Shape& shape, const Shape& strides, const char* kernel) {
+    if (static_cast<int64_t>(shape.size()) > kMaxDims) {
+        throw std::invalid_argument(std::string(kernel) + ": a tensor of " + std::to_string(shape.size()) +
+                                    " dims; the cuda kernels take at most " + std::to_string(kMaxDims));
+    }
+    Layout layout;
+    layout.rank = static_cast<int>(shape.size());
+    for (int d = 0; d < layout.rank; ++d) {
+        layout.shape[d] = shape[d];
+        layout.strides[d] = strides[d];
+    }
+    return layout;
+}
+
+Layout layout_of(const Tensor& t, const Shape& shape, const char* kernel) {
+    Shape strides(shape.size(), 0);
+    const int64_t skipped = static_cast<int64_t>(shape.size()) - t.dim();  // t's dims are aligned to the right
+    for (int64_t d = std::max<int64_t>(skipped, 0); d < static_cast<int64_t>(shape.size()); ++d) {
+        if (t.shape()[d - skipped] == shape[d] && shape[d] != 1) strides[d] = t.strides()[d - skipped];
+    }
+    return layout_of(shape, strides, kernel);
+}
+
+void merge_dims(std::initializer_list<Layout*> layouts) {
+    const Layout shape = **layouts.begin();  // the shape they share
+    int kept = 0;
+    for (int d = 0; d < shape.rank; ++d) {
+        if (shape.shape[d] == 1) continue;
+        const bool even = kept > 0 && std::all_of(layouts.begin(), layouts.end(), [&](const Layout* l) {
+            return l->strides[kept - 1] == l->strides[d] * shape.shape[d];
+        });
+        for (Layout* l : layouts) {
+            if (even) {
+                l->shape[kept - 1] *= shape.shape[d];
+                l->strides[kept - 1] = l->strides[d];
+            } else {
+                l->shape[kept] = shape.shape[d];
+                l->strides[kept] = l->strides[d];
+            }
+        }
+        if (!even) ++kept;
+    }
+    for (Layout* l : layouts) l->rank = kept;
+}
+
+ErrorSlot::ErrorSlot() : record_(static_cast<DeviceError*>(cuda_backend().allocator().allocate(sizeof(DeviceError)))) {
+    const DeviceError none;
+    copy_to_device(&none, record_, sizeof(DeviceError));
+}
+
+ErrorSlot::~ErrorSlot() { cuda_backend().allocator().deallocate(record_, sizeof(DeviceError)); }
+
+DeviceError ErrorSlot::read() const {
+    DeviceError error;
+    copy_to_host(record_, &error, sizeof(DeviceError));
+    return error;
+}
+
+void ErrorSlot::throw_if_index_error(const char* kernel, int64_t dim) const {
+    const DeviceError error = read();
+    if (error.found) {
+        throw std::invalid_argument(std::string(kernel) + ": index " + std::to_string(error.index) +
+                                    " is out of range for dim " + std::to_string(dim) + " of size " +
+                                    std::to_string(error.size));
+    }
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad

@@ -1,0 +1,162 @@
+// The CUDA backend: the Backend interface (backend.hpp) on an NVIDIA GPU, laid out like cpu/:
+// cuda_backend.cu (the device, its memory, the operand check), elementwise.cu (fill, copy, unary,
+// binary, where), reduce.cu (reduce, softmax_last_dim), gemm.cu (batched_gemm through cuBLAS),
+// index.cu (gather, scatter_add, index_select, index_add) and attention.cu (the attention rows).
+// The same sources run in CUDA's execution model emulated on the host (runtime.hpp, emulator.hpp):
+// the test build's cuda device.
+//
+// Every kernel is deterministic: each output element is computed by one thread, or reduced by one
+// block in a fixed tree, in an order that depends on the shapes alone; no floating-point atomics.
+// The same inputs give bitwise the same results, run after run.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "engine/backend/backend.hpp"
+#include "engine/backend/cuda/runtime.hpp"
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend();
+    const char* name() const override { return "cuda"; }
+    bool supports(OptionalKernel kernel) const override;
+
+    CachingAllocator& allocator() override { return allocator_; }
+    void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
+    void copy_to_host(const void* device, void* host, std::size_t nbytes) override;
+
+    void fill(Tensor& out, double value) override;
+    void copy(const Tensor& src, Tensor& dst) override;
+    void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) override;
+    void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
+    void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) override;
+    void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void softmax_last_dim(const Tensor& x, bool log, Tensor& out) override;
+    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                           double scale, Tensor& bucket_weights) override;
+    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
+                                    double scale, Tensor& d_bucket_scores) override;
+
+private:
+    // Every kernel starts here: an operand on another device is a bug of the op that called it.
+    void require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const;
+
+    CachingAllocator allocator_;
+};
+
+// The backend, made on first use; throws std::runtime_error naming why when no kernel can run here
+// ("no usable CUDA device: ...").
+CudaBackend& cuda_backend();
+
+// --- shared by the kernel files
+
+// Where a kernel finds the elements of a tensor seen with `shape`: the tensor's strides aligned
+// to the right, 0 on the dims it is broadcast along. At most kMaxDims dims.
+constexpr int kMaxDims = 8;
+struct Layout {
+    int rank = 0;
+    int64_t shape[kMaxDims] = {};
+    int64_t strides[kMaxDims] = {};
+};
+Layout layout_of(const Tensor& t, const Shape& shape, const char* kernel);
+inline Layout layout_of(const Tensor& t, const char* kernel) { return layout_of(t, t.shape(), kernel); }
+// Any shape with any strides (of the same length), e.g. a tensor's with one stride zeroed.
+Layout layout_of(const Shape& shape, const Shape& strides, const char* kernel);
+
+// The element offset of the flat (C-order) index `flat` under `layout`.
+__host__ __device__ inline int64_t offset_of(const Layout& layout, int64_t flat) {
+    if (layout.rank == 0) return 0;
+    int64_t offset = 0;
+    for (int d = layout.rank - 1; d > 0; --d) {
+        const int64_t size = layout.shape[d];
+        offset += (flat % size) * layout.strides[d];
+        flat /= size;
+    }
+    return offset + flat * layout.strides[0];  // what is left of flat is the index along dim 0
+}
+
+// Merges, in layouts of one shape, the dims of size 1 and each pair of neighbouring dims that
+// every layout steps across evenly (stride of the outer = stride of the inner x its size): a
+// contiguous tensor becomes a single dim, and offset_of does one division per dim left.
+void merge_dims(std::initializer_list<Layout*> layouts);
+
+// The largest block of the row kernels (reduce, softmax, attention): one block per row, its
+// threads striding over the row, then combined in a tree. Shorter rows get smaller blocks.
+constexpr unsigned kRowThreads = 128;
+// The block size for rows of n: a power of two, each thread taking about 32 elements (a tree step
+// costs a barrier), between 1 and kRowThreads.
+inline unsigned row_threads(int64_t n) {
+    unsigned threads = 1;
+    while (threads < kRowThreads && int64_t{threads} * 32 < n) threads *= 2;
+    return threads;
+}
+
+// Combines one value per thread of the block into one, the same on every thread, in a fixed tree
+// (so the same inputs give bitwise the same result): blockDim.x a power of two, partial a
+// shared array (RELGRAD_SHARED) of blockDim.x values. Every thread of the block must call it.
+template <class A, class Combine>
+__device__ A block_reduce(A value, A* partial, Combine combine) {
+    const unsigned t = threadIdx.x;
+    partial[t] = value;
+    __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) partial[t] = combine(partial[t], partial[t + half]);
+        __syncthreads();
+    }
+    const A total = partial[0];
+    __syncthreads();  // every thread has read it: partial may be written again
+    return total;
+}
+struct Add {
+    template <class A>
+    __device__ A operator()(A x, A y) const { return x + y; }
+};
+struct Max {  // max of two; NaN when either is NaN
+    template <class A>
+    __device__ A operator()(A x, A y) const { return isnan(x) || x > y ? x : y; }
+};
+
+// Bad input found by a kernel (an index out of range, a float without an int64 value): the kernel
+// stores it in device memory, the host reads it after the kernel and throws the same
+// std::invalid_argument as the CPU backend.
+struct DeviceError {
+    int64_t found = 0;             // 1 once a thread stored one (any of them: each stores the same kind)
+    int64_t index = 0, size = 0;   // the index and the size of its dim (or the number of buckets)
+    double value = 0;              // the float that has no int64 value
+};
+class ErrorSlot {
+public:
+    ErrorSlot();  // a zeroed record on the device
+    ~ErrorSlot();
+    ErrorSlot(const ErrorSlot&) = delete;
+    ErrorSlot& operator=(const ErrorSlot&) = delete;
+    DeviceError* device() const { return record_; }
+    // the record, copied to the host (after the kernels before it)
+    DeviceError read() const;
+    // throws "<kernel>: index i is out of range for dim d of size n" if a kernel stored one
+    void throw_if_index_error(const char* kernel, int64_t dim) const;
+
+private:
+    DeviceError* record_;
+};
+
+// Stores a bad index (or value) in *error; any thread may, and the host reads one of them.
+__device__ inline void report(DeviceError* error, int64_t index, int64_t size, double value = 0) {
+    error->index = index;
+    error->size = size;
+    error->value = value;
+    error->found = 1;
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad

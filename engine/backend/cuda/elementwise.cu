@@ -1,0 +1,196 @@
+// The CUDA backend's elementwise kernels (engine/ops/elementwise.cpp, and the copies of views.cpp):
+// one thread per output element in a grid-stride loop, every operand read through its Layout
+// (strided, broadcast with stride 0), so any view works without a copy.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "engine/backend/cuda/cuda_backend.hpp"
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+// The flat indices [0, n) this thread takes: i = its global index, then every grid's width on.
+#define RELGRAD_FOR_EACH_INDEX(i, n) \
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
+
+template <class T>
+__global__ void fill_kernel(T* out, Layout out_layout, int64_t n, T value) {
+    RELGRAD_FOR_EACH_INDEX(i, n) out[offset_of(out_layout, i)] = value;
+}
+
+// dst = src converted to D; a float without an int64 value (NaN, +-inf, beyond +-2^63) is reported
+template <class S, class D>
+__global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n,
+                            DeviceError* error) {
+    RELGRAD_FOR_EACH_INDEX(i, n) {
+        const S v = src[offset_of(src_layout, i)];
+        if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
+            if (!(v > S(-9.2e18) && v < S(9.2e18))) {
+                report(error, i, n, static_cast<double>(v));
+                continue;
+            }
+        }
+        if constexpr (std::is_same_v<D, bool>) {
+            dst[offset_of(dst_layout, i)] = v != S(0);
+        } else {
+            dst[offset_of(dst_layout, i)] = static_cast<D>(v);
+        }
+    }
+}
+
+// f(x) for the UnaryOp op; a and b are the scalar parameters of pow_scalar, clamp and inside
+template <class T>
+__device__ T unary_value(UnaryOp op, T x, T a, T b) {
+    const T one(1), zero(0), half(0.5);
+    const T inv_sqrt2 = T(0.70710678118654752440), inv_sqrt_2pi = T(0.39894228040143267794);
+    switch (op) {
+        case UnaryOp::neg: return -x;
+        case UnaryOp::exp: return exp(x);
+        case UnaryOp::log: return log(x);
+        case UnaryOp::sqrt: return sqrt(x);
+        case UnaryOp::tanh: return tanh(x);
+        case UnaryOp::sigmoid: return one / (one + exp(-x));
+        case UnaryOp::relu: return x > zero ? x : zero;
+        case UnaryOp::gelu: return half * x * (one + erf(x * inv_sqrt2));  // x Phi(x)
+        case UnaryOp::relu_grad: return x > zero ? one : zero;
+        case UnaryOp::gelu_grad: return half * (one + erf(x * inv_sqrt2)) + x * inv_sqrt_2pi * exp(-half * x * x);
+        case UnaryOp::pow_scalar: return pow(x, a);
+        case UnaryOp::clamp: return x < a ? a : (x > b ? b : x);
+        case UnaryOp::inside: return x > a && x < b ? one : zero;
+    }
+    return x;
+}
+
+template <class T>
+__global__ void unary_kernel(UnaryOp op, const T* x, Layout x_layout, T* out, Layout out_layout, int64_t n, T a,
+                             T b) {
+    RELGRAD_FOR_EACH_INDEX(i, n) out[offset_of(out_layout, i)] = unary_value(op, x[offset_of(x_layout, i)], a, b);
+}
+
+template <class T>
+__device__ T binary_value(BinaryOp op, T x, T y) {
+    switch (op) {
+        case BinaryOp::add: return x + y;
+        case BinaryOp::sub: return x - y;
+        case BinaryOp::mul: return x * y;
+        case BinaryOp::div: return x / y;
+        case BinaryOp::pow:
+            if constexpr (std::is_floating_point_v<T>) {
+                return pow(x, y);
+            } else {
+                return static_cast<T>(pow(static_cast<double>(x), static_cast<double>(y)));
+            }
+        case BinaryOp::equal: return x == y ? T(1) : T(0);
+    }
+    return x;
+}
+
+template <class T>
+__global__ void binary_kernel(BinaryOp op, const T* a, Layout a_layout, const T* b, Layout b_layout, T* out,
+                              Layout out_layout, int64_t n) {
+    RELGRAD_FOR_EACH_INDEX(i, n) {
+        out[offset_of(out_layout, i)] = binary_value(op, a[offset_of(a_layout, i)], b[offset_of(b_layout, i)]);
+    }
+}
+
+template <class T, class C>
+__global__ void where_kernel(const C* cond, Layout cond_layout, const T* a, Layout a_layout, const T* b,
+                             Layout b_layout, T* out, Layout out_layout, int64_t n) {
+    RELGRAD_FOR_EACH_INDEX(i, n) {
+        out[offset_of(out_layout, i)] =
+            cond[offset_of(cond_layout, i)] != C(0) ? a[offset_of(a_layout, i)] : b[offset_of(b_layout, i)];
+    }
+}
+
+}  // namespace
+
+void CudaBackend::fill(Tensor& out, double value) {
+    require_on_device("fill", {&out});
+    const int64_t n = out.numel();
+    dispatch_any(out.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        Layout out_layout = layout_of(out, "fill");
+        merge_dims({&out_layout});
+        launch("fill", fill_kernel<T>, grid_for(n, kThreads), kThreads, 0, device_data<T>(out), out_layout, n,
+               static_cast<T>(value));
+    });
+}
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+    require_on_device("copy", {&src, &dst});
+    if (src.shape() != dst.shape()) {
+        throw std::invalid_argument("copy: source shape " + shape_str(src.shape()) +
+                                    " differs from destination shape " + shape_str(dst.shape()));
+    }
+    const int64_t n = dst.numel();
+    // a float converted to int64 may have no int64 value: the kernel reports one
+    const bool checked = dst.dtype() == DType::int64 && is_floating(src.dtype());
+    const std::unique_ptr<ErrorSlot> error(checked ? new ErrorSlot() : nullptr);
+    Layout src_layout = layout_of(src, "copy"), dst_layout = layout_of(dst, "copy");
+    merge_dims({&src_layout, &dst_layout});
+    dispatch_any(dst.dtype(), [&](auto dst_tag) {
+        using D = decltype(dst_tag);
+        dispatch_any(src.dtype(), [&](auto src_tag) {
+            using S = decltype(src_tag);
+            launch("copy", copy_kernel<S, D>, grid_for(n, kThreads), kThreads, 0, device_data<S>(src), src_layout,
+                   device_data<D>(dst), dst_layout, n, checked ? error->device() : nullptr);
+        });
+    });
+    if (checked) {
+        const DeviceError bad = error->read();
+        if (bad.found) {
+            throw std::invalid_argument("conversion to int64: " + std::to_string(bad.value) + " has no int64 value");
+        }
+    }
+}
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
+    require_on_device("unary", {&x, &out});
+    const int64_t n = out.numel();
+    Layout x_layout = layout_of(x, out.shape(), "unary"), out_layout = layout_of(out, "unary");
+    merge_dims({&x_layout, &out_layout});
+    dispatch_floating(x.dtype(), "unary", [&](auto tag) {
+        using T = decltype(tag);
+        launch("unary", unary_kernel<T>, grid_for(n, kThreads), kThreads, 0, op, device_data<T>(x), x_layout,
+               device_data<T>(out), out_layout, n, T(a), T(b));
+    });
+}
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+    require_on_device("binary", {&a, &b, &out});
+    const int64_t n = out.numel();
+    Layout a_layout = layout_of(a, out.shape(), "binary"), b_layout = layout_of(b, out.shape(), "binary"),
+           out_layout = layout_of(out, "binary");
+    merge_dims({&a_layout, &b_layout, &out_layout});
+    dispatch_numeric(a.dtype(), "binary", [&](auto tag) {
+        using T = decltype(tag);
+        launch("binary", binary_kernel<T>, grid_for(n, kThreads), kThreads, 0, op, device_data<T>(a), a_layout,
+               device_data<T>(b), b_layout, device_data<T>(out), out_layout, n);
+    });
+}
+
+void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+    require_on_device("where", {&cond, &a, &b, &out});
+    const int64_t n = out.numel();
+    Layout cond_layout = layout_of(cond, out.shape(), "where"), a_layout = layout_of(a, out.shape(), "where"),
+           b_layout = layout_of(b, out.shape(), "where"), out_layout = layout_of(out, "where");
+    merge_dims({&cond_layout, &a_layout, &b_layout, &out_layout});
+    dispatch_numeric(a.dtype(), "where", [&](auto tag) {
+        using T = decltype(tag);
+        dispatch_any(cond.dtype(), [&](auto cond_tag) {
+            using C = decltype(cond_tag);
+            launch("where", where_kernel<T, C>, grid_for(n, kThreads), kThreads, 0, device_data<C>(cond),
+                   cond_layout, device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out),
+                   out_layout, n);
+        });
+    });
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad

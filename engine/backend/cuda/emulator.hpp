@@ -1,0 +1,78 @@
+// relgrad: CUDA's execution model emulated on the host, so that the CUDA backend's kernels run and
+// are tested on machines without a GPU.
+//
+// The kernel sources (engine/backend/cuda/*.cu) are compiled a second time by the host compiler
+// with RELGRAD_CUDA_EMULATION defined; runtime.hpp then includes this header instead of CUDA's.
+// What a kernel sees is CUDA's:
+//   - threadIdx, blockIdx, blockDim and gridDim;
+//   - shared memory, static (RELGRAD_SHARED, for __shared__ T name[n]) and dynamic
+//     (RELGRAD_DYNAMIC_SHARED, for extern __shared__), one copy per block, filled with 0xff bytes
+//     (NaN in floats) as each block starts: a read before any write shows, and nothing is left
+//     over from an earlier block;
+//   - __syncthreads(), a real barrier.
+// Each thread of a block is a fiber with a stack of its own. Between two barriers, the threads run
+// one after another to the next barrier, in an order drawn afresh for every phase (and the blocks
+// in a shuffled order). So a kernel that reads shared memory another thread writes without a
+// barrier in between reads it before the write in some orders and after it in others: a missing
+// barrier or a race gives wrong answers (tests/engine/test_cuda_emulator.cpp shows both caught).
+// A barrier that some threads of a block skip, or a thread that exits while others wait at one,
+// is an error (CUDA leaves it undefined).
+//
+// What it cannot show: timing, memory coalescing, bank conflicts, real concurrency between blocks
+// (they run one at a time), warp-synchronous behaviour (relgrad's kernels use no warp operations
+// and no atomics). docs/backends.md says more.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#ifndef RELGRAD_CUDA_EMULATION
+#error "emulator.hpp is for the kernels compiled with RELGRAD_CUDA_EMULATION (runtime.hpp includes it)"
+#endif
+
+// CUDA's built-in types and variables, in the global namespace as CUDA has them. dim3 is also the
+// type of threadIdx and blockIdx here (uint3 in CUDA: the same three unsigned fields).
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// Waits until every thread of the block has reached it: the running fiber yields to the block's
+// scheduler, which resumes the threads once all of them are here.
+void __syncthreads();
+
+// CUDA's qualifiers: kernels and device functions are plain host functions. __shared__ is left
+// undefined, so that a kernel declares its shared memory with RELGRAD_SHARED (runtime.hpp).
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+
+namespace relgrad {
+namespace cuda_emulator {
+
+// Runs `thread` as every thread of a grid (see the top of this file); throws std::logic_error on a
+// launch CUDA would refuse (an empty or too large block, too much dynamic shared memory) and on a
+// barrier that not all threads of a block reach. `kernel` names it in the messages.
+void run_grid(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
+              const std::function<void()>& thread);
+
+// The running block's dynamic shared memory (RELGRAD_DYNAMIC_SHARED).
+void* dynamic_shared_memory();
+// The running block's copy of the static shared array that `tag` (a static variable of the
+// declaration) stands for, of `bytes` bytes (RELGRAD_SHARED): every thread of the block gets the same.
+void* static_shared_memory(const void* tag, std::size_t bytes, std::size_t alignment);
+
+// The seed of the thread orders; each launch draws from it, so a run is repeatable. Tests set it to
+// see a kernel under many orders.
+void set_seed(uint64_t seed);
+
+// The limits a launch is checked against (those of NVIDIA's sm_80 and sm_90).
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr std::size_t kMaxDynamicSharedBytes = 48 * 1024;
+constexpr std::size_t kMaxStaticSharedBytes = 48 * 1024;
+
+}  // namespace cuda_emulator
+}  // namespace relgrad

@@ -1,0 +1,137 @@
+// The CUDA backend's matrix products (engine/ops/linalg.cpp): cuBLAS's strided batched gemm, a
+// transposed view passed as a transpose flag; in the emulator, the CPU's BLAS (cpu::gemm).
+#include <array>
+#include <vector>
+
+#include "engine/backend/cuda/cuda_backend.hpp"
+
+#ifdef RELGRAD_CUDA_EMULATION
+#include "engine/backend/cpu/cpu_backend.hpp"
+#else
+#include <cublas_v2.h>
+#endif
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+#ifdef RELGRAD_CUDA_EMULATION
+
+template <class T>
+void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T* C, int64_t ldc, int64_t stride_c,
+                int64_t batch) {
+    cpu::use_one_blas_thread();
+    for (int64_t i = 0; i < batch; ++i) {
+        cpu::gemm<T>(trans_a, trans_b, M, N, K, T(1), A + i * stride_a, lda, B + i * stride_b, ldb, T(0),
+                     C + i * stride_c, ldc);
+    }
+}
+
+#else
+
+namespace {
+
+cublasHandle_t cublas() {
+    static const cublasHandle_t handle = [] {
+        cublasHandle_t h = nullptr;
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+        return h;
+    }();
+    return handle;
+}
+
+void check(cublasStatus_t status, const char* call) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        throw std::runtime_error(std::string(call) + " failed with cuBLAS status " + std::to_string(status));
+    }
+}
+
+cublasOperation_t operation(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+}  // namespace
+
+// cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,
+// so the operands go in swapped, with the sizes N, M.
+template <>
+void gemm_batch<float>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float* C, int64_t ldc,
+                       int64_t stride_c, int64_t batch) {
+    const float one = 1, zero = 0;
+    check(cublasSgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &one, B,
+                                    int(ldb), stride_b, A, int(lda), stride_a, &zero, C, int(ldc), stride_c, int(batch)),
+          "cublasSgemmStridedBatched");
+}
+
+template <>
+void gemm_batch<double>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
+                        int64_t stride_a, const double* B, int64_t ldb, int64_t stride_b, double* C, int64_t ldc,
+                        int64_t stride_c, int64_t batch) {
+    const double one = 1, zero = 0;
+    check(cublasDgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &one, B,
+                                    int(ldb), stride_b, A, int(lda), stride_a, &zero, C, int(ldc), stride_c, int(batch)),
+          "cublasDgemmStridedBatched");
+}
+
+#endif
+
+void CudaBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
+    require_on_device("batched_gemm", {&a_in, &b_in, &out});
+    const int64_t rank = a_in.dim();
+    const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
+    const int64_t N = b_in.shape()[rank - 1];
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        fill(out, 0.0);
+        return;
+    }
+    // Operands BLAS cannot read in place (e.g. an expanded matrix) are packed first.
+    auto readable = [&](const Tensor& t, int64_t rows, int64_t cols) {
+        if (blas_operand(rows, cols, t.strides()[rank - 2], t.strides()[rank - 1]).ok) return t;
+        Tensor packed = empty_like(t);
+        copy(t, packed);
+        return packed;
+    };
+    const Tensor a = readable(a_in, M, K);
+    const Tensor b = readable(b_in, K, N);
+    const BlasOperand la = blas_operand(M, K, a.strides()[rank - 2], a.strides()[rank - 1]);
+    const BlasOperand lb = blas_operand(K, N, b.strides()[rank - 2], b.strides()[rank - 1]);
+    // the offsets of every batch entry in a, b and out (C order over the batch dims)
+    std::vector<std::array<int64_t, 3>> offsets(1, {0, 0, 0});
+    for (int64_t d = rank - 3; d >= 0; --d) {
+        std::vector<std::array<int64_t, 3>> wider;
+        for (int64_t i = 0; i < a.shape()[d]; ++i) {
+            for (const auto& o : offsets) {
+                wider.push_back({o[0] + i * a.strides()[d], o[1] + i * b.strides()[d], o[2] + i * out.strides()[d]});
+            }
+        }
+        offsets = std::move(wider);
+    }
+    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+        using T = decltype(tag);
+        const T* pa = device_data<T>(a);
+        const T* pb = device_data<T>(b);
+        T* pc = device_data<T>(out);
+        // runs of entries whose offsets step evenly go to one strided batched call each
+        std::size_t first = 0;
+        while (first < offsets.size()) {
+            std::size_t last = first + 1;
+            std::array<int64_t, 3> step{0, 0, 0};
+            if (last < offsets.size()) {
+                for (int k = 0; k < 3; ++k) step[k] = offsets[last][k] - offsets[first][k];
+                auto steps_evenly = [&](std::size_t i) {
+                    for (int k = 0; k < 3; ++k)
+                        if (offsets[i][k] - offsets[i - 1][k] != step[k]) return false;
+                    return true;
+                };
+                while (last < offsets.size() && steps_evenly(last)) ++last;
+            }
+            const auto& o = offsets[first];
+            gemm_batch<T>(la.transposed, lb.transposed, M, N, K, pa + o[0], la.leading_dim, step[0], pb + o[1],
+                          lb.leading_dim, step[1], pc + o[2], N, step[2], static_cast<int64_t>(last - first));
+            first = last;
+        }
+    });
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad

@@ -1,0 +1,98 @@
+// relgrad: what the CUDA backend's sources need from CUDA, on a GPU or in the emulator.
+//
+// Every file of engine/backend/cuda/ is compiled twice: by nvcc for the GPU (namespace
+// relgrad::cuda, into the engine when RELGRAD_CUDA is on), and by the host compiler with
+// RELGRAD_CUDA_EMULATION for the emulated device of the test build (namespace
+// relgrad::cuda_emulated, emulator.hpp). This header is the one place the two differ: kernel
+// launches, device memory, the device's size, and the matrix products (cuBLAS on a GPU, the CPU's
+// BLAS in the emulator).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#ifdef RELGRAD_CUDA_EMULATION
+#include <functional>
+#include <tuple>
+#include "engine/backend/cuda/emulator.hpp"
+#define RELGRAD_CUDA_NAMESPACE cuda_emulated
+#define RELGRAD_SHARED(T, name, n)                                                                          \
+    static const char name##_tag = 0;                                                                      \
+    T* const name = static_cast<T*>(                                                                       \
+        ::relgrad::cuda_emulator::static_shared_memory(&name##_tag, sizeof(T) * static_cast<std::size_t>(n), \
+                                                       alignof(T)))
+#define RELGRAD_DYNAMIC_SHARED(T, name) \
+    T* const name = static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory())
+#else
+#include <cuda_runtime.h>
+#define RELGRAD_CUDA_NAMESPACE cuda
+#define RELGRAD_SHARED(T, name, n) __shared__ T name[n]
+#define RELGRAD_DYNAMIC_SHARED(T, name)                          \
+    extern __shared__ __align__(16) unsigned char name##_bytes[]; \
+    T* const name = reinterpret_cast<T*>(name##_bytes)
+#endif
+// Shared memory, one copy per block, declared in a kernel as
+//   RELGRAD_SHARED(T, name, n);       __shared__ T name[n]          (n a constant)
+//   RELGRAD_DYNAMIC_SHARED(T, name);  extern __shared__ T name[]    (sized at launch)
+// and used as name[i] in both.
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+#ifdef RELGRAD_CUDA_EMULATION
+// the math functions a kernel calls unqualified, as CUDA's device overloads are called
+using std::erf;
+using std::exp;
+using std::fabs;
+using std::isnan;
+using std::log;
+using std::pow;
+using std::sqrt;
+using std::tanh;
+#endif
+
+// kernel<<<grid, block, shared_bytes>>>(args...), checked: a launch CUDA refuses is an
+// std::logic_error naming the kernel. An empty grid launches nothing.
+template <class... Params, class... Args>
+void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+            Args... args) {
+    if (uint64_t{grid.x} * grid.y * grid.z == 0) return;
+#ifdef RELGRAD_CUDA_EMULATION
+    const std::tuple<Params...> params(static_cast<Params>(args)...);  // copied once, as CUDA copies them
+    cuda_emulator::run_grid(name, grid, block, shared_bytes, [&] { std::apply(kernel, params); });
+#else
+    kernel<<<grid, block, shared_bytes>>>(static_cast<Params>(args)...);
+    const cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) {
+        throw std::logic_error(std::string("kernel ") + name + ": " + cudaGetErrorString(status));
+    }
+#endif
+}
+
+// --- the device (cuda_backend.cu)
+// Why no kernel can run, or an empty string when one can: no device, a driver too old, ...
+std::string unusable_reason();
+int multiprocessor_count();
+void* device_allocate(std::size_t nbytes);  // nullptr when the device is full
+void device_free(void* block);
+void copy_to_device(const void* host, void* device, std::size_t nbytes);
+void copy_to_host(const void* device, void* host, std::size_t nbytes);
+
+// The grid of a loop over `work` items with `threads` per block, each thread taking every
+// (gridDim.x * blockDim.x)-th item: enough blocks to give each multiprocessor a few, no more.
+inline dim3 grid_for(int64_t work, unsigned threads) {
+    const int64_t wanted = (work + threads - 1) / threads, most = int64_t{4} * multiprocessor_count();
+    return dim3(static_cast<unsigned>(work <= 0 ? 0 : (wanted < most ? wanted : most)));
+}
+
+// C = op(A) op(B) for `batch` products, row-major, the i-th operands at A + i * stride_a, ... (gemm.cu)
+template <class T>
+void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
+                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T* C, int64_t ldc, int64_t stride_c,
+                int64_t batch);
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad
