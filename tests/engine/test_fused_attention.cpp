@@ -2,7 +2,8 @@
 // ops in test_nn.cpp) to 1e-12 in float64, outputs and all five gradients, for every mask rule,
 // sizes that span several tiles, offsets, asymmetric and per-head tables; independent of the
 // thread count; the same on the guarded CPU device, and the bucketed fallback of a device without
-// fused kernels; gradient-checked; bad input rejected.
+// fused kernels; the CUDA kernels (on the test build's cuda device) to 1e-12 and deterministic;
+// gradient-checked; bad input rejected.
 #include <omp.h>
 
 #include <algorithm>
@@ -96,10 +97,21 @@ void check_same(const Result& fused, const Result& expected, double tol) {
 
 // Fused against bucketed on the CPU; then on the guarded CPU device, whose fused kernels must give
 // the CPU's results exactly, and which, with its fused kernels switched off, must fall back to the
-// bucketed op (the same results as the bucketed op on the CPU).
+// bucketed op (the same results as the bucketed op on the CPU); and on the test build's cuda
+// device, whose fused kernels (the CUDA ones, tiled otherwise) must agree to 1e-12, the same bits
+// run after run.
 void check_equals_bucketed(const Case& c) {
     const Result fused = run(c, true), bucketed = run(c, false);
     check_same(fused, bucketed, 1e-12);
+#ifdef RELGRAD_TEST_CUDA
+    {
+        INFO("on cuda");
+        const Result on_cuda = run(c, true, DType::float64, 11, Device::cuda);
+        REQUIRE(on_cuda.z.device() == Device::cuda);
+        check_same(on_cuda, bucketed, 1e-12);
+        check_same(run(c, true, DType::float64, 11, Device::cuda), on_cuda, 0);
+    }
+#endif
     check_same(run(c, true, DType::float64, 11, Device::guarded_cpu), fused, 0);
     CpuBackend& guarded = guarded_cpu_backend();
     guarded.offers_fused_attention = false;
@@ -215,6 +227,12 @@ TEST_CASE("fused attention in float32 agrees with float64, and does not depend o
     c.pattern.causal = true;
     const Result f32 = run(c, true, DType::float32), f64_result = run(c, true, DType::float64);
     check_same(f32, f64_result, 1e-4);
+#ifdef RELGRAD_TEST_CUDA
+    {
+        INFO("float32 on cuda");
+        check_same(run(c, true, DType::float32, 11, Device::cuda), f32, 1e-5);
+    }
+#endif
     // and one sequence with one head over 3 key tiles: its backward is cut into 3 key groups
     Case single = c;
     single.B = single.H = 1;

@@ -90,13 +90,6 @@ Backend& gpu_backend() { return cuda_backend(); }
 
 CudaBackend::CudaBackend() : allocator_(device_allocate, device_free, 0) {}
 
-bool CudaBackend::supports(OptionalKernel kernel) const {
-    switch (kernel) {
-        case OptionalKernel::fused_attention: return false;
-    }
-    return false;
-}
-
 void CudaBackend::require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const {
     for (const Tensor* t : operands) {
         if (t->defined() && t->device() != Device::cuda) {

@@ -1,7 +1,8 @@
 // The CUDA backend: the Backend interface (backend.hpp) on an NVIDIA GPU, laid out like cpu/:
 // cuda_backend.cu (the device, its memory, the operand check), elementwise.cu (fill, copy, unary,
 // binary, where), reduce.cu (reduce, softmax_last_dim), gemm.cu (batched_gemm through cuBLAS),
-// index.cu (gather, scatter_add, index_select, index_add) and attention.cu (the attention rows).
+// index.cu (gather, scatter_add, index_select, index_add), attention.cu (the attention rows) and
+// fused_attention.cu (the fused attention, flash-style, and where supports() is).
 // The same sources run in CUDA's execution model emulated on the host (runtime.hpp, emulator.hpp):
 // the test build's cuda device.
 //
@@ -46,6 +47,12 @@ public:
                            double scale, Tensor& bucket_weights) override;
     void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
                                     double scale, Tensor& d_bucket_scores) override;
+    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
+    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  Tensor& d_table_k, Tensor& d_table_v) override;
 
 private:
     // Every kernel starts here: an operand on another device is a bug of the op that called it.

@@ -17,15 +17,19 @@ namespace RELGRAD_CUDA_NAMESPACE {
 #ifdef RELGRAD_CUDA_EMULATION
 
 template <class T>
-void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T* C, int64_t ldc, int64_t stride_c,
-                int64_t batch) {
+void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
+                int64_t stride_c, int64_t batch) {
     cpu::use_one_blas_thread();
     for (int64_t i = 0; i < batch; ++i) {
-        cpu::gemm<T>(trans_a, trans_b, M, N, K, T(1), A + i * stride_a, lda, B + i * stride_b, ldb, T(0),
+        cpu::gemm<T>(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
                      C + i * stride_c, ldc);
     }
 }
+template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
+                                const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t);
+template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
+                                 const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
 
 #else
 
@@ -53,22 +57,22 @@ cublasOperation_t operation(bool transposed) { return transposed ? CUBLAS_OP_T :
 // cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,
 // so the operands go in swapped, with the sizes N, M.
 template <>
-void gemm_batch<float>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float* C, int64_t ldc,
-                       int64_t stride_c, int64_t batch) {
-    const float one = 1, zero = 0;
-    check(cublasSgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &one, B,
-                                    int(ldb), stride_b, A, int(lda), stride_a, &zero, C, int(ldc), stride_c, int(batch)),
+void gemm_batch<float>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                       int64_t ldc, int64_t stride_c, int64_t batch) {
+    check(cublasSgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &alpha,
+                                    B, int(ldb), stride_b, A, int(lda), stride_a, &beta, C, int(ldc), stride_c,
+                                    int(batch)),
           "cublasSgemmStridedBatched");
 }
 
 template <>
-void gemm_batch<double>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
-                        int64_t stride_a, const double* B, int64_t ldb, int64_t stride_b, double* C, int64_t ldc,
-                        int64_t stride_c, int64_t batch) {
-    const double one = 1, zero = 0;
-    check(cublasDgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &one, B,
-                                    int(ldb), stride_b, A, int(lda), stride_a, &zero, C, int(ldc), stride_c, int(batch)),
+void gemm_batch<double>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+                        int64_t stride_a, const double* B, int64_t ldb, int64_t stride_b, double beta, double* C,
+                        int64_t ldc, int64_t stride_c, int64_t batch) {
+    check(cublasDgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &alpha,
+                                    B, int(ldb), stride_b, A, int(lda), stride_a, &beta, C, int(ldc), stride_c,
+                                    int(batch)),
           "cublasDgemmStridedBatched");
 }
 
@@ -126,8 +130,8 @@ void CudaBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& o
                 while (last < offsets.size() && steps_evenly(last)) ++last;
             }
             const auto& o = offsets[first];
-            gemm_batch<T>(la.transposed, lb.transposed, M, N, K, pa + o[0], la.leading_dim, step[0], pb + o[1],
-                          lb.leading_dim, step[1], pc + o[2], N, step[2], static_cast<int64_t>(last - first));
+            gemm_batch<T>(la.transposed, lb.transposed, M, N, K, T(1), pa + o[0], la.leading_dim, step[0], pb + o[1],
+                          lb.leading_dim, step[1], T(0), pc + o[2], N, step[2], static_cast<int64_t>(last - first));
             first = last;
         }
     });

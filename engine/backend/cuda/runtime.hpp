@@ -88,11 +88,12 @@ inline dim3 grid_for(int64_t work, unsigned threads) {
     return dim3(static_cast<unsigned>(work <= 0 ? 0 : (wanted < most ? wanted : most)));
 }
 
-// C = op(A) op(B) for `batch` products, row-major, the i-th operands at A + i * stride_a, ... (gemm.cu)
+// C = alpha op(A) op(B) + beta C for `batch` products, row-major, the i-th operands at
+// A + i * stride_a, ... (gemm.cu)
 template <class T>
-void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T* C, int64_t ldc, int64_t stride_c,
-                int64_t batch);
+void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
+                int64_t stride_c, int64_t batch);
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad

@@ -1,0 +1,414 @@
+// Fused relative attention on the GPU: flash-style tiles in shared memory, an online softmax, and
+// memory linear in L (docs/layers/fused_attention.md has the math, docs/cuda_tiling.md the tiles).
+//
+// Per (batch, head), with c = scale, r = r(i, j) the clipped bucket, QE = Q E_K^T and G = dZ E_V^T
+// ([Lq, K] each, by cuBLAS before the kernels):
+//
+//   forward, one block per tile of kTileRows queries, one thread per query row; the block walks
+//   the key tiles its queries can see, each loaded once into shared memory by all its threads:
+//     s_ij = c (q_i . k_j + QE[i, r])
+//     m'   = max(m, s_ij),  alpha = exp(m - m')          rescale what the row has so far
+//     l    = alpha l + exp(s_ij - m')
+//     acc  = alpha acc + exp(s_ij - m') v_j
+//     W[r] = alpha W[r] + exp(s_ij - m')                 the value-side bucket accumulators
+//   then z_i = (acc + sum_r W[r] E_V[r]) / l and lse_i = m + log l (-inf and z_i = 0 for a row
+//   that sees no key).
+//
+//   backward, without atomics: each thread owns the rows it writes.
+//     query_gradients: a block per query tile, a thread per query row, walking key tiles:
+//       p_ij = exp(s_ij - lse_i),  dp_ij = dz_i . v_j + G[i, r],  ds_ij = p_ij (dp_ij - D_i)
+//       dq_i += c ds_ij k_j,  P[i, r] += p_ij,  S[i, r] += ds_ij          (D_i = dz_i . z_i)
+//     key_gradients: a block per key tile, a thread per key row, walking query tiles:
+//       dv_j += p_ij dz_i,  dk_j += c ds_ij q_i
+//   then by cuBLAS: dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q.
+//
+// Tiles that the causal or window rule hides from a whole block are never loaded. QE, G, W, P and
+// S are [B, H, Lq, K]: for a fixed clipping distance, memory grows linearly in L.
+#include <algorithm>
+#include <limits>
+
+#include "engine/backend/cuda/cuda_backend.hpp"
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+namespace {
+
+constexpr unsigned kTileRows = 32;    // rows of a block: one thread each
+constexpr int64_t kMaxHeadDim = 128;  // a thread keeps a row of Dh values (and one of gradients)
+
+// The sizes and the pattern, as the kernels read them.
+struct Problem {
+    int64_t H, Lq, Lk, Dh;
+    int64_t K, k_left, k_right;  // K = 0: no relative terms
+    bool causal;
+    int64_t window, query_offset;
+    const bool* mask;  // nullptr, or [B, H, Lq, Lk] with mask_strides
+    int64_t mask_strides[4];
+
+    // the keys [begin, end) the causal and window rules leave to queries [i0, i1)
+    __device__ int64_t keys_begin(int64_t i0) const {
+        return window >= 0 ? (query_offset + i0 - window > 0 ? query_offset + i0 - window : 0) : 0;
+    }
+    __device__ int64_t keys_end(int64_t i1) const {
+        int64_t end = Lk;
+        if (causal && query_offset + i1 < end) end = query_offset + i1;
+        if (window >= 0 && query_offset + i1 + window < end) end = query_offset + i1 + window;
+        return end > 0 ? end : 0;
+    }
+    // the queries [begin, end) that the rules let see some key of [j0, j1)
+    __device__ int64_t queries_begin(int64_t j0) const {
+        int64_t begin = 0;
+        if (causal && j0 - query_offset > begin) begin = j0 - query_offset;
+        if (window >= 0 && j0 - query_offset - window > begin) begin = j0 - query_offset - window;
+        return begin < Lq ? begin : Lq;
+    }
+    __device__ int64_t queries_end(int64_t j1) const {
+        int64_t end = Lq;
+        if (window >= 0 && j1 - query_offset + window < end) end = j1 - query_offset + window;
+        return end > 0 ? end : 0;
+    }
+    __device__ bool visible(int64_t bh, int64_t i, int64_t j) const {
+        const int64_t distance = j - (query_offset + i);
+        if (causal && distance > 0) return false;
+        if (window >= 0 && (distance > window || -distance > window)) return false;
+        if (!mask) return true;
+        const int64_t b = bh / H, h = bh % H;
+        return mask[b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2] + j * mask_strides[3]];
+    }
+    __device__ int64_t bucket(int64_t i, int64_t j) const {
+        const int64_t distance = j - (query_offset + i);
+        return (distance < -k_left ? -k_left : (distance > k_right ? k_right : distance)) + k_left;
+    }
+};
+
+template <class T>
+__device__ T dot(const T* x, const T* y, int64_t n) {
+    T total(0);
+    for (int64_t d = 0; d < n; ++d) total += x[d] * y[d];
+    return total;
+}
+
+// rows [first, first + count) of a [*, Dh] matrix into shared memory (zeros past `end`), by all
+// the threads of the block
+template <class T>
+__device__ void load_tile(T* tile, const T* matrix, int64_t first, int64_t count, int64_t end, int64_t Dh) {
+    for (int64_t e = threadIdx.x; e < count * Dh; e += blockDim.x) {
+        const int64_t row = first + e / Dh;
+        tile[e] = row < end ? matrix[row * Dh + e % Dh] : T(0);
+    }
+}
+
+template <class T>
+__global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, const T* qe, const T* table_v,
+                               int64_t table_stride, T scale, int64_t key_tile, T* w, T* z, T* lse) {
+    RELGRAD_DYNAMIC_SHARED(T, shared);
+    T* keys = shared;                        // [key_tile, Dh]
+    T* values = shared + key_tile * p.Dh;  // [key_tile, Dh]
+    const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kTileRows, i = i0 + threadIdx.x;
+    const bool active = i < p.Lq;
+    const int64_t row = bh * p.Lq + i;
+    const T* kb = k + bh * p.Lk * p.Dh;
+    const T* vb = v + bh * p.Lk * p.Dh;
+    T qi[kMaxHeadDim], acc[kMaxHeadDim];
+    T m = -std::numeric_limits<T>::infinity(), l(0);
+    if (active) {
+        for (int64_t d = 0; d < p.Dh; ++d) {
+            qi[d] = q[row * p.Dh + d];
+            acc[d] = T(0);
+        }
+        for (int64_t r = 0; r < p.K; ++r) w[row * p.K + r] = T(0);
+    }
+    const int64_t i1 = i0 + kTileRows < p.Lq ? i0 + kTileRows : p.Lq;
+    const int64_t begin = p.keys_begin(i0), end = p.keys_end(i1);
+    for (int64_t j0 = begin; j0 < end; j0 += key_tile) {
+        load_tile(keys, kb, j0, key_tile, end, p.Dh);
+        load_tile(values, vb, j0, key_tile, end, p.Dh);
+        __syncthreads();
+        for (int64_t t = 0; active && t < key_tile && j0 + t < end; ++t) {
+            const int64_t j = j0 + t;
+            if (!p.visible(bh, i, j)) continue;
+            const int64_t r = p.K ? p.bucket(i, j) : 0;
+            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0)));
+            if (s > m) {  // a new maximum: rescale the row's sums
+                const T alpha = exp(m - s);
+                l *= alpha;
+                for (int64_t d = 0; d < p.Dh; ++d) acc[d] *= alpha;
+                for (int64_t b = 0; b < p.K; ++b) w[row * p.K + b] *= alpha;
+                m = s;
+            }
+            const T e = exp(s - m);
+            l += e;
+            for (int64_t d = 0; d < p.Dh; ++d) acc[d] += e * values[t * p.Dh + d];
+            if (p.K) w[row * p.K + r] += e;
+        }
+        __syncthreads();  // every thread is done with the tile before the next one overwrites it
+    }
+    if (!active) return;
+    if (l == T(0)) {  // no visible key
+        for (int64_t d = 0; d < p.Dh; ++d) z[row * p.Dh + d] = T(0);
+        lse[row] = -std::numeric_limits<T>::infinity();
+        return;
+    }
+    const T* ev = table_v + (bh % p.H) * table_stride;
+    for (int64_t r = 0; r < p.K; ++r) {
+        const T weight = w[row * p.K + r];
+        for (int64_t d = 0; d < p.Dh; ++d) acc[d] += weight * ev[r * p.Dh + d];
+    }
+    for (int64_t d = 0; d < p.Dh; ++d) z[row * p.Dh + d] = acc[d] / l;
+    lse[row] = m + log(l);
+}
+
+template <class T>
+__global__ void query_gradients_kernel(Problem p, const T* q, const T* k, const T* v, const T* z, const T* lse,
+                                       const T* dz, const T* qe, const T* g, T scale, int64_t key_tile, T* dq,
+                                       T* p_sums, T* s_sums, T* d_rows) {
+    RELGRAD_DYNAMIC_SHARED(T, shared);
+    T* keys = shared;
+    T* values = shared + key_tile * p.Dh;
+    const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kTileRows, i = i0 + threadIdx.x;
+    const int64_t row = bh * p.Lq + i;
+    const bool active = i < p.Lq && lse[row] > -std::numeric_limits<T>::infinity();  // sees some key
+    const T* kb = k + bh * p.Lk * p.Dh;
+    const T* vb = v + bh * p.Lk * p.Dh;
+    T qi[kMaxHeadDim], dzi[kMaxHeadDim], dqi[kMaxHeadDim];
+    T d_row(0);
+    if (i < p.Lq) {
+        for (int64_t d = 0; d < p.Dh; ++d) {
+            qi[d] = q[row * p.Dh + d];
+            dzi[d] = dz[row * p.Dh + d];
+            dqi[d] = T(0);
+            d_row += dzi[d] * z[row * p.Dh + d];
+        }
+        for (int64_t r = 0; r < p.K; ++r) p_sums[row * p.K + r] = s_sums[row * p.K + r] = T(0);
+    }
+    const int64_t i1 = i0 + kTileRows < p.Lq ? i0 + kTileRows : p.Lq;
+    const int64_t begin = p.keys_begin(i0), end = p.keys_end(i1);
+    for (int64_t j0 = begin; j0 < end; j0 += key_tile) {
+        load_tile(keys, kb, j0, key_tile, end, p.Dh);
+        load_tile(values, vb, j0, key_tile, end, p.Dh);
+        __syncthreads();
+        for (int64_t t = 0; active && t < key_tile && j0 + t < end; ++t) {
+            const int64_t j = j0 + t;
+            if (!p.visible(bh, i, j)) continue;
+            const int64_t r = p.K ? p.bucket(i, j) : 0;
+            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0)));
+            const T prob = exp(s - lse[row]);
+            const T ds = prob * (dot(dzi, values + t * p.Dh, p.Dh) + (p.K ? g[row * p.K + r] : T(0)) - d_row);
+            for (int64_t d = 0; d < p.Dh; ++d) dqi[d] += scale * ds * keys[t * p.Dh + d];
+            if (p.K) {
+                p_sums[row * p.K + r] += prob;
+                s_sums[row * p.K + r] += ds;
+            }
+        }
+        __syncthreads();
+    }
+    if (i >= p.Lq) return;
+    for (int64_t d = 0; d < p.Dh; ++d) dq[row * p.Dh + d] = dqi[d];
+    d_rows[row] = d_row;
+}
+
+template <class T>
+__global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T* v, const T* lse, const T* dz,
+                                     const T* qe, const T* g, const T* d_rows, T scale, int64_t query_tile, T* dk,
+                                     T* dv) {
+    RELGRAD_DYNAMIC_SHARED(T, shared);
+    T* queries = shared;                           // [query_tile, Dh]
+    T* output_grads = shared + query_tile * p.Dh;  // [query_tile, Dh]
+    const int64_t bh = blockIdx.y, j0 = int64_t{blockIdx.x} * kTileRows, j = j0 + threadIdx.x;
+    const bool active = j < p.Lk;
+    const int64_t row = bh * p.Lk + j;
+    const T* qb = q + bh * p.Lq * p.Dh;
+    const T* dzb = dz + bh * p.Lq * p.Dh;
+    T kj[kMaxHeadDim], vj[kMaxHeadDim], dkj[kMaxHeadDim], dvj[kMaxHeadDim];
+    if (active) {
+        for (int64_t d = 0; d < p.Dh; ++d) {
+            kj[d] = k[row * p.Dh + d];
+            vj[d] = v[row * p.Dh + d];
+            dkj[d] = dvj[d] = T(0);
+        }
+    }
+    const int64_t j1 = j0 + kTileRows < p.Lk ? j0 + kTileRows : p.Lk;
+    const int64_t begin = p.queries_begin(j0), end = p.queries_end(j1);
+    for (int64_t i0 = begin; i0 < end; i0 += query_tile) {
+        load_tile(queries, qb, i0, query_tile, end, p.Dh);
+        load_tile(output_grads, dzb, i0, query_tile, end, p.Dh);
+        __syncthreads();
+        for (int64_t t = 0; active && t < query_tile && i0 + t < end; ++t) {
+            const int64_t i = i0 + t, query_row = bh * p.Lq + i;
+            if (!(lse[query_row] > -std::numeric_limits<T>::infinity()) || !p.visible(bh, i, j)) continue;
+            const int64_t r = p.K ? p.bucket(i, j) : 0;
+            const T* qi = queries + t * p.Dh;
+            const T* dzi = output_grads + t * p.Dh;
+            const T s = scale * (dot(qi, kj, p.Dh) + (p.K ? qe[query_row * p.K + r] : T(0)));
+            const T prob = exp(s - lse[query_row]);
+            const T ds = prob * (dot(dzi, vj, p.Dh) + (p.K ? g[query_row * p.K + r] : T(0)) - d_rows[query_row]);
+            for (int64_t d = 0; d < p.Dh; ++d) {
+                dvj[d] += prob * dzi[d];
+                dkj[d] += scale * ds * qi[d];
+            }
+        }
+        __syncthreads();
+    }
+    if (!active) return;
+    for (int64_t d = 0; d < p.Dh; ++d) {
+        dk[row * p.Dh + d] = dkj[d];
+        dv[row * p.Dh + d] = dvj[d];
+    }
+}
+
+Problem problem_of(const Tensor& q, const Tensor& k, const AttentionPattern& pattern,
+                   const ClippedRelativeTerms& relative, const char* kernel) {
+    Problem p{};
+    p.H = q.size(1);
+    p.Lq = q.size(2);
+    p.Lk = k.size(2);
+    p.Dh = q.size(3);
+    if (p.Dh > kMaxHeadDim) {
+        throw std::invalid_argument(std::string(kernel) + ": head dim " + std::to_string(p.Dh) +
+                                    " (the cuda kernels take at most " + std::to_string(kMaxHeadDim) + ")");
+    }
+    p.K = relative.table_k.defined() ? relative.table_k.size(1) : 0;
+    p.k_left = relative.k_left;
+    p.k_right = relative.k_right;
+    p.causal = pattern.causal;
+    p.window = pattern.window;
+    p.query_offset = pattern.query_offset;
+    p.mask = pattern.mask.defined() ? device_data<bool>(pattern.mask) : nullptr;
+    for (int d = 0; d < 4 && p.mask; ++d) p.mask_strides[d] = pattern.mask.strides()[d];
+    return p;
+}
+
+// Rows of a tile in shared memory: two [rows, Dh] tiles fit the 48 KiB a block may have.
+template <class T>
+int64_t tile_rows(int64_t Dh) {
+    constexpr int64_t kSharedBytes = 48 * 1024;
+    const int64_t fit = kSharedBytes / (2 * static_cast<int64_t>(sizeof(T)) * std::max<int64_t>(Dh, 1));
+    return std::max<int64_t>(1, std::min<int64_t>(kTileRows, fit));
+}
+
+// out[b, h] = alpha x[b, h] op(table[h, or 0 for a shared table]) + beta out[b, h], with x
+// [B, H, rows, inner] and the table [*, cols, inner] (transposed) or [*, inner, cols]: one strided
+// batched product per b, over the heads
+template <class T>
+void per_head_product(bool trans_table, int64_t B, int64_t H, int64_t rows, int64_t inner, int64_t cols, T alpha,
+                      const T* x, const T* table, int64_t table_stride, T beta, T* out) {
+    const int64_t table_leading = trans_table ? inner : cols;
+    for (int64_t b = 0; b < B; ++b) {
+        gemm_batch<T>(false, trans_table, rows, cols, inner, alpha, x + b * H * rows * inner, inner, rows * inner,
+                      table, table_leading, table_stride, beta, out + b * H * rows * cols, cols, rows * cols, H);
+    }
+}
+
+// table_grad[h, or 0 for a shared table] = alpha sum over b (and h) of x[b, h]^T y[b, h], with x
+// [B, H, Lq, K] and y [B, H, Lq, Dh]: added in a fixed order, b by b (and h by h)
+template <class T>
+void table_gradient(bool per_head, int64_t B, int64_t H, int64_t Lq, int64_t K, int64_t Dh, T alpha, const T* x,
+                    const T* y, T* table_grad) {
+    for (int64_t b = 0; b < B; ++b) {
+        const T* xb = x + b * H * Lq * K;
+        const T* yb = y + b * H * Lq * Dh;
+        if (per_head) {
+            gemm_batch<T>(true, false, K, Dh, Lq, alpha, xb, K, Lq * K, yb, Dh, Lq * Dh, T(b == 0 ? 0 : 1),
+                          table_grad, Dh, K * Dh, H);
+            continue;
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            gemm_batch<T>(true, false, K, Dh, Lq, alpha, xb + h * Lq * K, K, 0, yb + h * Lq * Dh, Dh, 0,
+                          T(b == 0 && h == 0 ? 0 : 1), table_grad, Dh, 0, 1);
+        }
+    }
+}
+
+dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel) {
+    if (batch_heads > 65535) {
+        throw std::invalid_argument(std::string(kernel) + ": " + std::to_string(batch_heads) +
+                                    " (batch, head) pairs; the cuda kernels take at most 65535");
+    }
+    return dim3(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows), static_cast<unsigned>(batch_heads));
+}
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+    return t.defined() ? device_data<T>(t) : nullptr;
+}
+
+}  // namespace
+
+bool CudaBackend::supports(OptionalKernel kernel) const {
+    switch (kernel) {
+        case OptionalKernel::fused_attention: return true;
+    }
+    return false;
+}
+
+void CudaBackend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                  double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
+    require_on_device("fused_attention", {&q, &k, &v, &pattern.mask, &relative.table_k, &relative.table_v, &z, &lse});
+    const Problem p = problem_of(q, k, pattern, relative, "fused_attention");
+    const int64_t B = q.size(0);
+    dispatch_floating(q.dtype(), "fused_attention", [&](auto tag) {
+        using T = decltype(tag);
+        Tensor qe, w;
+        int64_t table_stride = 0;
+        if (p.K) {  // QE = Q E_K^T, and room for the bucket accumulators W
+            qe = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
+            w = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
+            table_stride = relative.table_k.size(0) > 1 ? p.K * p.Dh : 0;
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(q),
+                                device_data<T>(relative.table_k), table_stride, T(0), device_data<T>(qe));
+        }
+        const int64_t key_tile = tile_rows<T>(p.Dh);
+        launch("fused_attention", forward_kernel<T>, grid_of(p.Lq, B * p.H, "fused_attention"), kTileRows,
+               2 * key_tile * p.Dh * sizeof(T), p, device_data<T>(q), device_data<T>(k), device_data<T>(v),
+               data_or_null<T>(qe), data_or_null<T>(relative.table_v), table_stride, T(scale), key_tile,
+               p.K ? device_data<T>(w) : nullptr, device_data<T>(z), device_data<T>(lse));
+    });
+}
+
+void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                           const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
+                                           double scale, const ClippedRelativeTerms& relative, Tensor& dq,
+                                           Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
+    require_on_device("fused_attention_backward", {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k,
+                                                   &relative.table_v, &dq, &dk, &dv, &d_table_k, &d_table_v});
+    const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
+    const int64_t B = q.size(0);
+    dispatch_floating(q.dtype(), "fused_attention_backward", [&](auto tag) {
+        using T = decltype(tag);
+        Tensor qe, g, p_sums, s_sums;
+        const Tensor d_rows = empty({B, p.H, p.Lq}, q.dtype(), Device::cuda);
+        const bool per_head = p.K && relative.table_k.size(0) > 1;
+        const int64_t table_stride = per_head ? p.K * p.Dh : 0;
+        if (p.K) {  // QE = Q E_K^T and G = dZ E_V^T
+            for (Tensor* t : {&qe, &g, &p_sums, &s_sums}) *t = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(q),
+                                device_data<T>(relative.table_k), table_stride, T(0), device_data<T>(qe));
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(dz),
+                                device_data<T>(relative.table_v), table_stride, T(0), device_data<T>(g));
+        }
+        const int64_t tile = tile_rows<T>(p.Dh);
+        const std::size_t shared_bytes = 2 * tile * p.Dh * sizeof(T);
+        launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
+               grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
+               device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
+               data_or_null<T>(qe), data_or_null<T>(g), T(scale), tile, device_data<T>(dq),
+               p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr,
+               device_data<T>(d_rows));
+        launch("fused_attention_backward (keys)", key_gradients_kernel<T>,
+               grid_of(p.Lk, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
+               device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz), data_or_null<T>(qe),
+               data_or_null<T>(g), device_data<T>(d_rows), T(scale), tile, device_data<T>(dk), device_data<T>(dv));
+        if (!p.K) return;
+        // dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q
+        per_head_product<T>(false, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums),
+                            device_data<T>(relative.table_k), table_stride, T(1), device_data<T>(dq));
+        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(1), device_data<T>(p_sums), device_data<T>(dz),
+                          device_data<T>(d_table_v));
+        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums), device_data<T>(q),
+                          device_data<T>(d_table_k));
+    });
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad
