@@ -7,12 +7,15 @@
 #      every report fatal, -O1 -g1) in build-asan/, and the whole ctest suite on it.
 #   2. fuzz: the libFuzzer harnesses of tests/fuzz/ (clang++-14, ASan + UBSan too) built in
 #      build-fuzz/, each run from its seed corpus for a bounded time.
+#   3. cuda: the quickstart trained on the emulated cuda device (build/tests/relgrad_emulated, the
+#      CUDA kernels in the emulator) and on the CPU, which must reach the same test accuracy, overall
+#      and at every length. With `all` it runs on the second core while the fuzzers run.
 #
 # Every part always runs; any failing build or test, sanitizer report or fuzzer finding fails the
 # script at the end. A finding's input is left in build-fuzz/artifacts/<fuzzer>/; replay it with
 # `build-fuzz/tests/fuzz/fuzz_<fuzzer> FILE`.
 #
-# Usage: scripts/ci_extra.sh [all|notebooks|asan|fuzz]          (default: all)
+# Usage: scripts/ci_extra.sh [all|notebooks|asan|fuzz|cuda]          (default: all)
 # Environment:
 #   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 30)
 #   RELGRAD_FUZZERS       which fuzzers (default "npy config data tokenizer checkpoint")
@@ -22,7 +25,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh  # clang-14 and its sanitizer and fuzzer runtimes among them
 
 what=${1:-all}
-case "$what" in all | notebooks | asan | fuzz) ;; *) echo "usage: $0 [all|notebooks|asan|fuzz]" >&2; exit 2 ;; esac
+case "$what" in all | notebooks | asan | fuzz | cuda) ;; *) echo "usage: $0 [all|notebooks|asan|fuzz|cuda]" >&2; exit 2 ;; esac
 fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-30}
 fuzzers=${RELGRAD_FUZZERS:-"npy config data tokenizer checkpoint"}
 jobs=${RELGRAD_JOBS:-2}
@@ -131,11 +134,43 @@ run_fuzz() {
     fi
 }
 
+run_cuda_quickstart() {
+    section "the quickstart on the emulated cuda device and on the CPU"
+    local start
+    start=$(date +%s)
+    if [ ! -x build/tests/relgrad_emulated ]; then
+        cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
+        cmake --build build -j"$jobs" --target relgrad relgrad_emulated || return 1
+    fi
+    rm -rf build/quickstart-cpu build/quickstart-cuda
+    build/relgrad train --threads 1 --out build/quickstart-cpu || return 1
+    build/tests/relgrad_emulated train --device cuda --threads 1 --out build/quickstart-cuda || return 1
+    /usr/bin/python3 - <<'EOF' || return 1
+import json, sys
+cpu, cuda = (json.load(open(f"build/quickstart-{d}/summary.json"))["final"] for d in ("cpu", "cuda"))
+pairs = [("all", cpu["accuracy"], cuda["accuracy"])]
+pairs += [(n, cpu["by_length"][n]["accuracy"], cuda["by_length"][n]["accuracy"]) for n in cpu["by_length"]]
+for name, a, b in pairs:
+    print(f"test accuracy, {name}: cpu {a:.4f}, cuda {b:.4f}")
+sys.exit(0 if all(abs(a - b) <= 0.01 for _, a, b in pairs) else "the accuracies differ by more than 0.01")
+EOF
+    elapsed "the quickstart on cuda and on the CPU" "$start"
+}
+
 total=$(date +%s)
 failed=()
 if [ "$what" = all ] || [ "$what" = notebooks ]; then run_notebooks || failed+=(notebooks); fi
 if [ "$what" = all ] || [ "$what" = asan ]; then run_asan || failed+=(asan); fi
+if [ "$what" = all ]; then  # the fuzzers take one core, the quickstart the other
+    run_cuda_quickstart > build/cuda-quickstart.log 2>&1 &
+    quickstart=$!
+fi
 if [ "$what" = all ] || [ "$what" = fuzz ]; then run_fuzz || failed+=(fuzz); fi
+if [ "$what" = all ]; then
+    wait "$quickstart" || failed+=(cuda)
+    cat build/cuda-quickstart.log
+fi
+if [ "$what" = cuda ]; then run_cuda_quickstart || failed+=(cuda); fi
 elapsed "ci_extra $what" "$total"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "ci_extra: FAILED: ${failed[*]}" >&2

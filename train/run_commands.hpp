@@ -32,8 +32,7 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file = ""
 
 // The metrics of a trained run on its test data, or on `test_file` (file tasks only: it replaces
 // data.test).
-nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "",
-                            Device device = Device::cpu);
+nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "", Device device = Device::cpu);
 
 // Greedy output of a trained run for `prompt`: the continuation of a language model, the target of
 // a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids).

@@ -34,8 +34,8 @@ inline void check_same_values(const std::vector<double>& on_device, const std::v
         const bool same = device == Device::guarded_cpu || !std::isfinite(b)
                               ? (a == b || (std::isnan(a) && std::isnan(b)))
                               : std::fabs(a - b) <= tol * (1 + std::fabs(b));
-        CHECK_MESSAGE(same, what << " on " << device_name(device) << ", element " << i << ": " << a << ", on the cpu "
-                                 << b);
+        CHECK_MESSAGE(same,
+                      what << " on " << device_name(device) << ", element " << i << ": " << a << ", on the cpu " << b);
         if (!same) return;
     }
 }

@@ -144,8 +144,8 @@ void CudaBackend::attention_softmax_backward(Tensor& grad, const Tensor& weights
     const ErrorSlot error;
     dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
         using T = decltype(tag);
-        launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows, 1),
-               row_threads(Lk), 0, device_data<T>(grad), device_data<T>(weights),
+        launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows, 1), row_threads(Lk),
+               0, device_data<T>(grad), device_data<T>(weights),
                d_buckets.defined() ? device_data<T>(d_buckets) : nullptr, relative_index(index, K), T(scale),
                d_bucket_scores.defined() ? device_data<T>(d_bucket_scores) : nullptr, Lq, Lk, rows, error.device());
     });

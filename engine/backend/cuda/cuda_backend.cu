@@ -141,8 +141,8 @@ void merge_dims(std::initializer_list<Layout*> layouts) {
     for (int d = 0; d < shape.rank; ++d) {
         if (shape.shape[d] == 1) continue;
         const bool even = kept > 0 && std::all_of(layouts.begin(), layouts.end(), [&](const Layout* l) {
-            return l->strides[kept - 1] == l->strides[d] * shape.shape[d];
-        });
+                              return l->strides[kept - 1] == l->strides[d] * shape.shape[d];
+                          });
         for (Layout* l : layouts) {
             if (even) {
                 l->shape[kept - 1] *= shape.shape[d];

@@ -126,20 +126,24 @@ __device__ A block_reduce(A value, A* partial, Combine combine) {
 }
 struct Add {
     template <class A>
-    __device__ A operator()(A x, A y) const { return x + y; }
+    __device__ A operator()(A x, A y) const {
+        return x + y;
+    }
 };
 struct Max {  // max of two; NaN when either is NaN
     template <class A>
-    __device__ A operator()(A x, A y) const { return isnan(x) || x > y ? x : y; }
+    __device__ A operator()(A x, A y) const {
+        return isnan(x) || x > y ? x : y;
+    }
 };
 
 // Bad input found by a kernel (an index out of range, a float without an int64 value): the kernel
 // stores it in device memory, the host reads it after the kernel and throws the same
 // std::invalid_argument as the CPU backend.
 struct DeviceError {
-    int64_t found = 0;             // 1 once a thread stored one (any of them: each stores the same kind)
-    int64_t index = 0, size = 0;   // the index and the size of its dim (or the number of buckets)
-    double value = 0;              // the float that has no int64 value
+    int64_t found = 0;            // 1 once a thread stored one (any of them: each stores the same kind)
+    int64_t index = 0, size = 0;  // the index and the size of its dim (or the number of buckets)
+    double value = 0;             // the float that has no int64 value
 };
 class ErrorSlot {
 public:

@@ -26,8 +26,7 @@ __global__ void fill_kernel(T* out, Layout out_layout, int64_t n, T value) {
 
 // dst = src converted to D; a float without an int64 value (NaN, +-inf, beyond +-2^63) is reported
 template <class S, class D>
-__global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n,
-                            DeviceError* error) {
+__global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n, DeviceError* error) {
     RELGRAD_FOR_EACH_INDEX(i, n) {
         const S v = src[offset_of(src_layout, i)];
         if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
@@ -68,8 +67,7 @@ __device__ T unary_value(UnaryOp op, T x, T a, T b) {
 }
 
 template <class T>
-__global__ void unary_kernel(UnaryOp op, const T* x, Layout x_layout, T* out, Layout out_layout, int64_t n, T a,
-                             T b) {
+__global__ void unary_kernel(UnaryOp op, const T* x, Layout x_layout, T* out, Layout out_layout, int64_t n, T a, T b) {
     RELGRAD_FOR_EACH_INDEX(i, n) out[offset_of(out_layout, i)] = unary_value(op, x[offset_of(x_layout, i)], a, b);
 }
 
@@ -185,9 +183,8 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Te
         using T = decltype(tag);
         dispatch_any(cond.dtype(), [&](auto cond_tag) {
             using C = decltype(cond_tag);
-            launch("where", where_kernel<T, C>, grid_for(n, kThreads), kThreads, 0, device_data<C>(cond),
-                   cond_layout, device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out),
-                   out_layout, n);
+            launch("where", where_kernel<T, C>, grid_for(n, kThreads), kThreads, 0, device_data<C>(cond), cond_layout,
+                   device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out), out_layout, n);
         });
     });
 }

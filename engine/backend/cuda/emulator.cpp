@@ -243,8 +243,8 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_sha
     }
     if (dynamic_shared_bytes > kMaxDynamicSharedBytes) {
         throw std::logic_error(std::string("kernel ") + kernel + ": " + std::to_string(dynamic_shared_bytes) +
-                               " bytes of dynamic shared memory (at most " +
-                               std::to_string(kMaxDynamicSharedBytes) + ")");
+                               " bytes of dynamic shared memory (at most " + std::to_string(kMaxDynamicSharedBytes) +
+                               ")");
     }
     if (blocks == 0) throw std::logic_error(std::string("kernel ") + kernel + ": an empty grid");
     if (running_block) throw std::logic_error(std::string("kernel ") + kernel + ": launched from inside a kernel");
@@ -253,7 +253,7 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_sha
     state.fibers.resize(threads);
     for (uint64_t t = 0; t < threads; ++t) {
         state.fibers[t].index = dim3(static_cast<unsigned>(t % block.x), static_cast<unsigned>(t / block.x % block.y),
-                                      static_cast<unsigned>(t / (uint64_t{block.x} * block.y)));
+                                     static_cast<unsigned>(t / (uint64_t{block.x} * block.y)));
     }
     state.thread = &thread;
     OrderGenerator orders{seed + 0x9e3779b97f4a7c15ULL * ++launches};

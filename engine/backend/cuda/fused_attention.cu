@@ -103,7 +103,7 @@ template <class T>
 __global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, const T* qe, const T* table_v,
                                int64_t table_stride, T scale, int64_t key_tile, T* w, T* z, T* lse) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
-    T* keys = shared;                        // [key_tile, Dh]
+    T* keys = shared;                      // [key_tile, Dh]
     T* values = shared + key_tile * p.Dh;  // [key_tile, Dh]
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kTileRows, i = i0 + threadIdx.x;
     const bool active = i < p.Lq;
@@ -309,8 +309,8 @@ void table_gradient(bool per_head, int64_t B, int64_t H, int64_t Lq, int64_t K, 
         const T* xb = x + b * H * Lq * K;
         const T* yb = y + b * H * Lq * Dh;
         if (per_head) {
-            gemm_batch<T>(true, false, K, Dh, Lq, alpha, xb, K, Lq * K, yb, Dh, Lq * Dh, T(b == 0 ? 0 : 1),
-                          table_grad, Dh, K * Dh, H);
+            gemm_batch<T>(true, false, K, Dh, Lq, alpha, xb, K, Lq * K, yb, Dh, Lq * Dh, T(b == 0 ? 0 : 1), table_grad,
+                          Dh, K * Dh, H);
             continue;
         }
         for (int64_t h = 0; h < H; ++h) {
@@ -368,8 +368,8 @@ void CudaBackend::fused_attention(const Tensor& q, const Tensor& k, const Tensor
 
 void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                            const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
-                                           double scale, const ClippedRelativeTerms& relative, Tensor& dq,
-                                           Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
+                                           double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
+                                           Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
     require_on_device("fused_attention_backward", {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k,
                                                    &relative.table_v, &dq, &dk, &dv, &d_table_k, &d_table_v});
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
@@ -393,8 +393,7 @@ void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, con
                grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
                data_or_null<T>(qe), data_or_null<T>(g), T(scale), tile, device_data<T>(dq),
-               p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr,
-               device_data<T>(d_rows));
+               p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr, device_data<T>(d_rows));
         launch("fused_attention_backward (keys)", key_gradients_kernel<T>,
                grid_of(p.Lk, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz), data_or_null<T>(qe),

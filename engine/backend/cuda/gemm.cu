@@ -26,10 +26,6 @@ void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T a
                      C + i * stride_c, ldc);
     }
 }
-template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
-                                const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t);
-template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
-                                 const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
 
 #else
 
@@ -44,39 +40,43 @@ cublasHandle_t cublas() {
     return handle;
 }
 
-void check(cublasStatus_t status, const char* call) {
-    if (status != CUBLAS_STATUS_SUCCESS) {
-        throw std::runtime_error(std::string(call) + " failed with cuBLAS status " + std::to_string(status));
-    }
-}
-
 cublasOperation_t operation(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// cuBLAS's strided batched gemm of each type, under one name
+cublasStatus_t strided_batched_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                                    const float* A, int lda, long long sa, const float* B, int ldb, long long sb,
+                                    const float* beta, float* C, int ldc, long long sc, int batch) {
+    return cublasSgemmStridedBatched(cublas(), ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+}
+cublasStatus_t strided_batched_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                    const double* alpha, const double* A, int lda, long long sa, const double* B,
+                                    int ldb, long long sb, const double* beta, double* C, int ldc, long long sc,
+                                    int batch) {
+    return cublasDgemmStridedBatched(cublas(), ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+}
 
 }  // namespace
 
 // cuBLAS is column-major: the row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T,
 // so the operands go in swapped, with the sizes N, M.
-template <>
-void gemm_batch<float>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                       int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
-                       int64_t ldc, int64_t stride_c, int64_t batch) {
-    check(cublasSgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &alpha,
-                                    B, int(ldb), stride_b, A, int(lda), stride_a, &beta, C, int(ldc), stride_c,
-                                    int(batch)),
-          "cublasSgemmStridedBatched");
-}
-
-template <>
-void gemm_batch<double>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-                        int64_t stride_a, const double* B, int64_t ldb, int64_t stride_b, double beta, double* C,
-                        int64_t ldc, int64_t stride_c, int64_t batch) {
-    check(cublasDgemmStridedBatched(cublas(), operation(trans_b), operation(trans_a), int(N), int(M), int(K), &alpha,
-                                    B, int(ldb), stride_b, A, int(lda), stride_a, &beta, C, int(ldc), stride_c,
-                                    int(batch)),
-          "cublasDgemmStridedBatched");
+template <class T>
+void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
+                int64_t stride_c, int64_t batch) {
+    const cublasStatus_t status =
+        strided_batched_gemm(operation(trans_b), operation(trans_a), int(N), int(M), int(K), &alpha, B, int(ldb),
+                             stride_b, A, int(lda), stride_a, &beta, C, int(ldc), stride_c, int(batch));
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        throw std::runtime_error("cuBLAS's strided batched gemm failed with status " + std::to_string(status));
+    }
 }
 
 #endif
+
+template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
+                                const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t);
+template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
+                                 const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
 
 void CudaBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
     require_on_device("batched_gemm", {&a_in, &b_in, &out});

@@ -86,9 +86,9 @@ void CudaBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index
     dispatch_floating(x.dtype(), "index_select", [&](auto tag) {
         using T = decltype(tag);
         launch("index_select", read_kernel<T>, grid_for(n, kThreads), kThreads, 0, device_data<T>(x),
-               layout_of(out.shape(), with_zero_at(x.strides(), dim), "index_select"), x.strides()[dim],
-               x.shape()[dim], device_data<int64_t>(index), layout_of(out.shape(), index_strides, "index_select"),
-               device_data<T>(out), layout_of(out, "index_select"), n, error.device());
+               layout_of(out.shape(), with_zero_at(x.strides(), dim), "index_select"), x.strides()[dim], x.shape()[dim],
+               device_data<int64_t>(index), layout_of(out.shape(), index_strides, "index_select"), device_data<T>(out),
+               layout_of(out, "index_select"), n, error.device());
     });
     error.throw_if_index_error("index_select", dim);
 }

@@ -19,18 +19,17 @@
 #include <tuple>
 #include "engine/backend/cuda/emulator.hpp"
 #define RELGRAD_CUDA_NAMESPACE cuda_emulated
-#define RELGRAD_SHARED(T, name, n)                                                                          \
-    static const char name##_tag = 0;                                                                      \
-    T* const name = static_cast<T*>(                                                                       \
-        ::relgrad::cuda_emulator::static_shared_memory(&name##_tag, sizeof(T) * static_cast<std::size_t>(n), \
-                                                       alignof(T)))
+#define RELGRAD_SHARED(T, name, n)                                                  \
+    static const char name##_tag = 0;                                               \
+    T* const name = static_cast<T*>(::relgrad::cuda_emulator::static_shared_memory( \
+        &name##_tag, sizeof(T) * static_cast<std::size_t>(n), alignof(T)))
 #define RELGRAD_DYNAMIC_SHARED(T, name) \
     T* const name = static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory())
 #else
 #include <cuda_runtime.h>
 #define RELGRAD_CUDA_NAMESPACE cuda
 #define RELGRAD_SHARED(T, name, n) __shared__ T name[n]
-#define RELGRAD_DYNAMIC_SHARED(T, name)                          \
+#define RELGRAD_DYNAMIC_SHARED(T, name)                           \
     extern __shared__ __align__(16) unsigned char name##_bytes[]; \
     T* const name = reinterpret_cast<T*>(name##_bytes)
 #endif
@@ -64,7 +63,9 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
     const std::tuple<Params...> params(static_cast<Params>(args)...);  // copied once, as CUDA copies them
     cuda_emulator::run_grid(name, grid, block, shared_bytes, [&] { std::apply(kernel, params); });
 #else
+    // clang-format off
     kernel<<<grid, block, shared_bytes>>>(static_cast<Params>(args)...);
+    // clang-format on
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) {
         throw std::logic_error(std::string("kernel ") + name + ": " + cudaGetErrorString(status));
