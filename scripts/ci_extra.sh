@@ -97,9 +97,9 @@ run_fuzz() {
     local start
     start=$(date +%s)
     # The libraries and harnesses only: the doctest programs do not compile with clang in C++17
-    # (structured bindings captured by lambdas), and build-asan runs them already.
+    # (structured bindings captured by lambdas), and build-asan runs them already. -g1 as there.
     cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
-        -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DRELGRAD_FUZZ=ON -DRELGRAD_BUILD_TESTS=OFF \
+        -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DRELGRAD_FUZZ=ON -DRELGRAD_BUILD_TESTS=OFF \
         -DRELGRAD_BUILD_BENCH=OFF -DRELGRAD_PYTHON=OFF -DRELGRAD_CUDA=OFF || return 1
     cmake --build build-fuzz -j"$jobs" --target fuzzers || return 1
     elapsed "fuzz build" "$start"

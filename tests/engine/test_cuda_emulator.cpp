@@ -234,3 +234,37 @@ TEST_CASE("the same inputs give bitwise the same results, run after run") {
     const std::vector<double> first = softmax(matmul(x, w), 1).to_vector();
     for (int run = 0; run < 3; ++run) CHECK(softmax(matmul(x, w), 1).to_vector() == first);
 }
+
+TEST_CASE("the cuda device's caching allocator: its own memory_stats, freed blocks of every size reused") {
+    const MemoryStats before = memory_stats(Device::cuda);
+    const MemoryStats cpu_before = memory_stats(Device::cpu);
+    {
+        const Tensor x = zeros({100}, DType::float32, Device::cuda);  // 400 bytes, rounded to 448
+        CHECK(memory_stats(Device::cuda).live_bytes == before.live_bytes + 448);
+        CHECK(memory_stats(Device::cpu).live_bytes == cpu_before.live_bytes);
+    }
+    const MemoryStats freed = memory_stats(Device::cuda);
+    CHECK(freed.live_bytes == before.live_bytes);
+    CHECK(freed.cached_bytes >= 448);  // small blocks are cached too, unlike on the host
+    const Tensor again = zeros({100}, DType::float32, Device::cuda);
+    CHECK(memory_stats(Device::cuda).cached_bytes == freed.cached_bytes - 448);  // the same block again
+}
+
+TEST_CASE("the fused attention on cuda needs memory linear in L") {
+    // forward + backward at L and 2L: the most storage alive at once grows about 2x, not 4x
+    auto peak = [](int64_t L) {
+        Generator gen(5);
+        std::vector<Tensor> in;
+        for (int n = 0; n < 3; ++n) in.push_back(randn({1, 2, L, 8}, gen).to(Device::cuda).requires_grad_(true));
+        const Tensor table_k = randn({1, 9, 8}, gen).to(Device::cuda).requires_grad_(true);
+        const Tensor table_v = randn({1, 9, 8}, gen).to(Device::cuda).requires_grad_(true);
+        reset_peak_memory(Device::cuda);
+        const int64_t before = memory_stats(Device::cuda).live_bytes;
+        fused_attention(in[0], in[1], in[2], AttentionPattern{}, 0.35, {table_k, table_v, 4, 4})
+            .backward(ones({1, 2, L, 8}, DType::float32, Device::cuda));
+        return static_cast<double>(memory_stats(Device::cuda).peak_live_bytes - before);
+    };
+    const double at_256 = peak(256), at_512 = peak(512);
+    CHECK(at_512 / at_256 > 1.8);
+    CHECK(at_512 / at_256 < 2.3);
+}

@@ -123,6 +123,7 @@ Layout layout_of(const Shape& shape, const Shape& strides, const char* kernel) {
         layout.shape[d] = shape[d];
         layout.strides[d] = strides[d];
     }
+    layout.index32 = shape_numel(shape) < (int64_t{1} << 32);
     return layout;
 }
 

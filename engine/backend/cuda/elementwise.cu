@@ -13,7 +13,7 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 namespace {
 
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = kElementThreads;
 
 // The flat indices [0, n) this thread takes: i = its global index, then every grid's width on.
 #define RELGRAD_FOR_EACH_INDEX(i, n) \

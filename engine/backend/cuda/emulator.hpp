@@ -10,7 +10,8 @@
 //     (NaN in floats) as each block starts: a read before any write shows, and nothing is left
 //     over from an earlier block;
 //   - __syncthreads(), a real barrier.
-// Each thread of a block is a fiber with a stack of its own. Between two barriers, the threads run
+// Each thread of a block is a fiber with a stack of its own (the stack of a thread that has ended is
+// handed to the next one to start), on the launching OS thread. Between two barriers, the threads run
 // one after another to the next barrier, in an order drawn afresh for every phase (and the blocks
 // in a shuffled order). So a kernel that reads shared memory another thread writes without a
 // barrier in between reads it before the write in some orders and after it in others: a missing

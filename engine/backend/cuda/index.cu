@@ -10,7 +10,7 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 namespace {
 
-constexpr unsigned kThreads = 256;
+constexpr unsigned kThreads = kElementThreads;
 
 #define RELGRAD_FOR_EACH_INDEX(i, n) \
     for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)

@@ -73,6 +73,15 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
 #endif
 }
 
+// The block size of the kernels with one thread per element (elementwise.cu, index.cu): 256 on a
+// GPU; 32 in the emulator, where each thread of a block costs a fiber, so that a launch runs a
+// few blocks of a warp's size (the kernels loop over their elements, right for any block size).
+#ifdef RELGRAD_CUDA_EMULATION
+constexpr unsigned kElementThreads = 32;
+#else
+constexpr unsigned kElementThreads = 256;
+#endif
+
 // --- the device (cuda_backend.cu)
 // Why no kernel can run, or an empty string when one can: no device, a driver too old, ...
 std::string unusable_reason();
