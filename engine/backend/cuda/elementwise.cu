@@ -13,12 +13,6 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 namespace {
 
-constexpr unsigned kThreads = kElementThreads;
-
-// The flat indices [0, n) this thread takes: i = its global index, then every grid's width on.
-#define RELGRAD_FOR_EACH_INDEX(i, n) \
-    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
-
 template <class T>
 __global__ void fill_kernel(T* out, Layout out_layout, int64_t n, T value) {
     RELGRAD_FOR_EACH_INDEX(i, n) out[offset_of(out_layout, i)] = value;
@@ -115,8 +109,8 @@ void CudaBackend::fill(Tensor& out, double value) {
         using T = decltype(tag);
         Layout out_layout = layout_of(out, "fill");
         merge_dims({&out_layout});
-        launch("fill", fill_kernel<T>, grid_for(n, kThreads), kThreads, 0, device_data<T>(out), out_layout, n,
-               static_cast<T>(value));
+        launch("fill", fill_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<T>(out),
+               out_layout, n, static_cast<T>(value));
     });
 }
 
@@ -136,8 +130,8 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
         using D = decltype(dst_tag);
         dispatch_any(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
-            launch("copy", copy_kernel<S, D>, grid_for(n, kThreads), kThreads, 0, device_data<S>(src), src_layout,
-                   device_data<D>(dst), dst_layout, n, checked ? error->device() : nullptr);
+            launch("copy", copy_kernel<S, D>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<S>(src),
+                   src_layout, device_data<D>(dst), dst_layout, n, checked ? error->device() : nullptr);
         });
     });
     if (checked) {
@@ -155,8 +149,8 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, doub
     merge_dims({&x_layout, &out_layout});
     dispatch_floating(x.dtype(), "unary", [&](auto tag) {
         using T = decltype(tag);
-        launch("unary", unary_kernel<T>, grid_for(n, kThreads), kThreads, 0, op, device_data<T>(x), x_layout,
-               device_data<T>(out), out_layout, n, T(a), T(b));
+        launch("unary", unary_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0, op, device_data<T>(x),
+               x_layout, device_data<T>(out), out_layout, n, T(a), T(b));
     });
 }
 
@@ -168,8 +162,8 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
     merge_dims({&a_layout, &b_layout, &out_layout});
     dispatch_numeric(a.dtype(), "binary", [&](auto tag) {
         using T = decltype(tag);
-        launch("binary", binary_kernel<T>, grid_for(n, kThreads), kThreads, 0, op, device_data<T>(a), a_layout,
-               device_data<T>(b), b_layout, device_data<T>(out), out_layout, n);
+        launch("binary", binary_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0, op, device_data<T>(a),
+               a_layout, device_data<T>(b), b_layout, device_data<T>(out), out_layout, n);
     });
 }
 
@@ -183,8 +177,9 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Te
         using T = decltype(tag);
         dispatch_any(cond.dtype(), [&](auto cond_tag) {
             using C = decltype(cond_tag);
-            launch("where", where_kernel<T, C>, grid_for(n, kThreads), kThreads, 0, device_data<C>(cond), cond_layout,
-                   device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out), out_layout, n);
+            launch("where", where_kernel<T, C>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<C>(cond),
+                   cond_layout, device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out),
+                   out_layout, n);
         });
     });
 }

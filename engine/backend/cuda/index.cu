@@ -10,11 +10,6 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 namespace {
 
-constexpr unsigned kThreads = kElementThreads;
-
-#define RELGRAD_FOR_EACH_INDEX(i, n) \
-    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
-
 Shape with_zero_at(Shape strides, int64_t dim) {
     strides[dim] = 0;
     return strides;
@@ -69,7 +64,7 @@ void CudaBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tens
     const ErrorSlot error;
     dispatch_floating(x.dtype(), "gather", [&](auto tag) {
         using T = decltype(tag);
-        launch("gather", read_kernel<T>, grid_for(n, kThreads), kThreads, 0, device_data<T>(x),
+        launch("gather", read_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<T>(x),
                layout_of(index.shape(), with_zero_at(x.strides(), dim), "gather"), x.strides()[dim], x.shape()[dim],
                device_data<int64_t>(index), layout_of(index, "gather"), device_data<T>(out), layout_of(out, "gather"),
                n, error.device());
@@ -85,7 +80,7 @@ void CudaBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index
     const ErrorSlot error;
     dispatch_floating(x.dtype(), "index_select", [&](auto tag) {
         using T = decltype(tag);
-        launch("index_select", read_kernel<T>, grid_for(n, kThreads), kThreads, 0, device_data<T>(x),
+        launch("index_select", read_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<T>(x),
                layout_of(out.shape(), with_zero_at(x.strides(), dim), "index_select"), x.strides()[dim], x.shape()[dim],
                device_data<int64_t>(index), layout_of(out.shape(), index_strides, "index_select"), device_data<T>(out),
                layout_of(out, "index_select"), n, error.device());
@@ -100,7 +95,7 @@ void CudaBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, con
     const ErrorSlot error;
     dispatch_floating(out.dtype(), "scatter_add", [&](auto tag) {
         using T = decltype(tag);
-        launch("scatter_add", add_kernel<T>, grid_for(lines, kThreads), kThreads, 0, device_data<T>(out),
+        launch("scatter_add", add_kernel<T>, grid_for(lines, kElementThreads), kElementThreads, 0, device_data<T>(out),
                layout_of(lines_shape, with_zero_at(out.strides(), dim), "scatter_add"), out.strides()[dim],
                out.shape()[dim], device_data<int64_t>(index), layout_of(lines_shape, index.strides(), "scatter_add"),
                index.strides()[dim], device_data<T>(src), layout_of(lines_shape, src.strides(), "scatter_add"),
@@ -116,7 +111,7 @@ void CudaBackend::index_add(Tensor& out, int64_t dim, const Tensor& index, const
     const ErrorSlot error;
     dispatch_floating(out.dtype(), "index_add", [&](auto tag) {
         using T = decltype(tag);
-        launch("index_add", add_kernel<T>, grid_for(lines, kThreads), kThreads, 0, device_data<T>(out),
+        launch("index_add", add_kernel<T>, grid_for(lines, kElementThreads), kElementThreads, 0, device_data<T>(out),
                layout_of(lines_shape, with_zero_at(out.strides(), dim), "index_add"), out.strides()[dim],
                out.shape()[dim], device_data<int64_t>(index), layout_of(lines_shape, Shape(src.dim(), 0), "index_add"),
                index.strides()[0], device_data<T>(src), layout_of(lines_shape, src.strides(), "index_add"),

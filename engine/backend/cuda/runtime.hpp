@@ -81,6 +81,10 @@ constexpr unsigned kElementThreads = 32;
 #else
 constexpr unsigned kElementThreads = 256;
 #endif
+// The flat indices [0, n) a thread of such a kernel takes: its global index, then every grid's
+// width on (a grid-stride loop).
+#define RELGRAD_FOR_EACH_INDEX(i, n) \
+    for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
 // --- the device (cuda_backend.cu)
 // Why no kernel can run, or an empty string when one can: no device, a driver too old, ...
