@@ -83,8 +83,11 @@ def main():
         moments = [("during a checkpoint write", lambda: os.path.isdir(partial)),
                    ("between the checkpoint's renames", lambda: os.path.isdir(previous)),
                    ("at a random moment", None)]
-        kills, inside_writes, finished = 0, 0, False
-        while not finished:
+        summary = os.path.join(parts, "summary.json")
+        kills, inside_writes = 0, 0
+        # summary.json is the run's last write, and atomic: once it exists the run is finished
+        # (a kill can land after it, and a resume would then rightly be refused)
+        while not os.path.exists(summary):
             name, condition = moments[kills % len(moments)]
             process = start(args.relgrad, config_path, parts)
             if condition is None:
@@ -103,7 +106,6 @@ def main():
             _, stderr = process.communicate()
             if process.returncode != 0:
                 sys.exit(f"the resumed run failed ({process.returncode}): {stderr.decode()}")
-            finished = True
 
         if kills < 6 or inside_writes < 2:
             sys.exit(f"only {kills} kills, {inside_writes} of them inside a checkpoint write: the test proved little")
