@@ -28,17 +28,59 @@ int64_t read_step_count(const std::string& path) {
     return std::stoll(s.substr(0, digits));
 }
 
+// groups.txt: a line "lr_scale weight_decay parameters" per group. There must be as many groups
+// as in `groups`, with as many parameters each; their lr_scale and weight_decay are read into it.
+void read_groups(const std::string& path, std::vector<ParameterGroup>& groups) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    if (lines.size() != groups.size()) {
+        throw std::runtime_error(path + ": " + std::to_string(lines.size()) + " parameter groups, the optimizer has " +
+                                 std::to_string(groups.size()));
+    }
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        std::istringstream fields(lines[g]);
+        double lr_scale = 0, weight_decay = -1;
+        std::size_t count = 0;
+        std::string rest;
+        const bool well_formed = static_cast<bool>(fields >> lr_scale >> weight_decay >> count) && !(fields >> rest) &&
+                                 lr_scale > 0 && std::isfinite(lr_scale) && weight_decay >= 0 &&
+                                 std::isfinite(weight_decay);
+        if (!well_formed) {
+            throw std::runtime_error(path + ":line " + std::to_string(g + 1) +
+                                     ": expected \"lr_scale weight_decay parameters\" (a corrupt checkpoint)");
+        }
+        if (count != groups[g].parameters.size()) {
+            throw std::runtime_error(path + ": group " + std::to_string(g) + " of the checkpoint has " +
+                                     std::to_string(count) + " parameters, the optimizer's " +
+                                     std::to_string(groups[g].parameters.size()));
+        }
+        groups[g].lr_scale = lr_scale;
+        groups[g].weight_decay = weight_decay;
+    }
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<Tensor> parameters, const AdamWOptions& options)
-    : parameters_(std::move(parameters)), options_(options) {
+    : AdamW(std::vector<ParameterGroup>{{std::move(parameters), 1.0, options.weight_decay}}, options) {}
+
+AdamW::AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options)
+    : groups_(std::move(groups)), options_(options) {
     if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1) ||
         !(options.eps > 0) || !(options.weight_decay >= 0)) {
         throw std::invalid_argument("AdamW: needs 0 <= beta1, beta2 < 1, eps > 0 and weight_decay >= 0");
     }
-    for (const Tensor& p : parameters_) {
-        m_.push_back(zeros_like(p));
-        v_.push_back(zeros_like(p));
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+        if (!(groups_[g].lr_scale > 0) || !std::isfinite(groups_[g].lr_scale) || !(groups_[g].weight_decay >= 0) ||
+            !std::isfinite(groups_[g].weight_decay)) {
+            throw std::invalid_argument("AdamW: group " + std::to_string(g) +
+                                        " needs a finite lr_scale > 0 and a finite weight_decay >= 0");
+        }
+        for (const Tensor& p : groups_[g].parameters) {
+            m_.push_back(zeros_like(p));
+            v_.push_back(zeros_like(p));
+        }
     }
 }
 
@@ -50,33 +92,57 @@ void AdamW::step(double lr) {
     const double b1 = options_.beta1, b2 = options_.beta2;
     const double m_correction = 1.0 / (1.0 - std::pow(b1, static_cast<double>(step_)));
     const double v_correction = 1.0 / (1.0 - std::pow(b2, static_cast<double>(step_)));
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-        Tensor p = parameters_[i].detach();
-        const Tensor g = parameters_[i].grad();
-        if (!g.defined()) continue;
-        m_[i] = add(mul(m_[i], b1), mul(g, 1 - b1));
-        v_[i] = add(mul(v_[i], b2), mul(mul(g, g), 1 - b2));
-        const Tensor update = div(mul(m_[i], m_correction), add(sqrt(mul(v_[i], v_correction)), options_.eps));
-        const Tensor next = sub(mul(p, 1 - lr * options_.weight_decay), mul(update, lr));
-        p.copy_(next);  // p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)
+    std::size_t i = 0;  // the parameter's index among all groups' parameters
+    for (const ParameterGroup& group : groups_) {
+        const double group_lr = lr * group.lr_scale;
+        for (const Tensor& parameter : group.parameters) {
+            const std::size_t at = i++;
+            Tensor p = parameter.detach();
+            const Tensor g = parameter.grad();
+            if (!g.defined()) continue;
+            m_[at] = add(mul(m_[at], b1), mul(g, 1 - b1));
+            v_[at] = add(mul(v_[at], b2), mul(mul(g, g), 1 - b2));
+            const Tensor update = div(mul(m_[at], m_correction), add(sqrt(mul(v_[at], v_correction)), options_.eps));
+            const Tensor next = sub(mul(p, 1 - group_lr * group.weight_decay), mul(update, group_lr));
+            p.copy_(next);  // p = p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)
+        }
     }
 }
 
 void AdamW::save(const std::string& dir) const {
     std::filesystem::create_directories(dir);
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    for (std::size_t i = 0; i < m_.size(); ++i) {
         save_npy(m_[i], dir + "/m." + std::to_string(i) + ".npy");
         save_npy(v_[i], dir + "/v." + std::to_string(i) + ".npy");
     }
     std::ofstream step_file(dir + "/step.txt");
     step_file << step_ << "\n";
     step_file.close();
-    if (!step_file) throw std::runtime_error("AdamW::save: could not write " + dir + "/step.txt");
+    std::ofstream groups_file(dir + "/groups.txt");
+    groups_file.precision(17);  // doubles that read back exactly
+    for (const ParameterGroup& group : groups_) {
+        groups_file << group.lr_scale << " " << group.weight_decay << " " << group.parameters.size() << "\n";
+    }
+    groups_file.close();
+    if (!step_file || !groups_file) throw std::runtime_error("AdamW::save: could not write " + dir);
 }
 
 void AdamW::load(const std::string& dir) {
+    std::vector<ParameterGroup> groups = groups_;
+    if (std::filesystem::exists(dir + "/groups.txt")) {
+        read_groups(dir + "/groups.txt", groups);
+    } else if (groups_.size() != 1) {  // written before groups: one group, whose moments would land elsewhere
+        throw std::runtime_error(dir +
+                                 "/groups.txt is missing: the state of an optimizer with one parameter group, "
+                                 "this one has " +
+                                 std::to_string(groups_.size()));
+    }
     std::vector<Tensor> m, v;
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    std::vector<Tensor> parameters;
+    for (const ParameterGroup& group : groups_) {
+        parameters.insert(parameters.end(), group.parameters.begin(), group.parameters.end());
+    }
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
         const std::string v_path = dir + "/v." + std::to_string(i) + ".npy";
         m.push_back(load_saved_state(dir + "/m." + std::to_string(i) + ".npy"));
         v.push_back(load_saved_state(v_path));
@@ -84,18 +150,19 @@ void AdamW::load(const std::string& dir) {
         if (std::any_of(v_values.begin(), v_values.end(), [](double x) { return x < 0; })) {
             throw std::runtime_error(v_path + ": a second moment is negative (a corrupt checkpoint)");
         }
-        if (m.back().shape() != parameters_[i].shape() || v.back().shape() != parameters_[i].shape()) {
+        if (m.back().shape() != parameters[i].shape() || v.back().shape() != parameters[i].shape()) {
             throw std::runtime_error(dir + ": optimizer state " + std::to_string(i) + " has shape " +
                                      shape_str(m.back().shape()) + ", the parameter " +
-                                     shape_str(parameters_[i].shape()));
+                                     shape_str(parameters[i].shape()));
         }
-        m.back() = m.back().to(parameters_[i].dtype()).to(parameters_[i].device());
-        v.back() = v.back().to(parameters_[i].dtype()).to(parameters_[i].device());
+        m.back() = m.back().to(parameters[i].dtype()).to(parameters[i].device());
+        v.back() = v.back().to(parameters[i].dtype()).to(parameters[i].device());
     }
     const int64_t step = read_step_count(dir + "/step.txt");
     m_ = std::move(m);
     v_ = std::move(v);
     step_ = step;
+    groups_ = std::move(groups);
 }
 
 Schedule parse_schedule(const std::string& name) { return parse_named(schedule_names, name, "schedule"); }

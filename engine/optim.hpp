@@ -5,6 +5,9 @@
 //     m_hat = m / (1 - beta1^t)                v_hat = v / (1 - beta2^t)
 //     p = p - lr (m_hat / (sqrt(v_hat) + eps) + weight_decay p)
 // The weight decay is decoupled: it shrinks p directly instead of being added to g.
+//
+// Parameter groups (PyTorch's convention): each group steps with its own learning rate, lr_scale
+// times the step's lr, and its own weight decay; a common use is no decay on biases and norms.
 #pragma once
 
 #include <string>
@@ -21,19 +24,32 @@ struct AdamWOptions {
     double weight_decay = 0.01;
 };
 
+struct ParameterGroup {
+    std::vector<Tensor> parameters;
+    double lr_scale = 1.0;  // the group's learning rate is lr_scale times the step's
+    double weight_decay = 0.0;
+};
+
 class AdamW {
 public:
+    // One group: every parameter at the step's lr and options.weight_decay.
     AdamW(std::vector<Tensor> parameters, const AdamWOptions& options);
+    // Groups of their own (options.weight_decay is not used).
+    AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options);
     // One update with learning rate lr; parameters without a gradient are left alone.
     void step(double lr);
     int64_t steps() const { return step_; }
-    // The moments, as .npy files in `dir` (m.<i>.npy, v.<i>.npy) plus the step count; load checks
-    // that the shapes match the parameters.
+    const std::vector<ParameterGroup>& groups() const { return groups_; }
+    // The moments, as .npy files in `dir` (m.<i>.npy, v.<i>.npy, i counting the parameters group
+    // by group), the step count and the groups (groups.txt: a line "lr_scale weight_decay
+    // parameters" each). load checks that the shapes and the groups' sizes match, and restores
+    // the groups' lr_scale and weight_decay.
     void save(const std::string& dir) const;
     void load(const std::string& dir);
 
 private:
-    std::vector<Tensor> parameters_, m_, v_;
+    std::vector<ParameterGroup> groups_;
+    std::vector<Tensor> m_, v_;  // one per parameter, group by group
     AdamWOptions options_;
     int64_t step_ = 0;
 };

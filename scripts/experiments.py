@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """Runs the position-encoding experiments of docs/results.md and tabulates them.
 
-    python3 scripts/experiments.py length sentiment translation [--seeds 1 2 3] [--relgrad build/relgrad]
+    python3 scripts/experiments.py length sentiment translation [--seeds 1 2 3] [--jobs 2] [--relgrad build/relgrad]
 
 Each run is `relgrad train CONFIG --set ... --set training.seed=S --out runs/experiments/EXP/VARIANT/seedS`
-(printed before it starts); a run whose summary.json exists is not run again, so an interrupted
-sweep continues where it stopped. Afterwards runs/experiments/EXP/results.json holds mean and
+(printed before it starts), --jobs of them at a time; a run whose summary.json exists is not run
+again, and one with a checkpoint is resumed, so an interrupted sweep continues where it stopped. Afterwards runs/experiments/EXP/results.json holds mean and
 spread over the seeds, and a markdown table is printed. scripts/plot_results.py draws the plots.
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 
 SOURCES = ["imdb", "yelp", "amazon"]
+NO_DECAY = [{"match": "*bias", "weight_decay": 0}, {"match": "*norm*", "weight_decay": 0}]  # the defaults' rest
 EXPERIMENTS = {
     # 1. sentiment: sinusoidal vs relative k=8 vs relative k=16 vs gated, per source
     "sentiment": {
@@ -46,6 +49,29 @@ EXPERIMENTS = {
         "variants": {name: ["data.train_max_tokens=8", f"model.position={name}"]
                      for name in ("sinusoidal", "learned", "relative", "gated")},
     },
+    # 4. what the gates choose: gated models on a task of relative order and on one of absolute
+    # position, with the gates' own learning rate 1, 5 and 25 times the others'
+    "gates": {
+        "config": "configs/experiments/length.json",
+        "variants": {
+            f"{task}/gate-lr{scale}": ["model.position=gated", f"task.kind={task}", "evaluation.every=50",
+                                       "task.test_examples=500",
+                                       "optimizer.groups=" + json.dumps(
+                                           [{"match": "*gate*", "lr_scale": scale, "weight_decay": 0}] + NO_DECAY)]
+            for task in ("relative_order", "symbol_at") for scale in (1, 5, 25)
+        },
+    },
+    # 3c. length generalization on sequence tasks: trained on lengths 4-16, tested on 4-64
+    "sequence": {
+        "config": "configs/experiments/sequence.json",
+        "variants": {
+            f"{task}/{name}": [f"task.kind={task}"] + sets
+            for task in ("copy", "reverse", "dedupe")
+            for name, sets in [(p, [f"model.position={p}"]) for p in ("none", "sinusoidal", "learned")] +
+            [(f"relative-k{k}", ["model.position=relative", f"model.k={k}"]) for k in (2, 4, 8, 16)] +
+            [("gated", ["model.position=gated"])]
+        },
+    },
     # 3. length generalization: train on lengths 8-24, test up to 64
     "length": {
         "config": "configs/experiments/length.json",
@@ -54,20 +80,31 @@ EXPERIMENTS = {
 }
 
 
-def run(relgrad, experiment, variant, sets, seed):
-    out = os.path.join("runs", "experiments", experiment, variant, f"seed{seed}")
+def run_dir(experiment, variant, seed):
+    return os.path.join("runs", "experiments", experiment, variant, f"seed{seed}")
+
+
+def train(relgrad, experiment, variant, sets, seed):
+    """Trains one run unless its summary.json exists; resumes it from its checkpoint if it has one."""
+    out = run_dir(experiment, variant, seed)
+    if os.path.exists(os.path.join(out, "summary.json")):
+        return
+    command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
+    for assignment in sets + [f"training.seed={seed}"]:
+        command += ["--set", assignment]
+    command += ["--out", out]
+    print("+", shlex.join(command), flush=True)
+    if any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous")):
+        command.append("--resume")
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{experiment}/{variant} seed {seed} failed: {result.stderr.strip()}")
+    print(f"done: {out}", flush=True)
+
+
+def run(relgrad, experiment, variant, seed):
+    out = run_dir(experiment, variant, seed)
     summary_path = os.path.join(out, "summary.json")
-    if not os.path.exists(summary_path):
-        command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
-        for assignment in sets + [f"training.seed={seed}"]:
-            command += ["--set", assignment]
-        command += ["--out", out]
-        print("+", " ".join(command), flush=True)
-        resume = any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous"))
-        if resume:
-            command.append("--resume")
-        if subprocess.run(command).returncode != 0:
-            sys.exit(f"{experiment}/{variant} seed {seed} failed")
     with open(summary_path) as f:
         summary = json.load(f)
     if any(summary["metric"] not in bucket for bucket in summary["final"]["by_length"].values()):
@@ -125,6 +162,12 @@ def aggregate(summaries):
     result["by_length"] = {bucket: spread([s["final"]["by_length"][bucket][inner] for s in summaries
                                            if bucket in s["final"]["by_length"]])
                            for bucket in first["final"]["by_length"]}
+    # every number of every bucket (sequence tasks: exact match, token accuracy, BLEU)
+    result["by_length_metrics"] = {
+        bucket: {key: spread([s["final"]["by_length"][bucket][key] for s in summaries])
+                 for key, value in values.items() if isinstance(value, (int, float))}
+        for bucket, values in first["final"]["by_length"].items()
+        if all(bucket in s["final"]["by_length"] for s in summaries)}
     if "gates" in first:
         result["gates"] = [s["gates"] for s in summaries]
     return result
@@ -136,13 +179,19 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--relgrad", default="build/relgrad")
     parser.add_argument("--variants", nargs="+", help="run only these variants (default: all)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time (give each one thread: training.threads in the config)")
     args = parser.parse_args()
     for experiment in args.experiments:
+        variants = {variant: sets for variant, sets in EXPERIMENTS[experiment]["variants"].items()
+                    if not args.variants or variant in args.variants}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for done in [pool.submit(train, args.relgrad, experiment, variant, sets, seed)
+                         for variant, sets in variants.items() for seed in args.seeds]:
+                done.result()
         results = {}
-        for variant, sets in EXPERIMENTS[experiment]["variants"].items():
-            if args.variants and variant not in args.variants:
-                continue
-            results[variant] = aggregate([run(args.relgrad, experiment, variant, sets, seed) for seed in args.seeds])
+        for variant, sets in variants.items():
+            results[variant] = aggregate([run(args.relgrad, experiment, variant, seed) for seed in args.seeds])
             results[variant]["seeds"] = args.seeds
             results[variant]["sets"] = sets
         path = os.path.join("runs", "experiments", experiment, "results.json")

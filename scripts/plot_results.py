@@ -8,6 +8,8 @@
   error bars of one standard deviation, cut at the metric's range ([0, 1] for accuracy and BLEU)
 - translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
 - gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
+- gates_over_training.png: the gates of the gates experiment over training, every seed
+- sequence_by_length.png: exact match and token accuracy per length of copy, reverse and dedupe
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
 - length_attention.png: the last layer's attention maps of the length-task models (first seed) on
   one 32-token input with marker A at position 10 and B at 13, written by `relgrad attention`
@@ -131,6 +133,73 @@ def gates(all_results):
     plt.close()
 
 
+def gates_over_training(results):
+    """gates_over_training.png: g per layer and head over training, one panel per task and gate
+    learning rate, every seed (the evaluation lines of metrics.jsonl carry the gates)."""
+    tasks = sorted({variant.split("/")[0] for variant in results})
+    scales = sorted({variant.split("/")[1] for variant in results}, key=lambda name: int(name[len("gate-lr"):]))
+    fig, axes = plt.subplots(len(tasks), len(scales), figsize=(3.3 * len(scales), 2.6 * len(tasks)), sharey=True,
+                             squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, task in enumerate(tasks):
+        for col, scale in enumerate(scales):
+            ax = axes[row][col]
+            r = results.get(f"{task}/{scale}")
+            if r is None:
+                continue
+            for seed in r["seeds"]:
+                steps, gates = [], []
+                with open(os.path.join("runs", "experiments", "gates", task, scale, f"seed{seed}", "metrics.jsonl")) as f:
+                    for line in f:
+                        entry = json.loads(line)
+                        if "gates" in entry:
+                            steps.append(entry["step"])
+                            gates.append(entry["gates"])
+                gates = np.array(gates)  # [evaluations, layers, heads]
+                for layer in range(gates.shape[1]):
+                    for head in range(gates.shape[2]):
+                        ax.plot(steps, gates[:, layer, head], color=colors[layer], linewidth=0.7, alpha=0.7,
+                                label=f"layer {layer}" if seed == r["seeds"][0] and head == 0 else None)
+            ax.axhline(0.5, color="gray", linewidth=0.5, linestyle=":")
+            ax.set_ylim(0, 1)
+            ax.set_title(f"{task}, gate lr x{scale[len('gate-lr'):]}", fontsize=9)
+            if col == 0:
+                ax.set_ylabel("g (1 relative, 0 absolute)", fontsize=8)
+            if row == len(tasks) - 1:
+                ax.set_xlabel("step", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("gates per layer and head over training (every head of every seed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT, "gates_over_training.png"), dpi=110)
+    plt.close(fig)
+
+
+def sequence_by_length(results):
+    """sequence_by_length.png: exact match and token accuracy per length bucket, a column per task."""
+    tasks = sorted({variant.split("/")[0] for variant in results})
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 6.4), sharey=True, squeeze=False)
+    for col, task in enumerate(tasks):
+        for variant, r in results.items():
+            if not variant.startswith(task + "/"):
+                continue
+            buckets = sorted(r["by_length_metrics"], key=lambda name: int(name.split("-")[0].lstrip(">")))
+            for row, key in enumerate(("accuracy", "token_accuracy")):
+                means = [r["by_length_metrics"][b][key]["mean"] for b in buckets]
+                stds = [r["by_length_metrics"][b][key]["std"] for b in buckets]
+                axes[row][col].errorbar(range(len(buckets)), means, yerr=error_bars(means, stds, "accuracy"),
+                                        label=variant.split("/")[1], capsize=2, linewidth=1)
+                axes[row][col].set_xticks(range(len(buckets)), buckets, fontsize=7)
+        axes[0][col].set_title(task)
+        axes[1][col].set_xlabel("source length (trained on 4-16)")
+    axes[0][0].set_ylabel("exact match")
+    axes[1][0].set_ylabel("token accuracy")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("sequence tasks by length (mean ± std over seeds, cut to [0, 1])", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT, "sequence_by_length.png"), dpi=110)
+    plt.close(fig)
+
+
 def relative_table(experiment, results):
     for variant, r in results.items():
         pattern = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "checkpoint", "model",
@@ -202,6 +271,10 @@ def main():
         if experiment == "length":
             attention_maps(results)
     gates(all_results)
+    if load("gates"):
+        gates_over_training(load("gates"))
+    if load("sequence"):
+        sequence_by_length(load("sequence"))
     print("plots in", OUT)
 
 

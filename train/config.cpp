@@ -1,5 +1,7 @@
 #include "train/config.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -14,12 +16,11 @@ namespace relgrad {
 
 namespace {
 
-const EnumName<TaskKind> task_kinds[] = {{TaskKind::copy, "copy"},
-                                         {TaskKind::reverse, "reverse"},
-                                         {TaskKind::relative_order, "relative_order"},
-                                         {TaskKind::classification, "classification"},
-                                         {TaskKind::pairs, "pairs"},
-                                         {TaskKind::language_model, "language_model"}};
+const EnumName<TaskKind> task_kinds[] = {
+    {TaskKind::copy, "copy"},           {TaskKind::reverse, "reverse"},
+    {TaskKind::dedupe, "dedupe"},       {TaskKind::relative_order, "relative_order"},
+    {TaskKind::symbol_at, "symbol_at"}, {TaskKind::classification, "classification"},
+    {TaskKind::pairs, "pairs"},         {TaskKind::language_model, "language_model"}};
 const EnumName<Pooling> poolings[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
 
 TaskKind task_kind_from_name(const std::string& kind) {
@@ -69,6 +70,22 @@ public:
     void integers(const char* key, std::vector<int64_t>& value, int64_t low, int64_t high, std::size_t count) {
         value = section_->integers(key, low, high, count, value);
     }
+    void groups(const char* key, std::vector<ParameterGroupConfig>& value) {
+        const auto readers = section_->objects(key);
+        if (!readers) return;  // the default
+        value.clear();
+        for (JsonReader group : *readers) {
+            ParameterGroupConfig g;
+            g.match = group.text("match");
+            if (g.match.empty()) group.fail("match", "a name pattern (a glob such as \"*bias\")");
+            if (group.has("lr") && group.has("lr_scale")) group.fail("lr_scale", "either lr or lr_scale, not both");
+            if (group.has("lr")) g.lr = group.number("lr", 0, 10, std::nullopt, true);
+            if (group.has("lr_scale")) g.lr_scale = group.number("lr_scale", 0, 1e6, std::nullopt, true);
+            if (group.has("weight_decay")) g.weight_decay = group.number("weight_decay", 0, 10);
+            group.finish();
+            value.push_back(std::move(g));
+        }
+    }
     void check(bool ok, const char* key, const std::string& expected) {
         if (!ok) section_->fail(key, expected);
     }
@@ -107,6 +124,17 @@ public:
     }
     void integers(const char* key, const std::vector<int64_t>& value, int64_t, int64_t, std::size_t) {
         (*section_)[key] = value;
+    }
+    void groups(const char* key, const std::vector<ParameterGroupConfig>& value) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const ParameterGroupConfig& g : value) {
+            nlohmann::json group{{"match", g.match}};
+            if (g.lr) group["lr"] = *g.lr;
+            if (g.lr_scale) group["lr_scale"] = *g.lr_scale;
+            if (g.weight_decay) group["weight_decay"] = *g.weight_decay;
+            list.push_back(std::move(group));
+        }
+        (*section_)[key] = std::move(list);
     }
     void check(bool, const char*, const std::string&) {}
     void not_both(const char*, const char*) {}
@@ -161,6 +189,9 @@ void config_fields(Fields& f, Config& c) {
     f.integers("train_lengths", c.task.train_lengths, 1, kMostLength, 2);
     f.integers("test_lengths", c.task.test_lengths, 1, kMostLength, 2);
     f.integer("distance", c.task.distance, 1, 1 << 20, 3);
+    f.integer("symbol_position", c.task.symbol_position, 0, 1 << 20, 2);
+    f.check(c.task.kind != TaskKind::symbol_at || c.task.vocab >= 8, "vocab",
+            "at least 8 for symbol_at (ids 0..5 are reserved, two symbols at least)");
     const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
                                                                           {"test_lengths", &c.task.test_lengths}};
     for (const auto& [key, range] : ranges) f.check((*range)[0] <= (*range)[1], key, "[min, max] with min <= max");
@@ -168,6 +199,8 @@ void config_fields(Fields& f, Config& c) {
         // relative_order: shorter sequences could only be negatives, their length giving the label away
         f.check(c.task.kind != TaskKind::relative_order || (*range)[0] > c.task.distance, key,
                 "lengths above /task/distance = " + std::to_string(c.task.distance));
+        f.check(c.task.kind != TaskKind::symbol_at || (*range)[0] > c.task.symbol_position, key,
+                "lengths above /task/symbol_position = " + std::to_string(c.task.symbol_position));
     }
     f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
     f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
@@ -196,6 +229,7 @@ void config_fields(Fields& f, Config& c) {
             "false with the char tokenizer (set data.tokenizer = \"word\")");
     f.integer("max_length", d.max_length, 1, kMostLength, 128);
     f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, 0);
+    f.integer("test_max_tokens", d.test_max_tokens, 0, 1 << 20, 0);
 
     f.section("training");
     TrainingConfig& tr = c.training;
@@ -217,6 +251,9 @@ void config_fields(Fields& f, Config& c) {
     f.flag("gradient_checkpointing", t.checkpoint, false);
     f.flag("length_bucketing", tr.length_bucketing, false);
     f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
+
+    f.section("optimizer");
+    f.groups("groups", c.optimizer.groups);
 
     f.section("evaluation");
     f.integer("every", c.evaluation.every, 1, int64_t{1} << 40, 100);
@@ -271,6 +308,29 @@ nlohmann::json Config::resolved() const {
     // a run by epochs gets its step count (and a default warmup) from its data: resolved by train()
     if (training.epochs > 0) writer.document["training"].erase("steps");
     return writer.document;
+}
+
+std::vector<MatchedGroup> parameter_groups(const Config& c, const Module& model) {
+    std::vector<MatchedGroup> groups;
+    for (const ParameterGroupConfig& g : c.optimizer.groups) {
+        const double lr_scale = g.lr ? *g.lr / c.training.learning_rate : g.lr_scale.value_or(1.0);
+        groups.push_back({g.match, {{}, lr_scale, g.weight_decay.value_or(c.training.adamw.weight_decay)}, {}});
+    }
+    groups.push_back({"", {{}, 1.0, c.training.adamw.weight_decay}, {}});  // the rest
+    for (const auto& [name, parameter] : model.named_parameters()) {
+        auto group = std::find_if(groups.begin(), groups.end() - 1, [&name](const MatchedGroup& g) {
+            return fnmatch(g.match.c_str(), name.c_str(), 0) == 0;
+        });
+        group->group.parameters.push_back(parameter);
+        group->names.push_back(name);
+    }
+    return groups;
+}
+
+std::vector<ParameterGroup> without_names(const std::vector<MatchedGroup>& groups) {
+    std::vector<ParameterGroup> out;
+    for (const MatchedGroup& g : groups) out.push_back(g.group);
+    return out;
 }
 
 nlohmann::json quickstart_config() {

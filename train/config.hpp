@@ -1,4 +1,4 @@
-// relgrad: the training configuration, one JSON document with six sections. Every value has a
+// relgrad: the training configuration, one JSON document with seven sections. Every value has a
 // default; every value given is checked (type, range, names), and unknown keys are errors.
 // docs/training.md lists every key.
 #pragma once
@@ -19,9 +19,10 @@ struct ModelConfig {
 };
 
 // The task decides the model: classification tasks train a SequenceClassifier, sequence-pair
-// tasks an EncoderDecoder, language modelling a CausalLanguageModel. copy, reverse and
-// relative_order are generated from the seed; the others read the files of the data section.
-enum class TaskKind { copy, reverse, relative_order, classification, pairs, language_model };
+// tasks an EncoderDecoder, language modelling a CausalLanguageModel. copy, reverse, dedupe,
+// relative_order and symbol_at are generated from the seed (train/datasets.hpp); the others read
+// the files of the data section.
+enum class TaskKind { copy, reverse, dedupe, relative_order, symbol_at, classification, pairs, language_model };
 bool reads_files(TaskKind kind);
 
 // Limits that keep a valid config from asking for hours of work or more memory than there is
@@ -38,6 +39,7 @@ struct TaskConfig {
     std::vector<int64_t> train_lengths{8, 24};  // [min, max] sequence length for training
     std::vector<int64_t> test_lengths{8, 48};   // [min, max] for evaluation: longer probes generalization
     int64_t distance = 3;                       // relative_order: A stands this many positions before B
+    int64_t symbol_position = 2;                // symbol_at: the label is the symbol here (from 0)
     int64_t train_examples = 4000;
     int64_t test_examples = 500;
 };
@@ -54,8 +56,9 @@ struct DataConfig {
     bool split_punctuation = false;  // word tokenizer only
     int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
     // classification and pairs: training examples whose text (source) has more tokens are left
-    // out, the test examples kept whatever their length (0: keep all); for length generalization
+    // out (0: keep all); for length generalization, or with test_max_tokens for short pairs only
     int64_t train_max_tokens = 0;
+    int64_t test_max_tokens = 0;  // the same for the test examples
 };
 
 struct TrainingConfig {
@@ -82,6 +85,24 @@ struct TrainingConfig {
     bool length_bucketing = false;  // draw each batch from examples of about the same length
 };
 
+// optimizer.groups: parameter groups, PyTorch's convention. A parameter joins the first group whose
+// `match`, a glob (fnmatch: * any run of characters, ? one, [...] one of), matches its name
+// (Module::named_parameters: "encoder.layers.0.self_attention.gate"); the parameters no group
+// matches train at training.learning_rate and training.weight_decay. Left out, the groups are
+// kDefaultGroups: no weight decay on biases, LayerNorm parameters and gates.
+struct ParameterGroupConfig {
+    std::string match;
+    std::optional<double> lr;            // the group's peak learning rate, or
+    std::optional<double> lr_scale;      // its ratio to training.learning_rate (neither: 1)
+    std::optional<double> weight_decay;  // nothing: training.weight_decay
+};
+inline const std::vector<ParameterGroupConfig> kDefaultGroups{{"*bias", std::nullopt, std::nullopt, 0.0},
+                                                              {"*norm*", std::nullopt, std::nullopt, 0.0},
+                                                              {"*gate*", std::nullopt, std::nullopt, 0.0}};
+struct OptimizerConfig {
+    std::vector<ParameterGroupConfig> groups = kDefaultGroups;
+};
+
 struct EvaluationConfig {
     int64_t every = 100;  // steps between evaluations (and at the end)
     int64_t batch_size = 64;
@@ -98,6 +119,7 @@ struct Config {
     TaskConfig task;
     DataConfig data;
     TrainingConfig training;
+    OptimizerConfig optimizer;
     EvaluationConfig evaluation;
     OutputConfig output;
 
@@ -106,6 +128,16 @@ struct Config {
     // The configuration with every default filled in, as it would be written.
     nlohmann::json resolved() const;
 };
+
+// The optimizer's groups for `model` under `c`: one per optimizer.groups entry, in order, then one
+// for the parameters none of them caught; `names` lists each group's parameters.
+struct MatchedGroup {
+    std::string match;  // "" for the rest
+    ParameterGroup group;
+    std::vector<std::string> names;
+};
+std::vector<MatchedGroup> parameter_groups(const Config& c, const Module& model);
+std::vector<ParameterGroup> without_names(const std::vector<MatchedGroup>& groups);
 
 // The quickstart: relative-order classification with relative positions, about ten seconds here.
 nlohmann::json quickstart_config();

@@ -269,6 +269,50 @@ std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int6
     return make_sequence_task("make_reverse_task", count, min_length, max_length, vocab, seed, true);
 }
 
+std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                        uint64_t seed) {
+    const std::string task = "make_dedupe_task";
+    check_sizes(task, count, min_length, max_length, 1, "1");
+    require_at_least(task, "vocab", vocab, first_symbol + 2, "6 (ids 0..3 are reserved, runs need two symbols)");
+    Generator gen(seed);
+    std::vector<TokenPair> examples;
+    for (int64_t i = 0; i < count; ++i) {
+        TokenPair pair;
+        const auto length = static_cast<std::size_t>(uniform_int(gen, min_length, max_length));
+        while (pair.source.size() < length) {
+            // a run of 1-3 copies of a symbol other than the previous run's
+            int64_t symbol = 0;
+            do {
+                symbol = uniform_int(gen, first_symbol, vocab - 1);
+            } while (!pair.target.empty() && symbol == pair.target.back());
+            pair.target.push_back(symbol);
+            const auto run = static_cast<std::size_t>(uniform_int(gen, 1, 3));
+            pair.source.insert(pair.source.end(), std::min(run, length - pair.source.size()), symbol);
+        }
+        examples.push_back(std::move(pair));
+    }
+    return examples;
+}
+
+std::vector<LabeledTokens> make_symbol_at_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                               int64_t position, uint64_t seed) {
+    const std::string task = "make_symbol_at_task";
+    check_sizes(task, count, min_length, max_length, 1, "1");
+    require_at_least(task, "vocab", vocab, first_filler + 2, "8 (ids 0..5 are reserved, two symbols at least)");
+    require_at_least(task, "position", position, 0, "0");
+    require_at_least(task, "min_length", min_length, position + 1,
+                     "position + 1 = " + std::to_string(position + 1) + " (every input has a symbol there)");
+    Generator gen(seed);
+    std::vector<LabeledTokens> examples;
+    for (int64_t i = 0; i < count; ++i) {
+        std::vector<int64_t> tokens =
+            random_symbols(gen, uniform_int(gen, min_length, max_length), first_filler, vocab);
+        const int64_t label = tokens[static_cast<std::size_t>(position)] - first_filler;
+        examples.push_back({std::move(tokens), label});
+    }
+    return examples;
+}
+
 std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_length, int64_t max_length,
                                                     int64_t vocab, int64_t distance, uint64_t seed) {
     const std::string task = "make_relative_order_task";

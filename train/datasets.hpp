@@ -74,6 +74,18 @@ std::vector<TokenPair> make_copy_task(int64_t count, int64_t min_length, int64_t
 std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
                                          uint64_t seed);
 
+// Runs collapsed: the source is runs of 1-3 copies of a symbol (4 .. vocab-1, each run's other
+// than the one before it, the last run cut at the length drawn), the target one symbol per run:
+// 7 7 9 4 4 4 -> 7 9 4. Whether a token is kept depends only on its left neighbour (vocab >= 6).
+std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                        uint64_t seed);
+
+// Symbol at a position: random symbols from 6 .. vocab-1 (vocab >= 8); the label is the symbol at
+// `position` (counting from 0), as a class 0 .. vocab-7. Only the absolute position says which
+// symbol counts: min_length > position.
+std::vector<LabeledTokens> make_symbol_at_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                               int64_t position, uint64_t seed);
+
 // Relative order: random symbols from 6 .. vocab-1 (vocab >= 7) plus exactly one marker A (id 4)
 // and one marker B (id 5); label 1 when A stands exactly `distance` positions before B
 // (pos(B) - pos(A) = distance), else 0. count / 2 examples are positive (the odd one out is

@@ -195,6 +195,16 @@ JsonReader JsonReader::section(const std::string& key) {
     return JsonReader(v ? *v : empty_object_, path_of(key), file_);
 }
 
+std::optional<std::vector<JsonReader>> JsonReader::objects(const std::string& key) {
+    const nlohmann::json* v = value(key);
+    if (!v) return std::nullopt;
+    if (!v->is_array()) fail(key, "a list of objects");
+    std::vector<JsonReader> readers;
+    for (std::size_t i = 0; i < v->size(); ++i)
+        readers.emplace_back((*v)[i], path_of(key) + "/" + std::to_string(i), file_);
+    return readers;
+}
+
 void JsonReader::finish() const {
     for (const auto& item : object_.items()) {
         if (read_.count(item.key())) continue;

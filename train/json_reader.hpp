@@ -41,6 +41,8 @@ public:
     bool has(const std::string& key) const { return object_.contains(key); }
     // A nested object (an empty one when missing); read it with its own reader.
     JsonReader section(const std::string& key);
+    // A list of objects, a reader each (paths ".../key/0", ".../key/1", ...); nothing when missing.
+    std::optional<std::vector<JsonReader>> objects(const std::string& key);
     // Every key of the object must have been read.
     void finish() const;
 

@@ -2,7 +2,8 @@
 //
 //   relgrad train [CONFIG] [--set a.b=v ...] [--out DIR] [--resume] [--stop-after N]
 //                                                   train (the quickstart by default)
-//   relgrad validate CONFIG [--set a.b=v ...]       check a config without training
+//   relgrad validate CONFIG [--set a.b=v ...]       check a config (and its data) without training;
+//                                                   list the optimizer groups' parameters
 //   relgrad eval RUN_DIR [--data FILE]              metrics of a trained run on its test data (or FILE)
 //   relgrad generate RUN_DIR --prompt TEXT [--max-tokens N]   greedy continuation or target (pairs)
 //   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
@@ -33,6 +34,7 @@
 #include "train/datasets.hpp"
 #include "train/fetch.hpp"
 #include "train/layer_command.hpp"
+#include "train/make_task.hpp"
 #include "train/run_commands.hpp"
 #include "train/trainer.hpp"
 
@@ -98,6 +100,20 @@ int run_train(const relgrad::Config& config, const relgrad::TrainOptions& option
     }
     std::printf("\nsummary, metrics and checkpoint in %s\n", config.output.dir.c_str());
     return 0;
+}
+
+// validate: the task built (its data read), and the optimizer's groups with the parameters each caught.
+void print_parameter_groups(const relgrad::Config& config) {
+    relgrad::Generator init_gen(config.training.seed);
+    std::optional<relgrad::Tokenizer> tokenizer;
+    const std::unique_ptr<relgrad::Task> task = relgrad::make_task(config, relgrad::Init{init_gen}, tokenizer);
+    std::printf("optimizer groups (a parameter joins the first that matches its name):\n");
+    for (const relgrad::MatchedGroup& g : relgrad::parameter_groups(config, task->model())) {
+        const std::string name = g.match.empty() ? "the rest" : "\"" + g.match + "\"";
+        std::printf("  %s: lr x %g, weight_decay %g, %zu parameters\n", name.c_str(), g.group.lr_scale,
+                    g.group.weight_decay, g.names.size());
+        for (const std::string& parameter : g.names) std::printf("    %s\n", parameter.c_str());
+    }
 }
 
 // A whole number in [low, high], read without saturating: "99999999999999999999" is out of range,
@@ -236,6 +252,7 @@ int main(int argc, char** argv) {
                         relgrad::position_mode_name(config.model.transformer.position),
                         static_cast<long long>(by_epochs ? config.training.epochs : config.training.steps),
                         by_epochs ? "epochs" : "steps");
+            print_parameter_groups(config);
             return 0;
         }
         if (eval->parsed()) {

@@ -46,17 +46,17 @@ std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64
     return split_held_out(std::move(train), d.held_out, seed);
 }
 
-// data.train_max_tokens: the training examples whose text has at most that many tokens (all when
-// it is 0); none left is an error that names the key.
+// data.train_max_tokens, data.test_max_tokens: the examples whose text has at most `limit` tokens
+// (all when it is 0); none left is an error that names the key.
 template <class T, class Length>
-std::vector<T> short_enough(std::vector<T> examples, const DataConfig& d, Length tokens) {
-    if (d.train_max_tokens == 0) return examples;
+std::vector<T> short_enough(std::vector<T> examples, int64_t limit, const std::string& key, const std::string& file,
+                            Length tokens) {
+    if (limit == 0) return examples;
     std::vector<T> kept;
     for (T& example : examples)
-        if (tokens(example) <= d.train_max_tokens) kept.push_back(std::move(example));
+        if (tokens(example) <= limit) kept.push_back(std::move(example));
     if (kept.empty()) {
-        throw std::invalid_argument("data.train_max_tokens = " + std::to_string(d.train_max_tokens) +
-                                    " leaves no training example of " + d.train);
+        throw std::invalid_argument("data." + key + " = " + std::to_string(limit) + " leaves no example of " + file);
     }
     return kept;
 }
@@ -73,7 +73,18 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
                                      seed + 1),
             init);
     }
-    const auto make = t.kind == TaskKind::copy ? make_copy_task : make_reverse_task;
+    if (t.kind == TaskKind::symbol_at) {
+        return std::make_unique<ClassificationTask>(
+            c.model, t.vocab, t.vocab - 6,  // the symbols 6 .. vocab-1
+            make_symbol_at_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.symbol_position,
+                                seed),
+            make_symbol_at_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.symbol_position,
+                                seed + 1),
+            init);
+    }
+    const auto make = t.kind == TaskKind::copy     ? make_copy_task
+                      : t.kind == TaskKind::dedupe ? make_dedupe_task
+                                                   : make_reverse_task;
     return std::make_unique<SequencePairTask>(
         c.model, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
         make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
@@ -101,11 +112,15 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
         }
         return out;
     };
-    std::vector<LabeledTokens> train_examples = short_enough(
-        encode(train, d.train), d, [](const LabeledTokens& e) { return static_cast<int64_t>(e.tokens.size()); });
-    return std::make_unique<ClassificationTask>(
-        c.model, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()), std::move(train_examples),
-        encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test), init);
+    const auto length = [](const LabeledTokens& e) { return static_cast<int64_t>(e.tokens.size()); };
+    const std::string test_file = d.test.empty() ? d.train + " (its held-out part)" : d.test;
+    std::vector<LabeledTokens> train_examples =
+        short_enough(encode(train, d.train), d.train_max_tokens, "train_max_tokens", d.train, length);
+    std::vector<LabeledTokens> test_examples = short_enough(
+        encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test),
+        d.test_max_tokens, "test_max_tokens", test_file, length);
+    return std::make_unique<ClassificationTask>(c.model, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()),
+                                                std::move(train_examples), std::move(test_examples), init);
 }
 
 std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, const Init& init,
@@ -125,10 +140,14 @@ std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, cons
         }
         return out;
     };
+    const auto length = [](const TokenPair& pair) { return static_cast<int64_t>(pair.source.size()); };
     std::vector<TokenPair> train_pairs =
-        short_enough(encode(train), d, [&](const TokenPair& pair) { return static_cast<int64_t>(pair.source.size()); });
-    return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs), encode(test),
-                                              init);
+        short_enough(encode(train), d.train_max_tokens, "train_max_tokens", d.train, length);
+    std::vector<TokenPair> test_pairs =
+        short_enough(encode(test), d.test_max_tokens, "test_max_tokens",
+                     d.test.empty() ? d.train + " (its held-out part)" : d.test, length);
+    return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
+                                              std::move(test_pairs), init);
 }
 
 // language_model: one token stream, the last held_out part (or the test file) for evaluation,

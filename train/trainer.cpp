@@ -328,7 +328,7 @@ json train(const Config& config, const TrainOptions& options) {
     }
     Module& model = task->model();
     model.to(config.training.device);  // before the optimizer, whose state follows the parameters
-    AdamW optimizer(model.parameters(), config.training.adamw);
+    AdamW optimizer(without_names(parameter_groups(config, model)), config.training.adamw);
     const LengthBuckets buckets(config.evaluation.length_buckets);
     const int64_t total_steps = config.training.total_steps(task->train_size());  // steps, or from epochs
     const int64_t warmup_steps = config.training.warmup(total_steps);
@@ -340,7 +340,10 @@ json train(const Config& config, const TrainOptions& options) {
         model.eval();
         json result = task->evaluate(config.evaluation.batch_size, buckets);
         model.train();
-        metrics.append(json{{"step", at_step}, {"eval", result}});
+        json line{{"step", at_step}, {"eval", result}};
+        // a gated model's gates with every evaluation: their course over training
+        if (config.model.transformer.position == PositionMode::gated) line["gates"] = task->gates();
+        metrics.append(line);
         return result;
     };
     // the evaluation at step 0, and at the end already for a run resumed there

@@ -1,6 +1,7 @@
 // AdamW, the learning-rate schedule and gradient clipping. (No gradcheck: nothing here is
 // differentiated; the updates are checked against the formulas written out by hand.)
 #include <filesystem>
+#include <fstream>
 
 #include "check.hpp"
 #include "engine/optim.hpp"
@@ -99,4 +100,49 @@ TEST_CASE("clipping scales all gradients together") {
     CHECK(clip_grad_norm({a, b}, 1.0) == doctest::Approx(5.0));
     check_values(a.grad(), {0.6}, 1e-15);
     check_values(b.grad(), {0.8}, 1e-15);
+}
+
+TEST_CASE("parameter groups: each its own learning rate scale and weight decay") {
+    // Two parameters with the same value and gradient, in groups of their own: the first step's
+    // update is g/|g| = 1 for both, so each ends where its group's lr and decay put it.
+    Tensor a = f64({1.0}, {1}).requires_grad_(true);
+    Tensor b = f64({1.0}, {1}).requires_grad_(true);
+    AdamW adam(std::vector<ParameterGroup>{{{a}, 1.0, 0.1}, {{b}, 10.0, 0.0}}, AdamWOptions{});
+    sum(add(a, b)).backward();  // g = 1 for both
+    adam.step(0.01);
+    check_values(a, {1.0 * (1 - 0.01 * 0.1) - 0.01 * (1 / (1 + 1e-8))}, 1e-15);
+    check_values(b, {1.0 - 0.1 * (1 / (1 + 1e-8))}, 1e-15);
+    CHECK_THROWS_AS(AdamW(std::vector<ParameterGroup>{{{a}, 0.0, 0.0}}, AdamWOptions{}), std::invalid_argument);
+    CHECK_THROWS_AS(AdamW(std::vector<ParameterGroup>{{{a}, 1.0, -1.0}}, AdamWOptions{}), std::invalid_argument);
+}
+
+TEST_CASE("a saved optimizer restores its groups; groups that do not fit are refused") {
+    const auto dir = (std::filesystem::temp_directory_path() / "relgrad_test_adamw_groups").string();
+    Tensor a = f64({1.0}, {1}).requires_grad_(true);
+    Tensor b = f64({2.0, 3.0}, {2}).requires_grad_(true);
+    AdamW saved(std::vector<ParameterGroup>{{{a}, 0.1 + 0.2, 0.5}, {{b}, 3.0, 0.0}}, AdamWOptions{});
+    saved.save(dir);
+    AdamW loaded(std::vector<ParameterGroup>{{{a}, 1.0, 0.0}, {{b}, 1.0, 0.01}}, AdamWOptions{});
+    loaded.load(dir);
+    CHECK(loaded.groups()[0].lr_scale == 0.1 + 0.2);  // exactly: written with 17 digits
+    CHECK(loaded.groups()[0].weight_decay == 0.5);
+    CHECK(loaded.groups()[1].lr_scale == 3.0);
+    CHECK(loaded.groups()[1].weight_decay == 0.0);
+
+    // the same parameters grouped otherwise: an error that names the group, nothing restored
+    Tensor c = f64({2.0}, {1}).requires_grad_(true);
+    Tensor d = f64({3.0}, {1}).requires_grad_(true);
+    AdamW regrouped(std::vector<ParameterGroup>{{{a, c}, 1.0, 0.0}}, AdamWOptions{});
+    CHECK_THROWS_WITH_AS(regrouped.load(dir), doctest::Contains("2 parameter groups, the optimizer has 1"),
+                         std::runtime_error);
+    AdamW resized(std::vector<ParameterGroup>{{{a}, 1.0, 0.0}, {{c, d}, 1.0, 0.0}}, AdamWOptions{});
+    CHECK_THROWS_WITH_AS(resized.load(dir), doctest::Contains("group 1 of the checkpoint has 1 parameters"),
+                         std::runtime_error);
+    CHECK(resized.groups()[0].lr_scale == 1.0);
+    // a corrupt groups.txt
+    std::ofstream(dir + "/groups.txt") << "0.3 0.5 1\nthree 0 1\n";
+    CHECK_THROWS_WITH_AS(loaded.load(dir), doctest::Contains("groups.txt:line 2"), std::runtime_error);
+    std::ofstream(dir + "/groups.txt") << "0.3 -1 1\n3 0 1\n";
+    CHECK_THROWS_WITH_AS(loaded.load(dir), doctest::Contains("groups.txt:line 1"), std::runtime_error);
+    std::filesystem::remove_all(dir);
 }

@@ -326,3 +326,61 @@ TEST_CASE("relative order: argument errors") {
         (task + "max_length must be >= distance + 1 = 4 (room for A distance positions before B), got 3").c_str(),
         std::invalid_argument);
 }
+
+TEST_CASE("dedupe: runs of 1-3 copies, the target one symbol per run, lengths in range") {
+    const std::vector<TokenPair> task = make_dedupe_task(300, 4, 12, 9, 21);
+    REQUIRE(task.size() == 300);
+    std::set<size_t> lengths, runs;
+    bool a_run_cut_short = false;
+    for (const TokenPair& pair : task) {
+        lengths.insert(pair.source.size());
+        // the target, rebuilt by collapsing the source's runs, and the run lengths seen
+        Ids collapsed;
+        size_t run = 0;
+        for (size_t i = 0; i < pair.source.size(); ++i) {
+            CHECK((pair.source[i] >= 4 && pair.source[i] < 9));
+            if (i > 0 && pair.source[i] == pair.source[i - 1]) {
+                ++run;
+                continue;
+            }
+            if (i > 0) runs.insert(run);
+            collapsed.push_back(pair.source[i]);
+            run = 1;
+        }
+        CHECK(pair.target == collapsed);
+        if (run < 3 && pair.target.size() > 1) a_run_cut_short = true;  // the last run may be cut
+    }
+    CHECK(lengths == std::set<size_t>{4, 5, 6, 7, 8, 9, 10, 11, 12});
+    CHECK(runs == std::set<size_t>{1, 2, 3});  // complete runs: every length, nothing longer
+    CHECK(a_run_cut_short);
+    CHECK(make_dedupe_task(50, 4, 12, 9, 21)[7].source == task[7].source);  // seeded
+    CHECK(make_dedupe_task(50, 4, 12, 9, 22)[7].source != task[7].source);
+    CHECK_THROWS_WITH_AS(make_dedupe_task(5, 1, 4, 5, 0),
+                         "make_dedupe_task: vocab must be >= 6 (ids 0..3 are reserved, runs need two symbols), got 5",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(make_dedupe_task(5, 0, 4, 9, 0), "make_dedupe_task: min_length must be >= 1, got 0",
+                         std::invalid_argument);
+}
+
+TEST_CASE("symbol at a position: the label is the symbol there, every class drawn") {
+    const std::vector<LabeledTokens> task = make_symbol_at_task(400, 3, 10, 12, 2, 4);
+    REQUIRE(task.size() == 400);
+    std::set<int64_t> labels;
+    std::set<size_t> lengths;
+    for (const LabeledTokens& example : task) {
+        lengths.insert(example.tokens.size());
+        for (const int64_t t : example.tokens) CHECK((t >= 6 && t < 12));
+        CHECK(example.label == example.tokens[2] - 6);
+        labels.insert(example.label);
+    }
+    CHECK(labels == std::set<int64_t>{0, 1, 2, 3, 4, 5});  // vocab 12: the symbols 6 .. 11
+    CHECK(lengths == std::set<size_t>{3, 4, 5, 6, 7, 8, 9, 10});
+    CHECK(make_symbol_at_task(20, 3, 10, 12, 2, 4)[5].tokens == task[5].tokens);
+    CHECK_THROWS_WITH_AS(make_symbol_at_task(5, 2, 10, 12, 2, 0),
+                         "make_symbol_at_task: min_length must be >= position + 1 = 3 (every input has a symbol "
+                         "there), got 2",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(make_symbol_at_task(5, 3, 10, 7, 2, 0),
+                         "make_symbol_at_task: vocab must be >= 8 (ids 0..5 are reserved, two symbols at least), got 7",
+                         std::invalid_argument);
+}

@@ -131,6 +131,11 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "c.json: /task/train_lengths: got nothing, expected lengths above /task/distance = 8");
     CHECK(error_of({{"task", {{"distance", 3}, {"test_lengths", {2, 9}}}}}) ==
           "c.json: /task/test_lengths: got [2,9], expected lengths above /task/distance = 3");
+    CHECK(error_of({{"task", {{"kind", "symbol_at"}, {"symbol_position", 8}}}}) ==
+          "c.json: /task/train_lengths: got nothing, expected lengths above /task/symbol_position = 8");
+    CHECK(
+        error_of({{"task", {{"kind", "symbol_at"}, {"vocab", 7}}}}) ==
+        "c.json: /task/vocab: got 7, expected at least 8 for symbol_at (ids 0..5 are reserved, two symbols at least)");
     CHECK(error_of({{"evaluation", {{"length_buckets", {8, 8}}}}}) ==
           "c.json: /evaluation/length_buckets: got [8,8], expected increasing bounds");
     CHECK(error_of({{"training", {{"steps", 10}, {"epochs", 2}}}}) ==
@@ -149,6 +154,109 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "(/task/train_lengths): a synthetic split holds at most 2^27 tokens");
     CHECK(error_of({{"task", {{"test_lengths", {8, 1 << 20}}}}}) ==
           "c.json: /task/test_lengths: got [8,1048576], expected a list of 2 integers in [1, 65536]");
+}
+
+TEST_CASE("optimizer groups: read, checked, written back, and matched against the parameter names") {
+    using json = nlohmann::json;
+    CHECK(error_of({{"optimizer", {{"groups", {{{"lr_scale", 2}}}}}}}) ==
+          "c.json: /optimizer/groups/0/match: got nothing, expected a string");
+    CHECK(error_of({{"optimizer", {{"groups", {{{"match", ""}}}}}}}) ==
+          "c.json: /optimizer/groups/0/match: got \"\", expected a name pattern (a glob such as \"*bias\")");
+    CHECK(error_of({{"optimizer", {{"groups", {{{"match", "*"}, {"lr", 0.1}, {"lr_scale", 2}}}}}}}) ==
+          "c.json: /optimizer/groups/0/lr_scale: got 2, expected either lr or lr_scale, not both");
+    CHECK(error_of({{"optimizer", {{"groups", {{{"match", "*"}, {"lr_scale", 0}}}}}}}) ==
+          "c.json: /optimizer/groups/0/lr_scale: got 0, expected a number in (0, 1e+06]");
+    CHECK(error_of({{"optimizer", {{"groups", {{{"match", "*"}, {"weight_decay", -1}}}}}}}) ==
+          "c.json: /optimizer/groups/0/weight_decay: got -1, expected a number in [0, 10]");
+    CHECK(error_of({{"optimizer", {{"groups", {{{"match", "*"}, {"momentum", 0.9}}}}}}})
+              .find("c.json: /optimizer/groups/0/momentum: unknown key") == 0);
+    CHECK(error_of({{"optimizer", {{"groups", {{"match", "*"}}}}}}) ==
+          "c.json: /optimizer/groups: got {\"match\":\"*\"}, expected a list of objects");
+    CHECK(error_of({{"optimizer", {{"groups", json::array({3})}}}}) ==
+          "c.json: /optimizer/groups/0: got 3, expected an object");
+
+    // the defaults: no weight decay on biases, norms and gates, written out in the resolved config
+    json document = quickstart_config();
+    document["model"]["position"] = "gated";
+    const Config defaults = Config::parse(document, "c.json");
+    REQUIRE(defaults.optimizer.groups.size() == 3);
+    CHECK(defaults.resolved()["optimizer"]["groups"] ==
+          json::parse(R"([{"match": "*bias", "weight_decay": 0.0}, {"match": "*norm*", "weight_decay": 0.0},
+                          {"match": "*gate*", "weight_decay": 0.0}])"));
+    Generator gen(1);
+    std::optional<Tokenizer> no_tokenizer;
+    const auto task = make_task(defaults, Init{gen}, no_tokenizer);
+    const std::vector<MatchedGroup> matched = parameter_groups(defaults, task->model());
+    REQUIRE(matched.size() == 4);
+    for (const std::string& name : matched[2].names) CHECK(name.find("gate") != std::string::npos);
+    CHECK(matched[2].names.size() == 2);  // one lambda per layer
+    CHECK(matched[3].match.empty());
+    CHECK(matched[3].group.weight_decay == 0.01);
+    std::size_t caught = 0;
+    for (const MatchedGroup& g : matched) {
+        caught += g.names.size();
+        CHECK(g.names.size() == g.group.parameters.size());
+    }
+    CHECK(caught == task->model().named_parameters().size());
+
+    // given groups replace the defaults; first match wins; lr becomes a scale of the peak rate
+    document["optimizer"]["groups"] = json::parse(R"([{"match": "*.gate", "lr": 0.05},
+        {"match": "encoder.layers.?.*", "lr_scale": 0.5, "weight_decay": 0.2}, {"match": "nothing*"}])");
+    const Config given = Config::parse(document, "c.json");
+    CHECK(Config::parse(given.resolved(), "resolved").resolved() == given.resolved());
+    const std::vector<MatchedGroup> regrouped = parameter_groups(given, task->model());
+    REQUIRE(regrouped.size() == 4);
+    CHECK(regrouped[0].names ==
+          std::vector<std::string>{"encoder.layers.0.self_attention.gate", "encoder.layers.1.self_attention.gate"});
+    CHECK(regrouped[0].group.lr_scale == doctest::Approx(0.05 / 2e-3));
+    CHECK(regrouped[0].group.weight_decay == 0.01);  // training.weight_decay
+    CHECK(regrouped[1].group.lr_scale == 0.5);
+    CHECK(regrouped[1].group.weight_decay == 0.2);
+    for (const std::string& name : regrouped[1].names) CHECK(name.rfind("encoder.layers.", 0) == 0);
+    CHECK(regrouped[2].names.empty());  // a group may catch nothing (validate shows it)
+    for (const std::string& name : regrouped[3].names) CHECK(name.rfind("encoder.layers.", 0) != 0);
+}
+
+TEST_CASE("a gate group with a learning rate of its own moves the gates further, and resumes with it") {
+    TempDir dir("relgrad_test_gate_group");
+    nlohmann::json c = tiny_run(dir.path / "default");
+    c["model"]["position"] = "gated";
+    c["task"]["kind"] = "symbol_at";  // the label is the symbol at position 2
+    c["training"]["steps"] = 30;
+    c["evaluation"]["every"] = 15;
+    const nlohmann::json default_summary = train(Config::parse(c, "c.json"), {});
+    // every evaluation line carries the gates, the last one the summary's
+    std::vector<nlohmann::json> gates_seen;
+    for (const auto& line : read_lines(dir.path / "default" / "metrics.jsonl")) {
+        if (line.contains("eval")) gates_seen.push_back(line["gates"]);
+    }
+    REQUIRE(gates_seen.size() == 3);  // steps 0, 15 and 30
+    CHECK(gates_seen.front() == nlohmann::json::parse("[[0.5, 0.5]]"));
+    CHECK(gates_seen.back() == default_summary["gates"]);
+    c["optimizer"]["groups"] = nlohmann::json::parse(R"([{"match": "*gate*", "lr_scale": 30, "weight_decay": 0}])");
+    c["output"]["dir"] = (dir.path / "fast").string();
+    const nlohmann::json fast_summary = train(Config::parse(c, "c.json"), {});
+    double moved_default = 0, moved_fast = 0;
+    for (const auto& layer : default_summary["gates"])
+        for (double g : layer) moved_default = std::max(moved_default, std::fabs(g - 0.5));
+    for (const auto& layer : fast_summary["gates"])
+        for (double g : layer) moved_fast = std::max(moved_fast, std::fabs(g - 0.5));
+    CHECK(moved_fast > 5 * moved_default);
+
+    // interrupted and resumed with the groups, the same result
+    c["output"]["dir"] = (dir.path / "resumed").string();
+    TrainOptions stop;
+    stop.stop_after = 13;
+    train(Config::parse(c, "c.json"), stop);
+    std::ifstream groups(dir.path / "resumed" / "checkpoint" / "optimizer" / "groups.txt");
+    std::string first_line;
+    std::getline(groups, first_line);
+    CHECK(first_line == "30 0 1");  // the gate group: lr x30, no decay, the one layer's lambda
+    TrainOptions resume;
+    resume.resume = true;
+    const nlohmann::json resumed = train(Config::parse(c, "c.json"), resume);
+    CHECK(resumed["gates"] == fast_summary["gates"]);
+    CHECK(resumed["final"] == fast_summary["final"]);
 }
 
 TEST_CASE("a config file is read whole and checked: JSON, no key twice, a file and not a directory") {
@@ -355,6 +463,23 @@ TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses
     CHECK(run(b.path) == first);  // batches still come from (seed, step) alone
 }
 
+TEST_CASE("the loss falls: collapsing runs (dedupe)") {
+    TempDir out("relgrad_test_train_dedupe");
+    nlohmann::json c = tiny_run(out.path);
+    c["task"] = {{"kind", "dedupe"},       {"vocab", 10},           {"train_lengths", {3, 8}},
+                 {"test_lengths", {3, 8}}, {"train_examples", 400}, {"test_examples", 32}};
+    c["training"] = {{"steps", 40}, {"batch_size", 16}, {"learning_rate", 5e-3}, {"warmup_steps", 4}, {"log_every", 1}};
+    c["evaluation"] = {{"every", 40}, {"length_buckets", {4, 8}}};
+    const nlohmann::json summary = train(Config::parse(c, "dedupe"), TrainOptions{});
+    std::vector<double> losses;
+    for (const auto& line : read_lines(out.path / "metrics.jsonl")) {
+        if (line.contains("loss")) losses.push_back(line["loss"].get<double>());
+    }
+    REQUIRE(losses.size() == 40);
+    CHECK((losses[37] + losses[38] + losses[39]) < 0.8 * (losses[0] + losses[1] + losses[2]));
+    CHECK(summary["final"]["token_accuracy"].get<double>() > summary["initial"]["token_accuracy"].get<double>());
+}
+
 TEST_CASE("the loss falls: copying short sequences") {
     TempDir out("relgrad_test_train_copy");
     nlohmann::json c = tiny_run(out.path);
@@ -540,6 +665,14 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
               fs::create_directory(run / "checkpoint" / "state.json");
           }) == named(checkpoint / "state.json") + ": is a directory, expected a JSON file");
 
+    // the optimizer's groups: present (a checkpoint from before groups had one), and these groups
+    CHECK(resume_error([&](const fs::path& run) { fs::remove(run / "checkpoint" / "optimizer" / "groups.txt"); }) ==
+          named(checkpoint / "optimizer") +
+              "/groups.txt is missing: the state of an optimizer with one parameter group, this one has 4");
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "optimizer" / "groups.txt", "1 0 30\n");
+          }) == named(checkpoint / "optimizer" / "groups.txt") + ": 1 parameter groups, the optimizer has 4");
+
     // the tensors: float32 or float64, finite, no negative second moment
     const std::string weight = "encoder.layers.0.feed_forward.fc1.weight.npy";
     REQUIRE(fs::exists(stopped / "checkpoint" / "model" / weight));
@@ -698,11 +831,20 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
         CHECK(tokenizer["lowercase"] == true);
         CHECK(tokenizer["split_punctuation"] == true);
     }
+    // short pairs only, in training and in the test: data.test_max_tokens
+    short_only["data"]["test_max_tokens"] = 3;
+    short_only["output"]["dir"] = (dir.path / "short-test").string();
+    const nlohmann::json short_test = train(Config::parse(short_only, "short"), TrainOptions{});
+    CHECK(short_test["final"]["by_length"]["1-3"]["examples"] == 30);
+    CHECK_FALSE(short_test["final"]["by_length"].contains("4-8"));  // the 10 long pairs left out
+    short_only["data"]["test_max_tokens"] = 1;
+    short_only["output"]["dir"] = (dir.path / "no-test").string();
+    CHECK_THROWS_WITH_AS(train(Config::parse(short_only, "short"), TrainOptions{}),
+                         doctest::Contains("data.test_max_tokens = 1 leaves no example of"), std::invalid_argument);
     short_only["data"]["train_max_tokens"] = 1;
     short_only["output"]["dir"] = (dir.path / "none").string();
     CHECK_THROWS_WITH_AS(train(Config::parse(short_only, "short"), TrainOptions{}),
-                         doctest::Contains("data.train_max_tokens = 1 leaves no training example of"),
-                         std::invalid_argument);
+                         doctest::Contains("data.train_max_tokens = 1 leaves no example of"), std::invalid_argument);
     const nlohmann::json lm = run("language_model", "text.txt", "lm");
     CHECK(lm["metric"] == "perplexity");
     CHECK(lm["final"]["perplexity"].get<double>() > 1);
