@@ -148,10 +148,16 @@ RelativeMultiHeadAttention::RelativeMultiHeadAttention(int64_t d, int64_t h, con
                                                        AttentionImpl impl_, const Init& init)
     : MultiHeadAttention(d, h, init),
       impl(impl_),
+      value_term(options.values),
       rel_pos_emb_k(head_dim, h, options, init),
       rel_pos_emb_v(head_dim, h, options, init) {
     register_module("rel_pos_emb_k", rel_pos_emb_k);
-    register_module("rel_pos_emb_v", rel_pos_emb_v);
+    if (value_term) register_module("rel_pos_emb_v", rel_pos_emb_v);
+}
+
+Tensor RelativeMultiHeadAttention::value_table(const Tensor& q) const {
+    if (value_term) return rel_pos_emb_v.table();
+    return zeros({rel_pos_emb_v.shared ? 1 : heads, rel_pos_emb_v.buckets(), head_dim}, q.dtype(), q.device());
 }
 
 // Reference: build A_K[i, j] = E_K[r(i, j)] ([H or 1, Lq, Lk, Dh]) and contract over Dh, one
@@ -198,14 +204,14 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
     switch (impl) {
         case AttentionImpl::reference: return attend_composed(query_input, q, k, v, pattern);
         case AttentionImpl::bucketed: {
-            const RelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(),
+            const RelativeTerms terms{rel_pos_emb_k.table(), value_table(q),
                                       rel_pos_emb_k.index(q.size(2), k.size(2), pattern.query_offset)};
             return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), terms,
                              &last_weights);
         }
         case AttentionImpl::fused: {
             last_weights = Tensor();
-            const ClippedRelativeTerms terms{rel_pos_emb_k.table(), rel_pos_emb_v.table(), rel_pos_emb_k.k_left,
+            const ClippedRelativeTerms terms{rel_pos_emb_k.table(), value_table(q), rel_pos_emb_k.k_left,
                                              rel_pos_emb_k.k_right};
             return fused_attention(q, k, v, pattern, scale(), terms);
         }
@@ -221,6 +227,7 @@ MultiHeadAttention::Scores RelativeMultiHeadAttention::scores(const Tensor& quer
 }
 
 Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate) {
+    if (!value_term) return MultiHeadAttention::values(a, v, query_offset, gate);
     const Tensor relative = relative_values(a, query_offset);
     return add(MultiHeadAttention::values(a, v, query_offset, gate), gate.defined() ? mul(gate, relative) : relative);
 }

@@ -106,6 +106,7 @@ public:
                                const Init& init);
 
     AttentionImpl impl;
+    bool value_term;  // options.values: without it, rel_pos_emb_v is not a parameter and adds nothing
     RelativePositionEmbedding rel_pos_emb_k, rel_pos_emb_v;
 
 protected:
@@ -119,6 +120,8 @@ protected:
     // The relative terms alone: q_i . E_K[r(i,j)] [B, H, Lq, Lk] and sum_j a_ij E_V[r(i,j)] [B, H, Lq, Dh]
     Tensor relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const;
     Tensor relative_values(const Tensor& a, int64_t query_offset) const;
+    // E_V for the attention ops, or without the value term a table of zeros
+    Tensor value_table(const Tensor& q) const;
 };
 
 class GatedPositionAttention : public RelativeMultiHeadAttention {

@@ -38,6 +38,7 @@ struct RelativeOptions {
     bool share_across_heads = true;  // one table for all heads, or one per head
     int64_t max_len = 512;           // the index is precomputed up to this length (any L works)
     int64_t rank = 0;                // > 0: each table is a product E = A B of rank `rank`
+    bool values = true;              // attention: Shaw's value-side term too, or the key side alone
 };
 
 class RelativePositionEmbedding : public Module {

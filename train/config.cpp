@@ -179,6 +179,7 @@ void config_fields(Fields& f, Config& c) {
     f.integer("k_right", t.relative.k_right, 0, 4096, k);
     f.flag("share_across_heads", t.relative.share_across_heads, true);
     f.integer("rank", t.relative.rank, 0, 8192, 0);
+    f.flag("relative_values", t.relative.values, true);
     named(f, "attention", t.impl, "bucketed", attention_impl_names);
     f.flag("token_gate", t.token_gate, false);
     named(f, "pooling", c.model.pooling, "mean", poolings);

@@ -266,3 +266,40 @@ TEST_CASE("low-rank relative tables: E = A B in every form, gradient-checked") {
     CHECK_THROWS_WITH_AS(RelativePositionEmbedding(4, 1, wide, init),
                          "RelativePositionEmbedding: rank must be >= 0 (0: full rank)", std::invalid_argument);
 }
+
+TEST_CASE("the key-side term alone (values = false): E_V is no parameter, the same as E_V = 0, in every form") {
+    Generator gen(23);
+    const Init init{gen, DType::float64};
+    RelativeOptions o;
+    o.k_left = 2;
+    o.k_right = 1;
+    for (bool shared : {true, false}) {
+        CAPTURE(shared);
+        o.share_across_heads = shared;
+        o.values = true;
+        RelativeMultiHeadAttention both(6, 2, o, AttentionImpl::reference, init);
+        o.values = false;
+        RelativeMultiHeadAttention reference(6, 2, o, AttentionImpl::reference, init),
+            bucketed(6, 2, o, AttentionImpl::bucketed, init), fused(6, 2, o, AttentionImpl::fused, init);
+        std::vector<std::string> names;
+        for (const auto& [name, p] : reference.named_parameters()) names.push_back(name);
+        CHECK(std::count(names.begin(), names.end(), "rel_pos_emb_k.weight") == 1);
+        CHECK(std::count(names.begin(), names.end(), "rel_pos_emb_v.weight") == 0);
+        // with both terms and a zero E_V, the layer computes what the key side alone computes
+        std::vector<Tensor> values = reference.parameters();
+        values.push_back(zeros(both.rel_pos_emb_v.weight.shape(), DType::float64));
+        both.assign_parameters(values);
+        bucketed.assign_parameters(reference.parameters());
+        fused.assign_parameters(reference.parameters());
+        const Tensor x = random_input({2, 5, 6}, 8), dy = random_input({2, 5, 6}, 9).detach();
+        const Tensor mask = key_padding_mask({5, 3}, 5);
+        const Tensor expected = both.forward(x, x, mask);
+        for (RelativeMultiHeadAttention* layer : {&reference, &bucketed, &fused}) {
+            CAPTURE(attention_impl_name(layer->impl));
+            CHECK(max_difference(layer->forward(x, x, mask), expected) <= 1e-12);
+            gradcheck_layer(*layer, {random_input({2, 4, 6}, 10)}, [&](const auto& in) {
+                return layer->forward(in[0], in[0], causal_mask(4, 4, 0, layer->device()));
+            });
+        }
+    }
+}
