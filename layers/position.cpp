@@ -65,6 +65,8 @@ static RelativeOptions checked(const RelativeOptions& o) {
     }
     if (o.max_len < 0) throw std::invalid_argument("RelativePositionEmbedding: max_len must be >= 0");
     if (o.rank < 0) throw std::invalid_argument("RelativePositionEmbedding: rank must be >= 0 (0: full rank)");
+    if (!(o.init_std > 0) || !std::isfinite(o.init_std))
+        throw std::invalid_argument("RelativePositionEmbedding: init_std must be finite and > 0");
     return o;
 }
 
@@ -80,11 +82,11 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
         throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
     const int64_t width = shared ? head_dim : head_dim * heads;
     if (rank == 0) {
-        register_parameter("weight", weight, truncated_normal({buckets(), width}, 0.02, init));
+        register_parameter("weight", weight, truncated_normal({buckets(), width}, options.init_std, init));
     } else {
         // (A B)_rd = sum over rank terms of a_rt b_td has std sqrt(rank) s^2 for factors of std s:
-        // s is set for 0.02 (the cut at 2 s makes both this and a full table's spread a little less)
-        const double factor_std = std::sqrt(0.02 / std::sqrt(static_cast<double>(rank)));
+        // s is set for init_std (the cut at 2 s makes both this and a full table's spread a little less)
+        const double factor_std = std::sqrt(options.init_std / std::sqrt(static_cast<double>(rank)));
         register_parameter("weight_a", weight_a, truncated_normal({buckets(), rank}, factor_std, init));
         register_parameter("weight_b", weight_b, truncated_normal({rank, width}, factor_std, init));
     }

@@ -39,6 +39,7 @@ struct RelativeOptions {
     int64_t max_len = 512;           // the index is precomputed up to this length (any L works)
     int64_t rank = 0;                // > 0: each table is a product E = A B of rank `rank`
     bool values = true;              // attention: Shaw's value-side term too, or the key side alone
+    double init_std = 0.02;          // the tables' entries start as truncated N(0, init_std^2)
 };
 
 class RelativePositionEmbedding : public Module {

@@ -50,15 +50,18 @@ EXPERIMENTS = {
                      for name in ("sinusoidal", "learned", "relative", "gated")},
     },
     # 4. what the gates choose: gated models on a task of relative order and on one of absolute
-    # position, with the gates' own learning rate 1, 5 and 25 times the others'
+    # position, with the gates' own learning rate 1, 5 and 25 times the others'; and at 25 with
+    # relative tables that start at the absolute term's scale (std 0.5 instead of 0.02)
     "gates": {
         "config": "configs/experiments/length.json",
         "variants": {
-            f"{task}/gate-lr{scale}": ["model.position=gated", f"task.kind={task}", "evaluation.every=50",
-                                       "task.test_examples=500",
-                                       "optimizer.groups=" + json.dumps(
-                                           [{"match": "*gate*", "lr_scale": scale, "weight_decay": 0}] + NO_DECAY)]
-            for task in ("relative_order", "symbol_at") for scale in (1, 5, 25)
+            f"{task}/gate-lr{scale}{suffix}": [
+                "model.position=gated", f"task.kind={task}", "evaluation.every=50", "task.test_examples=500",
+                "optimizer.groups=" + json.dumps([{"match": "*gate*", "lr_scale": scale, "weight_decay": 0}] + NO_DECAY)
+            ] + sets
+            for task in ("relative_order", "symbol_at")
+            for scale, suffix, sets in [(1, "", []), (5, "", []), (25, "", []),
+                                        (25, "-wide-tables", ["model.relative_init_std=0.5"])]
         },
     },
     # 3c. length generalization on sequence tasks: trained on lengths 4-16, tested on 4-64

@@ -137,7 +137,7 @@ def gates_over_training(results):
     """gates_over_training.png: g per layer and head over training, one panel per task and gate
     learning rate, every seed (the evaluation lines of metrics.jsonl carry the gates)."""
     tasks = sorted({variant.split("/")[0] for variant in results})
-    scales = sorted({variant.split("/")[1] for variant in results}, key=lambda name: int(name[len("gate-lr"):]))
+    scales = list(dict.fromkeys(variant.split("/")[1] for variant in results))  # in the experiment's order
     fig, axes = plt.subplots(len(tasks), len(scales), figsize=(3.3 * len(scales), 2.6 * len(tasks)), sharey=True,
                              squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -162,7 +162,7 @@ def gates_over_training(results):
                                 label=f"layer {layer}" if seed == r["seeds"][0] and head == 0 else None)
             ax.axhline(0.5, color="gray", linewidth=0.5, linestyle=":")
             ax.set_ylim(0, 1)
-            ax.set_title(f"{task}, gate lr x{scale[len('gate-lr'):]}", fontsize=9)
+            ax.set_title(f"{task}, {scale}", fontsize=9)
             if col == 0:
                 ax.set_ylabel("g (1 relative, 0 absolute)", fontsize=8)
             if row == len(tasks) - 1:

@@ -180,6 +180,7 @@ void config_fields(Fields& f, Config& c) {
     f.flag("share_across_heads", t.relative.share_across_heads, true);
     f.integer("rank", t.relative.rank, 0, 8192, 0);
     f.flag("relative_values", t.relative.values, true);
+    f.number("relative_init_std", t.relative.init_std, 0, 10, 0.02, true);
     named(f, "attention", t.impl, "bucketed", attention_impl_names);
     f.flag("token_gate", t.token_gate, false);
     named(f, "pooling", c.model.pooling, "mean", poolings);

@@ -96,3 +96,26 @@ TEST_CASE("relative tables: shared or per head, and their lookup") {
     gradcheck_layer(per_head, {}, [&](const auto&) { return per_head.lookup(3, 4, 1); });
     gradcheck_layer(shared, {}, [&](const auto&) { return shared.table(); });
 }
+
+TEST_CASE("relative tables start with the spread init_std asks for, full and low rank") {
+    Generator gen(31);
+    RelativeOptions o;
+    o.k_left = o.k_right = 200;
+    for (const double std : {0.02, 0.5}) {
+        for (const int64_t rank : {0, 4}) {
+            CAPTURE(std);
+            CAPTURE(rank);
+            o.init_std = std;
+            o.rank = rank;
+            const RelativePositionEmbedding table(64, 1, o, Init{gen, DType::float64});
+            const std::vector<double> entries = table.full_weight().to_vector();
+            double square_sum = 0;
+            for (double e : entries) square_sum += e * e;
+            // the cut at 2 std leaves a little less spread than asked for
+            CHECK(std::sqrt(square_sum / static_cast<double>(entries.size())) == doctest::Approx(std).epsilon(0.15));
+        }
+    }
+    o.init_std = 0;
+    CHECK_THROWS_WITH_AS(RelativePositionEmbedding(4, 1, o, Init{gen}),
+                         "RelativePositionEmbedding: init_std must be finite and > 0", std::invalid_argument);
+}
