@@ -319,11 +319,12 @@ std::vector<MatchedGroup> parameter_groups(const Config& c, const Module& model)
         groups.push_back({g.match, {{}, lr_scale, g.weight_decay.value_or(c.training.adamw.weight_decay)}, {}});
     }
     groups.push_back({"", {{}, 1.0, c.training.adamw.weight_decay}, {}});  // the rest
-    for (const auto& [name, parameter] : model.named_parameters()) {
+    for (const auto& named : model.named_parameters()) {
+        const std::string& name = named.first;  // not a structured binding: a lambda captures it
         auto group = std::find_if(groups.begin(), groups.end() - 1, [&name](const MatchedGroup& g) {
             return fnmatch(g.match.c_str(), name.c_str(), 0) == 0;
         });
-        group->group.parameters.push_back(parameter);
+        group->group.parameters.push_back(named.second);
         group->names.push_back(name);
     }
     return groups;
