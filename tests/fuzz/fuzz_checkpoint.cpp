@@ -144,7 +144,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         relgrad::Generator gen(config.training.seed);
         std::optional<relgrad::Tokenizer> no_tokenizer;
         task = relgrad::make_task(config, relgrad::Init{gen, relgrad::DType::float32}, no_tokenizer);
-        optimizer = std::make_unique<relgrad::AdamW>(task->model().parameters(), config.training.adamw);
+        optimizer =
+            std::make_unique<relgrad::AdamW>(relgrad::without_names(relgrad::parameter_groups(config, task->model())),
+                                             config.training.adamw);  // as train() builds it
         relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer);
     } catch (const std::exception& e) {
         finding(std::string("fuzz_checkpoint: the tiny run does not load: ") + e.what());
