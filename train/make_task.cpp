@@ -46,6 +46,9 @@ std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64
     return split_held_out(std::move(train), d.held_out, seed);
 }
 
+// What errors call the test examples: data.test, or the held-out part of data.train.
+std::string test_source(const DataConfig& d) { return d.test.empty() ? d.train + " (its held-out part)" : d.test; }
+
 // data.train_max_tokens, data.test_max_tokens: the examples whose text has at most `limit` tokens
 // (all when it is 0); none left is an error that names the key.
 template <class T, class Length>
@@ -113,12 +116,11 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
         return out;
     };
     const auto length = [](const LabeledTokens& e) { return static_cast<int64_t>(e.tokens.size()); };
-    const std::string test_file = d.test.empty() ? d.train + " (its held-out part)" : d.test;
     std::vector<LabeledTokens> train_examples =
         short_enough(encode(train, d.train), d.train_max_tokens, "train_max_tokens", d.train, length);
     std::vector<LabeledTokens> test_examples = short_enough(
         encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test),
-        d.test_max_tokens, "test_max_tokens", test_file, length);
+        d.test_max_tokens, "test_max_tokens", test_source(d), length);
     return std::make_unique<ClassificationTask>(c.model, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()),
                                                 std::move(train_examples), std::move(test_examples), init);
 }
@@ -144,8 +146,7 @@ std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, cons
     std::vector<TokenPair> train_pairs =
         short_enough(encode(train), d.train_max_tokens, "train_max_tokens", d.train, length);
     std::vector<TokenPair> test_pairs =
-        short_enough(encode(test), d.test_max_tokens, "test_max_tokens",
-                     d.test.empty() ? d.train + " (its held-out part)" : d.test, length);
+        short_enough(encode(test), d.test_max_tokens, "test_max_tokens", test_source(d), length);
     return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
                                               std::move(test_pairs), init);
 }
