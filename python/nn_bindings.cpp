@@ -73,6 +73,10 @@ Built built_from(const py::kwargs& kwargs, bool transformer_options) {
             o.relative.share_across_heads = value.cast<bool>();
         else if (key == "rank")
             o.relative.rank = value.cast<int64_t>();
+        else if (key == "relative_values")
+            o.relative.values = value.cast<bool>();
+        else if (key == "relative_init_std")
+            o.relative.init_std = value.cast<double>();
         else if (key == "impl")
             o.impl = parse_attention_impl(value.cast<std::string>());
         else if (key == "token_gate")
@@ -94,13 +98,16 @@ Built built_from(const py::kwargs& kwargs, bool transformer_options) {
 }
 
 RelativeOptions relative_options(int64_t k, const std::optional<int64_t>& k_left, const std::optional<int64_t>& k_right,
-                                 bool share_across_heads, int64_t max_len, int64_t rank) {
+                                 bool share_across_heads, int64_t max_len, int64_t rank, double init_std,
+                                 bool values = true) {
     RelativeOptions options;
     options.k_left = k_left.value_or(k);
     options.k_right = k_right.value_or(k);
     options.share_across_heads = share_across_heads;
     options.max_len = max_len;
     options.rank = rank;
+    options.init_std = init_std;
+    options.values = values;
     return options;
 }
 
@@ -292,15 +299,15 @@ void bind_nn(py::module_& m) {
     relative
         .def(py::init([](int64_t head_dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
                          const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         const py::kwargs& kwargs) {
+                         double init_std, const py::kwargs& kwargs) {
                  Built b = built_from(kwargs, false);
                  return std::make_unique<RelativePositionEmbedding>(
-                     head_dim, heads, relative_options(k, k_left, k_right, share_across_heads, max_len, rank),
+                     head_dim, heads, relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std),
                      b.init());
              }),
              py::arg("head_dim"), py::arg("heads") = 1, py::arg("k") = 8, py::arg("k_left") = py::none(),
              py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0)
+             py::arg("rank") = 0, py::arg("init_std") = 0.02)
         .def("index", &RelativePositionEmbedding::index, py::arg("query_len"), py::arg("key_len"),
              py::arg("query_offset") = 0, "r(i, j): int64 [Lq, Lk]")
         .def("table", &RelativePositionEmbedding::table, "[H or 1, K, Dh]")
@@ -395,21 +402,24 @@ void bind_nn(py::module_& m) {
     relative_mha
         .def(py::init([](int64_t dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
                          const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         const std::string& impl, const py::kwargs& kwargs) {
+                         const std::string& impl, bool values, double init_std, const py::kwargs& kwargs) {
                  Built b = built_from(kwargs, false);
                  return std::make_unique<RelativeMultiHeadAttention>(
-                     dim, heads, relative_options(k, k_left, k_right, share_across_heads, max_len, rank),
+                     dim, heads,
+                     relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std, values),
                      parse_attention_impl(impl), b.init());
              }),
              py::arg("dim"), py::arg("heads"), py::arg("k") = 8, py::arg("k_left") = py::none(),
              py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0, py::arg("impl") = "bucketed")
+             py::arg("rank") = 0, py::arg("impl") = "bucketed", py::arg("values") = true, py::arg("init_std") = 0.02)
         .def_property(
             "impl",
             [](const RelativeMultiHeadAttention& layer) { return std::string(attention_impl_name(layer.impl)); },
             [](RelativeMultiHeadAttention& layer, const std::string& name) {
                 layer.impl = parse_attention_impl(name);
             });
+    relative_mha.def_readonly("value_term", &RelativeMultiHeadAttention::value_term,
+                              "values=True: Shaw's value-side term too (rel_pos_emb_v a parameter)");
     child(relative_mha, "rel_pos_emb_k", &RelativeMultiHeadAttention::rel_pos_emb_k);
     child(relative_mha, "rel_pos_emb_v", &RelativeMultiHeadAttention::rel_pos_emb_v);
 
@@ -418,15 +428,18 @@ void bind_nn(py::module_& m) {
     gated
         .def(py::init([](int64_t dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
                          const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         const std::string& impl, bool token_gate, const py::kwargs& kwargs) {
+                         const std::string& impl, bool token_gate, bool values, double init_std,
+                         const py::kwargs& kwargs) {
                  Built b = built_from(kwargs, false);
                  return std::make_unique<GatedPositionAttention>(
-                     dim, heads, relative_options(k, k_left, k_right, share_across_heads, max_len, rank),
+                     dim, heads,
+                     relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std, values),
                      parse_attention_impl(impl), token_gate, b.init());
              }),
              py::arg("dim"), py::arg("heads"), py::arg("k") = 8, py::arg("k_left") = py::none(),
              py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0, py::arg("impl") = "bucketed", py::arg("token_gate") = false)
+             py::arg("rank") = 0, py::arg("impl") = "bucketed", py::arg("token_gate") = false, py::arg("values") = true,
+             py::arg("init_std") = 0.02)
         .def("gate_values", &GatedPositionAttention::gate_values, "g per head: 1 = relative, 0 = absolute")
         .def_property_readonly(
             "gate", [](const GatedPositionAttention& l) { return l.gate; }, "lambda [H]")

@@ -618,6 +618,53 @@ void bind_tensor(py::module_& m) {
              }),
              py::arg("parameters"), py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
              py::arg("weight_decay") = 0.01)
+        // Parameter groups as PyTorch writes them: [{"params": [...], "lr_scale": 5, "weight_decay": 0}, ...];
+        // a group without weight_decay takes the keyword's, without lr_scale 1.
+        .def(py::init(
+                 [](const std::vector<py::dict>& groups, double beta1, double beta2, double eps, double weight_decay) {
+                     std::vector<ParameterGroup> built;
+                     for (const py::dict& group : groups) {
+                         ParameterGroup g{{}, 1.0, weight_decay};
+                         bool has_params = false;
+                         for (const auto& [key_handle, value] : group) {
+                             const std::string key = key_handle.cast<std::string>();
+                             if (key == "params") {
+                                 g.parameters = value.cast<std::vector<Tensor>>();
+                                 has_params = true;
+                             } else if (key == "lr_scale") {
+                                 g.lr_scale = value.cast<double>();
+                             } else if (key == "weight_decay") {
+                                 g.weight_decay = value.cast<double>();
+                             } else {
+                                 throw std::invalid_argument("AdamW: group " + std::to_string(built.size()) +
+                                                             " has an unknown key '" + key +
+                                                             "' (params, lr_scale, weight_decay)");
+                             }
+                         }
+                         if (!has_params) {
+                             throw std::invalid_argument("AdamW: group " + std::to_string(built.size()) +
+                                                         " has no 'params'");
+                         }
+                         built.push_back(std::move(g));
+                     }
+                     return std::make_unique<AdamW>(std::move(built), AdamWOptions{beta1, beta2, eps, weight_decay});
+                 }),
+             py::arg("groups"), py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
+             py::arg("weight_decay") = 0.01)
+        .def_property_readonly(
+            "groups",
+            [](const AdamW& adamw) {
+                py::list groups;
+                for (const ParameterGroup& g : adamw.groups()) {
+                    py::dict group;
+                    group["params"] = g.parameters;
+                    group["lr_scale"] = g.lr_scale;
+                    group["weight_decay"] = g.weight_decay;
+                    groups.append(group);
+                }
+                return groups;
+            },
+            "the groups as dicts: params, lr_scale, weight_decay")
         .def(
             "step",
             [](AdamW& adamw, double lr) {

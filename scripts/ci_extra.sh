@@ -17,7 +17,7 @@
 #
 # Usage: scripts/ci_extra.sh [all|notebooks|asan|fuzz|cuda]          (default: all)
 # Environment:
-#   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 30)
+#   RELGRAD_FUZZ_SECONDS  seconds each fuzzer runs (default 20)
 #   RELGRAD_FUZZERS       which fuzzers (default "npy config data tokenizer checkpoint")
 #   RELGRAD_JOBS          build parallelism (default 2)
 set -euo pipefail
@@ -26,7 +26,7 @@ scripts/install_deps.sh  # clang-14 and its sanitizer and fuzzer runtimes among 
 
 what=${1:-all}
 case "$what" in all | notebooks | asan | fuzz | cuda) ;; *) echo "usage: $0 [all|notebooks|asan|fuzz|cuda]" >&2; exit 2 ;; esac
-fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-30}
+fuzz_seconds=${RELGRAD_FUZZ_SECONDS:-20}
 fuzzers=${RELGRAD_FUZZERS:-"npy config data tokenizer checkpoint"}
 jobs=${RELGRAD_JOBS:-2}
 

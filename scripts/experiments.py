@@ -30,24 +30,14 @@ EXPERIMENTS = {
                                ("relative-k16", ["model.k=16"]), ("gated", ["model.position=gated"])]
         },
     },
-    # 2. German -> English: BLEU, memory and speed for k in 1..32 and sinusoidal
+    # 2. German -> English, Shaw et al.'s Table 3: k in 0..16 with and without the value-side term
+    # (k = 0: one bucket for every distance, no position information), and sinusoidal
     "translation": {
         "config": "configs/experiments/translation.json",
         "variants": dict([("sinusoidal", ["model.position=sinusoidal"])] +
-                         [(f"relative-k{k}", [f"model.k={k}"]) for k in (1, 2, 4, 8, 16, 32)]),
-    },
-    # 2b. the same task trained four times as long (one seed): does k matter once a model translates?
-    "translation-long": {
-        "config": "configs/experiments/translation.json",
-        "variants": {name: ["training.steps=4000", "evaluation.every=1000"] + sets
-                     for name, sets in [("sinusoidal", ["model.position=sinusoidal"]), ("relative-k8", ["model.k=8"])]},
-    },
-    # 3b. length generalization on real data: German -> English trained on sources of at most 8
-    # words, tested on the held-out pairs of every length
-    "translation-length": {
-        "config": "configs/experiments/translation.json",
-        "variants": {name: ["data.train_max_tokens=8", f"model.position={name}"]
-                     for name in ("sinusoidal", "learned", "relative", "gated")},
+                         [(f"relative-k{k}{suffix}", [f"model.k={k}"] + sets)
+                          for suffix, sets in (("", []), ("-keys", ["model.relative_values=false"]))
+                          for k in (0, 1, 2, 4, 8, 16)]),
     },
     # 4. what the gates choose: gated models on a task of relative order and on one of absolute
     # position, with the gates' own learning rate 1, 5 and 25 times the others'; and at 25 with
@@ -201,14 +191,16 @@ def main():
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
         metric = next(iter(results.values()))["metric"]
-        base = next(iter(results.values()))["train_seconds"]["mean"]
-        print(f"\n{experiment}: {metric}, mean ± std over seeds {args.seeds}\n")
-        print(f"| variant | {metric} | seconds | tokens/s | steps/s | peak RSS MiB |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        others = [key for key in ("accuracy", "token_accuracy") if key != metric and key in next(iter(results.values()))]
+        print(f"\n{experiment}: mean ± std over seeds {args.seeds}\n")
+        print(f"| variant | {' | '.join([metric] + others)} | seconds | steps/s | peak live MiB | peak RSS MiB |")
+        print("| --- " * (6 + len(others)) + "|")
         for variant, r in results.items():
-            rate = f"{r['steps_per_second']['mean']:.2f}" if "steps_per_second" in r else "-"
-            print(f"| {variant} | {r[metric]['mean']:.4f} ± {r[metric]['std']:.4f} | {r['train_seconds']['mean']:.1f} | "
-                  f"{r['tokens_per_second']['mean']:.0f} | {rate} | {r['peak_rss_mib']['mean']:.0f} |")
+            numbers = " | ".join(f"{r[key]['mean']:.4f} ± {r[key]['std']:.4f}" for key in [metric] + others)
+            cost = [f"{r[key]['mean']:{form}}" if key in r else "-"
+                    for key, form in (("train_seconds", ".0f"), ("steps_per_second", ".2f"),
+                                      ("peak_live_mib", ".0f"), ("peak_rss_mib", ".0f"))]
+            print(f"| {variant} | {numbers} | {' | '.join(cost)} |")
         print(f"\nwritten: {path}")
 
 

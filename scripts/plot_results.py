@@ -6,13 +6,17 @@
 - EXP_loss.png: training loss per variant (first seed), from metrics.jsonl
 - EXP_by_length.png: the metric per length bucket (BLEU for translation), mean over seeds with
   error bars of one standard deviation, cut at the metric's range ([0, 1] for accuracy and BLEU)
-- translation_bleu_vs_k.png: BLEU against the clipping distance k (sinusoidal as a line)
+- translation_bleu_vs_k.png: BLEU against the clipping distance k, with and without the
+  value-side term (sinusoidal as a line)
+- translation_bleu_over_training.png: the test BLEU of every evaluation, every seed
 - gates.png: the learned gate g = sigmoid(lambda) per layer and head of the gated runs (1: relative)
 - gates_over_training.png: the gates of the gates experiment over training, every seed
 - sequence_by_length.png: exact match and token accuracy per length of copy, reverse and dedupe
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
 - length_attention.png: the last layer's attention maps of the length-task models (first seed) on
   one 32-token input with marker A at position 10 and B at 13, written by `relgrad attention`
+- sentiment_attention.png, translation_attention.png: the same for Yelp sentiment models and for
+  translation models (the encoder) on one sentence each
 """
 import glob
 import json
@@ -91,23 +95,51 @@ def by_length(experiment, results):
     plt.close()
 
 
+K_SWEEP = (0, 1, 2, 4, 8, 16)
+
+
 def bleu_vs_k(results):
-    ks, means, stds = [], [], []
-    for variant, r in results.items():
-        if variant.startswith("relative-k"):
-            ks.append(int(variant[len("relative-k"):]))
-            means.append(r["bleu"]["mean"])
-            stds.append(r["bleu"]["std"])
-    plt.figure(figsize=(5, 3.5))
-    plt.errorbar(ks, means, yerr=error_bars(means, stds, "bleu"), marker="o", capsize=3, label="relative")
+    """BLEU against k for relative-k<k> (key and value terms) and relative-k<k>-keys (key term only);
+    k = 0 is one bucket for every distance, so the x axis is categorical."""
+    plt.figure(figsize=(5.5, 3.8))
+    for suffix, label in (("", "relative (keys and values)"), ("-keys", "relative (keys only)")):
+        ks = [k for k in K_SWEEP if f"relative-k{k}{suffix}" in results]
+        means = [results[f"relative-k{k}{suffix}"]["bleu"]["mean"] for k in ks]
+        stds = [results[f"relative-k{k}{suffix}"]["bleu"]["std"] for k in ks]
+        if ks:
+            plt.errorbar([K_SWEEP.index(k) for k in ks], means, yerr=error_bars(means, stds, "bleu"), marker="o",
+                         capsize=3, label=label)
     if "sinusoidal" in results:
         plt.axhline(results["sinusoidal"]["bleu"]["mean"], color="gray", linestyle="--", label="sinusoidal")
-    plt.xscale("log", base=2)
+    plt.xticks(range(len(K_SWEEP)), K_SWEEP)
     plt.xlabel("clipping distance k")
-    plt.ylabel("BLEU")
-    plt.legend()
+    plt.ylabel("BLEU (mean ± std over seeds)")
+    plt.legend(fontsize=8)
     plt.tight_layout()
     plt.savefig(os.path.join(OUT, "translation_bleu_vs_k.png"), dpi=120)
+    plt.close()
+
+
+def bleu_over_training(experiment, results):
+    """The test BLEU of every evaluation during training, every seed of every variant."""
+    plt.figure(figsize=(6, 4))
+    for index, (variant, r) in enumerate(results.items()):
+        for n, seed in enumerate(r["seeds"]):
+            steps, bleus = [], []
+            with open(os.path.join("runs", "experiments", experiment, variant, f"seed{seed}", "metrics.jsonl")) as f:
+                for line in f:
+                    row = json.loads(line)
+                    if "eval" in row:
+                        steps.append(row["step"])
+                        bleus.append(row["eval"]["bleu"])
+            plt.plot(steps, bleus, color=f"C{index % 10}", linewidth=1, marker=".",
+                     linestyle="-" if index < 10 else "--", label=variant if n == 0 else None)
+    plt.xlabel("step")
+    plt.ylabel("test BLEU")
+    plt.title(f"{experiment}: BLEU over training (every seed)", fontsize=10)
+    plt.legend(fontsize=7)
+    plt.tight_layout()
+    plt.savefig(os.path.join(OUT, f"{experiment}_bleu_over_training.png"), dpi=120)
     plt.close()
 
 
@@ -201,7 +233,8 @@ def sequence_by_length(results):
 
 
 def relative_table(experiment, results):
-    for variant, r in results.items():
+    """The first relative model's table, a k = 8 one where there is one (k = 0 has one row)."""
+    for variant, r in sorted(results.items(), key=lambda item: "k8" not in item[0]):
         pattern = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "checkpoint", "model",
                                "*layers.0.self_attention.rel_pos_emb_k.weight.npy")
         files = glob.glob(pattern)
@@ -219,57 +252,90 @@ def relative_table(experiment, results):
             return
 
 
-def attention_maps(results, relgrad="build/relgrad"):
-    symbols = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
-    tokens = [symbols[i % len(symbols)] for i in range(32)]
-    tokens[10], tokens[13] = 4, 5  # A three positions before B: a positive example
-    prompt = " ".join(map(str, tokens))
-    variants = list(results)
-    maps = {}
+def last_layer_attention(run, prompt, relgrad="build/relgrad"):
+    """The last layer's attention weights [H, L, L] of a trained run (the encoder's, for pairs) on
+    one prompt, from `relgrad attention`; None (and why) if the run or the command is missing."""
     with tempfile.TemporaryDirectory() as work:
-        for variant in variants:
-            run = os.path.join("runs", "experiments", "length", variant, f"seed{results[variant]['seeds'][0]}")
-            out = os.path.join(work, variant)
-            done = subprocess.run([relgrad, "attention", run, "--prompt", prompt, "--out", out], capture_output=True, text=True)
-            if done.returncode != 0:
-                print("attention maps skipped:", done.stderr.strip())
-                return
-            last = sorted(glob.glob(os.path.join(out, "layer*.npy")))[-1]
-            maps[variant] = np.load(last)  # [H, L, L]
+        done = subprocess.run([relgrad, "attention", run, "--prompt", prompt, "--out", work], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            print("attention maps skipped:", done.stderr.strip())
+            return None
+        return np.load(sorted(glob.glob(os.path.join(work, "layer*.npy")))[-1])
+
+
+def draw_attention(maps, labels, title, filename):
+    """One row per variant, one column per head; labels name the tokens (None: no tick labels)."""
     heads = next(iter(maps.values())).shape[0]
-    fig, axes = plt.subplots(len(variants), heads, figsize=(2.2 * heads, 2.2 * len(variants)))
-    for row, variant in enumerate(variants):
+    size = 2.2 if labels is None else 2.8
+    fig, axes = plt.subplots(len(maps), heads, figsize=(size * heads, size * len(maps)), squeeze=False)
+    for row, (variant, weights) in enumerate(maps.items()):
         for head in range(heads):
             ax = axes[row][head]
-            ax.imshow(maps[variant][head], cmap="viridis", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+            ticks = [] if labels is None else range(len(labels))
+            ax.set_xticks(ticks, [] if labels is None or row < len(maps) - 1 else labels, rotation=90, fontsize=6)
+            ax.set_yticks(ticks, [] if labels is None or head > 0 else labels, fontsize=6)
             if head == 0:
                 ax.set_ylabel(variant)
             if row == 0:
                 ax.set_title(f"head {head}", fontsize=9)
-    fig.suptitle("length task: last layer's attention (query rows, key columns), A at 10, B at 13", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(OUT, "length_attention.png"), dpi=110)
+    fig.savefig(os.path.join(OUT, filename), dpi=110)
     plt.close(fig)
+
+
+def run_of(experiment, results, variant):
+    return os.path.join("runs", "experiments", experiment, variant, f"seed{results[variant]['seeds'][0]}")
+
+
+def length_attention(results):
+    symbols = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    tokens = [symbols[i % len(symbols)] for i in range(32)]
+    tokens[10], tokens[13] = 4, 5  # A three positions before B: a positive example
+    maps = {variant: last_layer_attention(run_of("length", results, variant), " ".join(map(str, tokens)))
+            for variant in results}
+    if all(m is not None for m in maps.values()):
+        draw_attention(maps, None, "length task: last layer's attention (query rows, key columns), A at 10, B at 13",
+                       "length_attention.png")
+
+
+# Prompts for the attention maps of the models of real text, written as their tokenizers split them
+# (sentiment: words between spaces; translation: lowercase, punctuation as words of its own).
+SENTIMENT_PROMPT = "the food was not good but the service was really great"
+TRANSLATION_PROMPT = "ich habe heute keine zeit , weil ich arbeiten muss ."
+
+
+def text_attention(experiment, results, variants, prompt, filename):
+    variants = [v for v in variants if v in results]
+    maps = {v: last_layer_attention(run_of(experiment, results, v), prompt) for v in variants}
+    if variants and all(m is not None for m in maps.values()):
+        draw_attention(maps, prompt.split(), f"{experiment}: last layer's attention (query rows, key columns), "
+                       f"first seed", filename)
 
 
 def main():
     os.makedirs(OUT, exist_ok=True)
     all_results = {}
-    for experiment in ("length", "sentiment", "translation", "translation-long", "translation-length"):
+    for experiment in ("length", "sentiment", "translation"):
         results = load(experiment)
         if results is None:
             continue
         all_results[experiment] = results
         loss_curves(experiment, results)
         by_length(experiment, results)
-        if experiment in ("length", "sentiment", "translation"):  # the others: the same kind as translation's
-            relative_table(experiment, results)
+        relative_table(experiment, results)
         if experiment == "translation":
+            bleu_over_training(experiment, results)
             bleu_vs_k(results)
+            text_attention(experiment, results, ["sinusoidal", "relative-k0", "relative-k2", "relative-k16"],
+                           TRANSLATION_PROMPT, "translation_attention.png")
+        if experiment == "sentiment":
+            text_attention(experiment, results, ["yelp/sinusoidal", "yelp/relative-k8", "yelp/gated"],
+                           SENTIMENT_PROMPT, "sentiment_attention.png")
         if experiment == "length":
-            attention_maps(results)
+            length_attention(results)
     gates(all_results)
     if load("gates"):
         gates_over_training(load("gates"))

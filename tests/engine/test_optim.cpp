@@ -114,6 +114,10 @@ TEST_CASE("parameter groups: each its own learning rate scale and weight decay")
     check_values(b, {1.0 - 0.1 * (1 / (1 + 1e-8))}, 1e-15);
     CHECK_THROWS_AS(AdamW(std::vector<ParameterGroup>{{{a}, 0.0, 0.0}}, AdamWOptions{}), std::invalid_argument);
     CHECK_THROWS_AS(AdamW(std::vector<ParameterGroup>{{{a}, 1.0, -1.0}}, AdamWOptions{}), std::invalid_argument);
+    // a parameter in two groups would take two updates a step
+    CHECK_THROWS_WITH_AS(AdamW(std::vector<ParameterGroup>{{{a}, 1.0, 0.0}, {{b, a}, 1.0, 0.0}}, AdamWOptions{}),
+                         doctest::Contains("group 1 is in an earlier group too"), std::invalid_argument);
+    CHECK_THROWS_AS(AdamW(std::vector<Tensor>{a, a}, AdamWOptions{}), std::invalid_argument);
 }
 
 TEST_CASE("a saved optimizer restores its groups; groups that do not fit are refused") {

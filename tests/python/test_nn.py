@@ -41,6 +41,54 @@ def test_position_layers():
     assert asymmetric.buckets == 5 and asymmetric.k_left == 1
 
 
+def test_relative_options_values_and_init_std():
+    keys_only = nn.RelativeMultiHeadAttention(8, 2, k=2, values=False, seed=1)
+    assert not keys_only.value_term and nn.RelativeMultiHeadAttention(8, 2, k=2).value_term
+    assert not any("rel_pos_emb_v" in name for name, _ in keys_only.named_parameters())
+    assert keys_only(relgrad.randn(1, 4, 8, seed=2)).shape == (1, 4, 8)
+    model = nn.SequenceClassifier(10, 2, position="relative", relative_values=False, **MODEL)
+    names = [name for name, _ in model.named_parameters()]
+    assert any("rel_pos_emb_k" in n for n in names) and not any("rel_pos_emb_v" in n for n in names)
+    # entries drawn from N(0, init_std^2) cut at 2 init_std: a spread of 0.88 init_std
+    for init_std in (0.02, 0.5):
+        table = nn.RelativePositionEmbedding(16, k=64, init_std=init_std, seed=3).weight.numpy()
+        assert abs(table.std() / init_std - 0.88) < 0.05 and np.abs(table).max() <= 2 * init_std
+    wide = nn.GatedPositionAttention(8, 2, k=2, init_std=0.5, seed=1).rel_pos_emb_k.weight.numpy()
+    assert np.abs(wide).max() > 0.1
+
+
+def test_adamw_parameter_groups():
+    # Both gradients are 1, so Adam's first update is g / |g| = 1 (up to eps) and each parameter
+    # ends where its group's learning rate and weight decay put it.
+    a = relgrad.tensor(np.array([1.0]), requires_grad=True)
+    b = relgrad.tensor(np.array([1.0]), requires_grad=True)
+    adam = relgrad.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "lr_scale": 10}], weight_decay=0.0)
+    (a + b).sum().backward()
+    adam.step(0.01)
+    np.testing.assert_allclose(a.numpy(), [1.0 * (1 - 0.01 * 0.1) - 0.01 / (1 + 1e-8)], rtol=1e-15)
+    np.testing.assert_allclose(b.numpy(), [1.0 - 0.1 / (1 + 1e-8)], rtol=1e-15)
+    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in adam.groups] == [(1, 1.0, 0.1),
+                                                                                          (1, 10.0, 0.0)]
+    assert len(relgrad.AdamW([a, b]).groups) == 1
+
+
+@pytest.mark.parametrize("groups, message", [
+    ([{"params": [], "lr": 0.1}], "unknown key 'lr'"),
+    ([{"lr_scale": 2.0}], "group 0 has no 'params'"),
+    ([{"params": [], "lr_scale": 0.0}], "finite lr_scale > 0"),
+    ([{"params": [], "weight_decay": -1.0}], "weight_decay >= 0"),
+])
+def test_adamw_group_errors(groups, message):
+    with pytest.raises(ValueError, match=message):
+        relgrad.AdamW(groups)
+
+
+def test_adamw_refuses_a_parameter_in_two_groups():
+    a = relgrad.tensor(np.array([1.0]), requires_grad=True)
+    with pytest.raises(ValueError, match="in an earlier group too"):
+        relgrad.AdamW([{"params": [a]}, {"params": [a]}])
+
+
 def test_masks():
     padding = nn.key_padding_mask([2, 3])
     assert padding.shape == (2, 1, 1, 3)
