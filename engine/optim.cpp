@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -72,7 +72,7 @@ AdamW::AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options)
         !(options.eps > 0) || !(options.weight_decay >= 0)) {
         throw std::invalid_argument("AdamW: needs 0 <= beta1, beta2 < 1, eps > 0 and weight_decay >= 0");
     }
-    std::set<const TensorImpl*> seen;  // a parameter in two groups would be updated twice a step
+    std::map<const TensorImpl*, std::size_t> group_of;  // a parameter listed twice would be updated twice a step
     for (std::size_t g = 0; g < groups_.size(); ++g) {
         if (!(groups_[g].lr_scale > 0) || !std::isfinite(groups_[g].lr_scale) || !(groups_[g].weight_decay >= 0) ||
             !std::isfinite(groups_[g].weight_decay)) {
@@ -80,9 +80,12 @@ AdamW::AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options)
                                         " needs a finite lr_scale > 0 and a finite weight_decay >= 0");
         }
         for (const Tensor& p : groups_[g].parameters) {
-            if (!seen.insert(p.impl()).second) {
-                throw std::invalid_argument("AdamW: a parameter of group " + std::to_string(g) +
-                                            " is in an earlier group too");
+            const auto [listed, first_time] = group_of.emplace(p.impl(), g);
+            if (!first_time) {
+                throw std::invalid_argument(listed->second == g
+                                                ? "AdamW: a parameter is listed twice in group " + std::to_string(g)
+                                                : "AdamW: a parameter is in groups " + std::to_string(listed->second) +
+                                                      " and " + std::to_string(g));
             }
             m_.push_back(zeros_like(p));
             v_.push_back(zeros_like(p));

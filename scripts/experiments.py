@@ -5,8 +5,11 @@
 
 Each run is `relgrad train CONFIG --set ... --set training.seed=S --out runs/experiments/EXP/VARIANT/seedS`
 (printed before it starts), --jobs of them at a time; a run whose summary.json exists is not run
-again, and one with a checkpoint is resumed, so an interrupted sweep continues where it stopped. Afterwards runs/experiments/EXP/results.json holds mean and
-spread over the seeds, and a markdown table is printed. scripts/plot_results.py draws the plots.
+again, and one with a checkpoint is resumed, so an interrupted sweep continues where it stopped.
+Afterwards runs/experiments/EXP/results.json holds mean and spread over the seeds (variants not
+run this time keep their entries), and a markdown table is printed (--finished-only: of the
+variants finished so far, training nothing).
+scripts/plot_results.py draws the plots.
 """
 import argparse
 import concurrent.futures
@@ -54,7 +57,7 @@ EXPERIMENTS = {
                                         (25, "-wide-tables", ["model.relative_init_std=0.5"])]
         },
     },
-    # 3c. length generalization on sequence tasks: trained on lengths 4-16, tested on 4-64
+    # 3b. length generalization on sequence tasks: trained on lengths 4-16, tested on 4-64
     "sequence": {
         "config": "configs/experiments/sequence.json",
         "variants": {
@@ -174,22 +177,42 @@ def main():
     parser.add_argument("--variants", nargs="+", help="run only these variants (default: all)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at a time (give each one thread: training.threads in the config)")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="train nothing: tabulate the variants whose runs of every seed have finished "
+                             "(a sweep that takes more than one sitting) and name the others")
     args = parser.parse_args()
     for experiment in args.experiments:
         variants = {variant: sets for variant, sets in EXPERIMENTS[experiment]["variants"].items()
                     if not args.variants or variant in args.variants}
-        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for done in [pool.submit(train, args.relgrad, experiment, variant, sets, seed)
-                         for variant, sets in variants.items() for seed in args.seeds]:
-                done.result()
+        if args.finished_only:
+            unfinished = [variant for variant in variants if not all(
+                os.path.exists(os.path.join(run_dir(experiment, variant, seed), "summary.json")) for seed in args.seeds)]
+            if unfinished:
+                print(f"{experiment}: not finished for seeds {args.seeds}: {', '.join(unfinished)}")
+            variants = {variant: sets for variant, sets in variants.items() if variant not in unfinished}
+            if not variants:
+                continue
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                for done in [pool.submit(train, args.relgrad, experiment, variant, sets, seed)
+                             for variant, sets in variants.items() for seed in args.seeds]:
+                    done.result()
         results = {}
         for variant, sets in variants.items():
             results[variant] = aggregate([run(args.relgrad, experiment, variant, seed) for seed in args.seeds])
             results[variant]["seeds"] = args.seeds
             results[variant]["sets"] = sets
+        # The variants not tabulated this time (--variants, --finished-only) keep their entries: a
+        # sweep may be run in parts. Each entry names its seeds.
         path = os.path.join("runs", "experiments", experiment, "results.json")
+        kept = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                kept = json.load(f)
+        merged = {variant: results[variant] if variant in results else kept[variant]
+                  for variant in EXPERIMENTS[experiment]["variants"] if variant in results or variant in kept}
         with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(merged, f, indent=1)
         metric = next(iter(results.values()))["metric"]
         others = [key for key in ("accuracy", "token_accuracy") if key != metric and key in next(iter(results.values()))]
         print(f"\n{experiment}: mean ± std over seeds {args.seeds}\n")

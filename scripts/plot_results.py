@@ -95,23 +95,22 @@ def by_length(experiment, results):
     plt.close()
 
 
-K_SWEEP = (0, 1, 2, 4, 8, 16)
-
-
 def bleu_vs_k(results):
     """BLEU against k for relative-k<k> (key and value terms) and relative-k<k>-keys (key term only);
     k = 0 is one bucket for every distance, so the x axis is categorical."""
+    ks = sorted({int(variant[len("relative-k"):].removesuffix("-keys")) for variant in results
+                 if variant.startswith("relative-k")})
     plt.figure(figsize=(5.5, 3.8))
     for suffix, label in (("", "relative (keys and values)"), ("-keys", "relative (keys only)")):
-        ks = [k for k in K_SWEEP if f"relative-k{k}{suffix}" in results]
-        means = [results[f"relative-k{k}{suffix}"]["bleu"]["mean"] for k in ks]
-        stds = [results[f"relative-k{k}{suffix}"]["bleu"]["std"] for k in ks]
-        if ks:
-            plt.errorbar([K_SWEEP.index(k) for k in ks], means, yerr=error_bars(means, stds, "bleu"), marker="o",
+        present = [k for k in ks if f"relative-k{k}{suffix}" in results]
+        means = [results[f"relative-k{k}{suffix}"]["bleu"]["mean"] for k in present]
+        stds = [results[f"relative-k{k}{suffix}"]["bleu"]["std"] for k in present]
+        if present:
+            plt.errorbar([ks.index(k) for k in present], means, yerr=error_bars(means, stds, "bleu"), marker="o",
                          capsize=3, label=label)
     if "sinusoidal" in results:
         plt.axhline(results["sinusoidal"]["bleu"]["mean"], color="gray", linestyle="--", label="sinusoidal")
-    plt.xticks(range(len(K_SWEEP)), K_SWEEP)
+    plt.xticks(range(len(ks)), ks)
     plt.xlabel("clipping distance k")
     plt.ylabel("BLEU (mean ± std over seeds)")
     plt.legend(fontsize=8)
@@ -329,7 +328,7 @@ def main():
         if experiment == "translation":
             bleu_over_training(experiment, results)
             bleu_vs_k(results)
-            text_attention(experiment, results, ["sinusoidal", "relative-k0", "relative-k2", "relative-k16"],
+            text_attention(experiment, results, ["sinusoidal", "relative-k0", "relative-k2", "relative-k8"],
                            TRANSLATION_PROMPT, "translation_attention.png")
         if experiment == "sentiment":
             text_attention(experiment, results, ["yelp/sinusoidal", "yelp/relative-k8", "yelp/gated"],

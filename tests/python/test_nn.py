@@ -70,23 +70,33 @@ def test_adamw_parameter_groups():
     assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in adam.groups] == [(1, 1.0, 0.1),
                                                                                           (1, 10.0, 0.0)]
     assert len(relgrad.AdamW([a, b]).groups) == 1
+    assert len(relgrad.AdamW(p for p in (a, b)).groups[0]["params"]) == 2  # any iterable
+    assert len(relgrad.AdamW([{"params": a}]).groups[0]["params"]) == 1  # a group of one tensor, as PyTorch
 
 
-@pytest.mark.parametrize("groups, message", [
-    ([{"params": [], "lr": 0.1}], "unknown key 'lr'"),
-    ([{"lr_scale": 2.0}], "group 0 has no 'params'"),
-    ([{"params": [], "lr_scale": 0.0}], "finite lr_scale > 0"),
-    ([{"params": [], "weight_decay": -1.0}], "weight_decay >= 0"),
+@pytest.mark.parametrize("groups, error, message", [
+    ([{"params": [], "lr": 0.1}], ValueError, "unknown key 'lr'"),
+    ([{"lr_scale": 2.0}], ValueError, "group 0 has no 'params'"),
+    ([{"params": [], "lr_scale": 0.0}], ValueError, "finite lr_scale > 0"),
+    ([{"params": [], "weight_decay": -1.0}], ValueError, "weight_decay >= 0"),
+    ([{"params": []}, []], TypeError, "group 1 is not a dict"),
+    ([{"params": [1.0]}], TypeError, "group 0's params must be a list of tensors"),
+    ([1.0], TypeError, "parameters must be a list of tensors"),
 ])
-def test_adamw_group_errors(groups, message):
-    with pytest.raises(ValueError, match=message):
+def test_adamw_group_errors(groups, error, message):
+    with pytest.raises(error, match=message):
         relgrad.AdamW(groups)
 
 
-def test_adamw_refuses_a_parameter_in_two_groups():
-    a = relgrad.tensor(np.array([1.0]), requires_grad=True)
-    with pytest.raises(ValueError, match="in an earlier group too"):
+def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
+    a = relgrad.tensor(np.ones((3, 2)), requires_grad=True)
+    # one tensor alone would be taken as its rows, which never get a gradient
+    with pytest.raises(TypeError, match="must be a list of tensors"):
+        relgrad.AdamW(a)
+    with pytest.raises(ValueError, match="a parameter is in groups 0 and 1"):
         relgrad.AdamW([{"params": [a]}, {"params": [a]}])
+    with pytest.raises(ValueError, match="listed twice in group 0"):
+        relgrad.AdamW([a, a])
 
 
 def test_masks():
