@@ -124,12 +124,16 @@ struct NoGradContext {
     std::optional<NoGradGuard> guard;
 };
 
-// The tensors of a list (or other iterable); one tensor alone is refused, as PyTorch refuses it:
-// taken as a sequence, it would give its rows, views that never get a gradient.
-std::vector<Tensor> tensor_list(const py::handle& items, const std::string& what) {
+// A list (or other iterable) of tensors is wanted; one tensor alone is refused, as PyTorch refuses
+// it: taken as a sequence, it would give its rows, views that never get a gradient.
+void require_list(const py::handle& items, const std::string& what) {
     if (py::isinstance<Tensor>(items) || !py::isinstance<py::iterable>(items)) {
         throw py::type_error(what + " must be a list of tensors, got " + std::string(py::str(py::type::of(items))));
     }
+}
+
+std::vector<Tensor> tensor_list(const py::handle& items, const std::string& what) {
+    require_list(items, what);
     std::vector<Tensor> tensors;
     for (const py::handle item : items) {
         if (!py::isinstance<Tensor>(item)) {
@@ -145,9 +149,7 @@ std::vector<Tensor> tensor_list(const py::handle& items, const std::string& what
 // {"params": [...], "lr_scale": 5, "weight_decay": 0}; a group's lr_scale defaults to 1, its
 // weight_decay to the constructor's.
 std::vector<ParameterGroup> parameter_groups(const py::handle& parameters, double weight_decay) {
-    if (py::isinstance<Tensor>(parameters) || !py::isinstance<py::iterable>(parameters)) {
-        return {{tensor_list(parameters, "AdamW: parameters"), 1.0, weight_decay}};  // the error
-    }
+    require_list(parameters, "AdamW: parameters");
     const py::list items(py::reinterpret_borrow<py::object>(parameters));  // from a generator too
     if (items.empty() || !py::isinstance<py::dict>(items[0])) {
         return {{tensor_list(items, "AdamW: parameters"), 1.0, weight_decay}};
