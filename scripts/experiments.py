@@ -4,28 +4,42 @@
     python3 scripts/experiments.py length sentiment translation [--seeds 1 2 3] [--jobs 2] [--relgrad build/relgrad]
 
 Each run is `relgrad train CONFIG --set ... --set training.seed=S --out runs/experiments/EXP/VARIANT/seedS`
-(printed before it starts), --jobs of them at a time; a run whose summary.json exists is not run
-again, and one with a checkpoint is resumed, so an interrupted sweep continues where it stopped.
-Afterwards runs/experiments/EXP/results.json holds mean and spread over the seeds (variants not
-run this time keep their entries), and a markdown table is printed (--finished-only: of the
-variants finished so far, training nothing).
-scripts/plot_results.py draws the plots.
+(printed before it starts), --jobs of them at a time; one with a checkpoint is resumed, so an
+interrupted run continues where it stopped. A finished run leaves its record in
+docs/results/data/EXP/VARIANT/seedS.json: its summary, its metrics.jsonl, its steps per second,
+and, from its checkpoint, the relative key table of layer 0 and the last layer's attention on the
+experiment's prompt. The records are kept with the documentation (runs/ holds the checkpoints and
+is not), so a sweep can span machines; a run with a record is not run again. Afterwards
+docs/results/data/EXP/results.json holds mean and spread over the seeds (variants not run this
+time keep their entries), and a markdown table is printed (--finished-only: of the variants
+finished so far, training nothing). scripts/plot_results.py draws the plots from the records.
 """
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
+
+import numpy as np
 
 SOURCES = ["imdb", "yelp", "amazon"]
 NO_DECAY = [{"match": "*bias", "weight_decay": 0}, {"match": "*norm*", "weight_decay": 0}]  # the defaults' rest
+# The prompts whose last-layer attention a run's record keeps, written as the experiment's tokenizer
+# splits them (sentiment: words between spaces; translation: lowercase, punctuation as words of its
+# own; the length task: symbol ids, marker A = 4 three positions before B = 5, a positive example).
+SENTIMENT_PROMPT = "the food was not good but the service was really great"
+TRANSLATION_PROMPT = "ich habe heute keine zeit , weil ich arbeiten muss ."
+LENGTH_PROMPT = " ".join("4" if i == 10 else "5" if i == 13 else str(6 + i % 10) for i in range(32))
 EXPERIMENTS = {
     # 1. sentiment: sinusoidal vs relative k=8 vs relative k=16 vs gated, per source
     "sentiment": {
         "config": "configs/experiments/sentiment.json",
+        "attention_prompt": SENTIMENT_PROMPT,
         "variants": {
             f"{source}/{name}": [f"data.train=data:sentiment/{source}.tsv"] + sets
             for source in SOURCES
@@ -37,6 +51,7 @@ EXPERIMENTS = {
     # (k = 0: one bucket for every distance, no position information), and sinusoidal
     "translation": {
         "config": "configs/experiments/translation.json",
+        "attention_prompt": TRANSLATION_PROMPT,
         "variants": dict([("sinusoidal", ["model.position=sinusoidal"])] +
                          [(f"relative-k{k}{suffix}", [f"model.k={k}"] + sets)
                           for suffix, sets in (("", []), ("-keys", ["model.relative_values=false"]))
@@ -71,72 +86,115 @@ EXPERIMENTS = {
     # 3. length generalization: train on lengths 8-24, test up to 64
     "length": {
         "config": "configs/experiments/length.json",
+        "attention_prompt": LENGTH_PROMPT,
         "variants": {name: [f"model.position={name}"] for name in ("sinusoidal", "learned", "relative", "gated")},
     },
 }
+
+
+DATA = os.path.join("docs", "results", "data")
 
 
 def run_dir(experiment, variant, seed):
     return os.path.join("runs", "experiments", experiment, variant, f"seed{seed}")
 
 
+def record_path(experiment, variant, seed):
+    return os.path.join(DATA, experiment, variant, f"seed{seed}.json")
+
+
 def train(relgrad, experiment, variant, sets, seed):
-    """Trains one run unless its summary.json exists; resumes it from its checkpoint if it has one."""
-    out = run_dir(experiment, variant, seed)
-    if os.path.exists(os.path.join(out, "summary.json")):
+    """Trains one run unless it has a record (resuming it from its checkpoint if it has one), then
+    writes its record."""
+    if os.path.exists(record_path(experiment, variant, seed)):
         return
-    command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
-    for assignment in sets + [f"training.seed={seed}"]:
-        command += ["--set", assignment]
-    command += ["--out", out]
-    print("+", shlex.join(command), flush=True)
-    if any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous")):
-        command.append("--resume")
-    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        sys.exit(f"{experiment}/{variant} seed {seed} failed: {result.stderr.strip()}")
+    out = run_dir(experiment, variant, seed)
+    if not os.path.exists(os.path.join(out, "summary.json")):
+        command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
+        for assignment in sets + [f"training.seed={seed}"]:
+            command += ["--set", assignment]
+        command += ["--out", out]
+        print("+", shlex.join(command), flush=True)
+        if any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous")):
+            command.append("--resume")
+        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            sys.exit(f"{experiment}/{variant} seed {seed} failed: {result.stderr.strip()}")
+    write_record(relgrad, experiment, variant, sets, seed)
     print(f"done: {out}", flush=True)
 
 
-def run(relgrad, experiment, variant, seed):
+def write_record(relgrad, experiment, variant, sets, seed):
+    """docs/results/data/EXP/VARIANT/seedS.json from a finished run in runs/."""
     out = run_dir(experiment, variant, seed)
-    summary_path = os.path.join(out, "summary.json")
-    with open(summary_path) as f:
+    with open(os.path.join(out, "summary.json")) as f:
         summary = json.load(f)
     if any(summary["metric"] not in bucket for bucket in summary["final"]["by_length"].values()):
         summary["final"] = evaluation(relgrad, out)
-    summary["steps_per_second"] = steps_per_second(out)
-    return summary
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    record = {"experiment": experiment, "variant": variant, "seed": seed, "sets": sets, "summary": summary,
+              "steps_per_second": steps_per_second(metrics), "metrics": metrics}
+    table = relative_table(out)
+    if table is not None:
+        record["relative_table"] = table
+    prompt = EXPERIMENTS[experiment].get("attention_prompt")
+    if prompt is not None:
+        record["attention"] = {"prompt": prompt, "last_layer": last_layer_attention(relgrad, out, prompt)}
+    path = record_path(experiment, variant, seed)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+        f.write("\n")
 
 
 def evaluation(relgrad, run_dir):
     """The test metrics of a run made before every metric was also reported per length bucket
-    (sequence pairs: exact match only), from `relgrad eval`; kept in RUN/evaluation.json."""
-    path = os.path.join(run_dir, "evaluation.json")
-    if not os.path.exists(path):
-        print("+", relgrad, "eval", run_dir, flush=True)
-        result = subprocess.run([relgrad, "eval", run_dir], capture_output=True, text=True)
+    (sequence pairs: exact match only), from `relgrad eval`."""
+    print("+", relgrad, "eval", run_dir, flush=True)
+    result = subprocess.run([relgrad, "eval", run_dir], capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"relgrad eval {run_dir} failed: {result.stderr.strip()}")
+    return json.loads(result.stdout)
+
+
+def relative_table(run_dir):
+    """The relative key table E_K of layer 0 [2k + 1, head dim] (the encoder's, for pairs) from the
+    run's checkpoint, rounded to 5 digits; None for a model without one."""
+    files = sorted(glob.glob(os.path.join(run_dir, "checkpoint", "model",
+                                          "*layers.0.self_attention.rel_pos_emb_k.weight.npy")))
+    return np.round(np.load(files[0]).astype(np.float64), 5).tolist() if files else None
+
+
+def last_layer_attention(relgrad, run_dir, prompt):
+    """The last layer's attention weights [H, L, L] (the encoder's, for pairs) on one prompt, from
+    `relgrad attention`, rounded to 4 digits."""
+    with tempfile.TemporaryDirectory() as work:
+        result = subprocess.run([relgrad, "attention", run_dir, "--prompt", prompt, "--out", work],
+                                capture_output=True, text=True)
         if result.returncode != 0:
-            sys.exit(f"relgrad eval {run_dir} failed: {result.stderr.strip()}")
-        with open(path, "w") as f:
-            f.write(result.stdout)
-    with open(path) as f:
-        return json.load(f)
+            sys.exit(f"relgrad attention {run_dir} failed: {result.stderr.strip()}")
+        layers = sorted(glob.glob(os.path.join(work, "layer*.npy")), key=lambda name: int(os.path.basename(name)[len("layer"):-len(".npy")]))
+        return np.round(np.load(layers[-1]).astype(np.float64), 4).tolist()
 
 
-def steps_per_second(run_dir):
+def steps_per_second(metrics):
     """The median step rate over the logged stretches of a run (robust to an evaluation or a pause
     in one stretch); None for runs logged without `seconds`."""
     rates, previous = [], None
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            entry = json.loads(line)
-            if "seconds" not in entry:
-                continue
-            if previous and entry["seconds"] > previous["seconds"]:  # the same invocation
-                rates.append((entry["step"] - previous["step"]) / (entry["seconds"] - previous["seconds"]))
-            previous = entry
+    for entry in metrics:
+        if "seconds" not in entry:
+            continue
+        if previous and entry["seconds"] > previous["seconds"]:  # the same invocation
+            rates.append((entry["step"] - previous["step"]) / (entry["seconds"] - previous["seconds"]))
+        previous = entry
     return statistics.median(rates) if rates else None
+
+
+def load_record(experiment, variant, seed):
+    with open(record_path(experiment, variant, seed)) as f:
+        record = json.load(f)
+    return dict(record["summary"], steps_per_second=record["steps_per_second"])
 
 
 def spread(values):
@@ -179,14 +237,20 @@ def main():
                         help="runs at a time (give each one thread: training.threads in the config)")
     parser.add_argument("--finished-only", action="store_true",
                         help="train nothing: tabulate the variants whose runs of every seed have finished "
-                             "(a sweep that takes more than one sitting) and name the others")
+                             "(a sweep that takes more than one sitting; a finished run in runs/ without its "
+                             "record gets one) and name the others")
     args = parser.parse_args()
     for experiment in args.experiments:
         variants = {variant: sets for variant, sets in EXPERIMENTS[experiment]["variants"].items()
                     if not args.variants or variant in args.variants}
         if args.finished_only:
+            for variant, sets in variants.items():  # runs that finished without writing their record
+                for seed in args.seeds:
+                    if not os.path.exists(record_path(experiment, variant, seed)) and os.path.exists(
+                            os.path.join(run_dir(experiment, variant, seed), "summary.json")):
+                        write_record(args.relgrad, experiment, variant, sets, seed)
             unfinished = [variant for variant in variants if not all(
-                os.path.exists(os.path.join(run_dir(experiment, variant, seed), "summary.json")) for seed in args.seeds)]
+                os.path.exists(record_path(experiment, variant, seed)) for seed in args.seeds)]
             if unfinished:
                 print(f"{experiment}: not finished for seeds {args.seeds}: {', '.join(unfinished)}")
             variants = {variant: sets for variant, sets in variants.items() if variant not in unfinished}
@@ -199,12 +263,12 @@ def main():
                     done.result()
         results = {}
         for variant, sets in variants.items():
-            results[variant] = aggregate([run(args.relgrad, experiment, variant, seed) for seed in args.seeds])
+            results[variant] = aggregate([load_record(experiment, variant, seed) for seed in args.seeds])
             results[variant]["seeds"] = args.seeds
             results[variant]["sets"] = sets
         # The variants not tabulated this time (--variants, --finished-only) keep their entries: a
         # sweep may be run in parts. Each entry names its seeds.
-        path = os.path.join("runs", "experiments", experiment, "results.json")
+        path = os.path.join(DATA, experiment, "results.json")
         kept = {}
         if os.path.exists(path):
             with open(path) as f:

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Plots of the experiments (scripts/experiments.py) into docs/results/, from their JSON outputs.
+"""Plots of the experiments (scripts/experiments.py) into docs/results/, from the records of their
+runs in docs/results/data/ (no run directory or relgrad program is needed).
 
     python3 scripts/plot_results.py
 
-- EXP_loss.png: training loss per variant (first seed), from metrics.jsonl
+- EXP_loss.png: training loss per variant (first seed)
 - EXP_by_length.png: the metric per length bucket (BLEU for translation), mean over seeds with
   error bars of one standard deviation, cut at the metric's range ([0, 1] for accuracy and BLEU)
 - translation_bleu_vs_k.png: BLEU against the clipping distance k, with and without the
@@ -14,15 +15,14 @@
 - sequence_by_length.png: exact match and token accuracy per length of copy, reverse and dedupe
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
 - length_attention.png: the last layer's attention maps of the length-task models (first seed) on
-  one 32-token input with marker A at position 10 and B at 13, written by `relgrad attention`
+  one 32-token input with marker A at position 10 and B at 13 (`relgrad attention`, kept in the
+  records)
 - sentiment_attention.png, translation_attention.png: the same for Yelp sentiment models and for
   translation models (the encoder) on one sentence each
 """
-import glob
+import functools
 import json
 import os
-import subprocess
-import tempfile
 
 import matplotlib
 
@@ -31,27 +31,29 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 OUT = "docs/results"
+DATA = os.path.join(OUT, "data")
 
 
 def load(experiment):
-    path = os.path.join("runs", "experiments", experiment, "results.json")
+    path = os.path.join(DATA, experiment, "results.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
 
 
+@functools.cache
+def record(experiment, variant, seed):
+    """One run's record, written by scripts/experiments.py: summary, metrics, relative table, attention."""
+    with open(os.path.join(DATA, experiment, variant, f"seed{seed}.json")) as f:
+        return json.load(f)
+
+
 def loss_curves(experiment, results):
     plt.figure(figsize=(6, 4))
     for variant, r in results.items():
-        path = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "metrics.jsonl")
-        steps, losses = [], []
-        with open(path) as f:
-            for line in f:
-                row = json.loads(line)
-                if "loss" in row:
-                    steps.append(row["step"])
-                    losses.append(row["loss"])
+        rows = [row for row in record(experiment, variant, r["seeds"][0])["metrics"] if "loss" in row]
+        steps, losses = [row["step"] for row in rows], [row["loss"] for row in rows]
         plt.plot(steps, losses, label=variant, linewidth=1)
     plt.xlabel("step")
     plt.ylabel("training loss")
@@ -124,13 +126,8 @@ def bleu_over_training(experiment, results):
     plt.figure(figsize=(6, 4))
     for index, (variant, r) in enumerate(results.items()):
         for n, seed in enumerate(r["seeds"]):
-            steps, bleus = [], []
-            with open(os.path.join("runs", "experiments", experiment, variant, f"seed{seed}", "metrics.jsonl")) as f:
-                for line in f:
-                    row = json.loads(line)
-                    if "eval" in row:
-                        steps.append(row["step"])
-                        bleus.append(row["eval"]["bleu"])
+            rows = [row for row in record(experiment, variant, seed)["metrics"] if "eval" in row]
+            steps, bleus = [row["step"] for row in rows], [row["eval"]["bleu"] for row in rows]
             plt.plot(steps, bleus, color=f"C{index % 10}", linewidth=1, marker=".",
                      linestyle="-" if index < 10 else "--", label=variant if n == 0 else None)
     plt.xlabel("step")
@@ -179,14 +176,9 @@ def gates_over_training(results):
             if r is None:
                 continue
             for seed in r["seeds"]:
-                steps, gates = [], []
-                with open(os.path.join("runs", "experiments", "gates", task, scale, f"seed{seed}", "metrics.jsonl")) as f:
-                    for line in f:
-                        entry = json.loads(line)
-                        if "gates" in entry:
-                            steps.append(entry["step"])
-                            gates.append(entry["gates"])
-                gates = np.array(gates)  # [evaluations, layers, heads]
+                rows = [row for row in record("gates", f"{task}/{scale}", seed)["metrics"] if "gates" in row]
+                steps = [row["step"] for row in rows]
+                gates = np.array([row["gates"] for row in rows])  # [evaluations, layers, heads]
                 for layer in range(gates.shape[1]):
                     for head in range(gates.shape[2]):
                         ax.plot(steps, gates[:, layer, head], color=colors[layer], linewidth=0.7, alpha=0.7,
@@ -234,11 +226,8 @@ def sequence_by_length(results):
 def relative_table(experiment, results):
     """The first relative model's table, a k = 8 one where there is one (k = 0 has one row)."""
     for variant, r in sorted(results.items(), key=lambda item: "k8" not in item[0]):
-        pattern = os.path.join("runs", "experiments", experiment, variant, f"seed{r['seeds'][0]}", "checkpoint", "model",
-                               "*layers.0.self_attention.rel_pos_emb_k.weight.npy")
-        files = glob.glob(pattern)
-        if files:
-            table = np.load(files[0])
+        table = record(experiment, variant, r["seeds"][0]).get("relative_table")
+        if table is not None:
             plt.figure(figsize=(5, 3.5))
             plt.imshow(table, cmap="RdBu", aspect="auto")
             plt.ylabel("bucket r (distance + k)")
@@ -251,16 +240,11 @@ def relative_table(experiment, results):
             return
 
 
-def last_layer_attention(run, prompt, relgrad="build/relgrad"):
-    """The last layer's attention weights [H, L, L] of a trained run (the encoder's, for pairs) on
-    one prompt, from `relgrad attention`; None (and why) if the run or the command is missing."""
-    with tempfile.TemporaryDirectory() as work:
-        done = subprocess.run([relgrad, "attention", run, "--prompt", prompt, "--out", work], capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            print("attention maps skipped:", done.stderr.strip())
-            return None
-        return np.load(sorted(glob.glob(os.path.join(work, "layer*.npy")))[-1])
+def last_layer_attention(experiment, results, variant):
+    """The last layer's attention weights [H, L, L] of a variant's first seed (the encoder's, for
+    pairs) on its experiment's prompt, and the prompt."""
+    attention = record(experiment, variant, results[variant]["seeds"][0])["attention"]
+    return np.array(attention["last_layer"]), attention["prompt"]
 
 
 def draw_attention(maps, labels, title, filename):
@@ -285,31 +269,17 @@ def draw_attention(maps, labels, title, filename):
     plt.close(fig)
 
 
-def run_of(experiment, results, variant):
-    return os.path.join("runs", "experiments", experiment, variant, f"seed{results[variant]['seeds'][0]}")
-
-
 def length_attention(results):
-    symbols = [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
-    tokens = [symbols[i % len(symbols)] for i in range(32)]
-    tokens[10], tokens[13] = 4, 5  # A three positions before B: a positive example
-    maps = {variant: last_layer_attention(run_of("length", results, variant), " ".join(map(str, tokens)))
-            for variant in results}
-    if all(m is not None for m in maps.values()):
-        draw_attention(maps, None, "length task: last layer's attention (query rows, key columns), A at 10, B at 13",
-                       "length_attention.png")
+    maps = {variant: last_layer_attention("length", results, variant)[0] for variant in results}
+    draw_attention(maps, None, "length task: last layer's attention (query rows, key columns), A at 10, B at 13",
+                   "length_attention.png")
 
 
-# Prompts for the attention maps of the models of real text, written as their tokenizers split them
-# (sentiment: words between spaces; translation: lowercase, punctuation as words of its own).
-SENTIMENT_PROMPT = "the food was not good but the service was really great"
-TRANSLATION_PROMPT = "ich habe heute keine zeit , weil ich arbeiten muss ."
-
-
-def text_attention(experiment, results, variants, prompt, filename):
+def text_attention(experiment, results, variants, filename):
     variants = [v for v in variants if v in results]
-    maps = {v: last_layer_attention(run_of(experiment, results, v), prompt) for v in variants}
-    if variants and all(m is not None for m in maps.values()):
+    if variants:
+        maps = {v: last_layer_attention(experiment, results, v)[0] for v in variants}
+        prompt = last_layer_attention(experiment, results, variants[0])[1]
         draw_attention(maps, prompt.split(), f"{experiment}: last layer's attention (query rows, key columns), "
                        f"first seed", filename)
 
@@ -329,10 +299,10 @@ def main():
             bleu_over_training(experiment, results)
             bleu_vs_k(results)
             text_attention(experiment, results, ["sinusoidal", "relative-k0", "relative-k2", "relative-k8"],
-                           TRANSLATION_PROMPT, "translation_attention.png")
+                           "translation_attention.png")
         if experiment == "sentiment":
             text_attention(experiment, results, ["yelp/sinusoidal", "yelp/relative-k8", "yelp/gated"],
-                           SENTIMENT_PROMPT, "sentiment_attention.png")
+                           "sentiment_attention.png")
         if experiment == "length":
             length_attention(results)
     gates(all_results)

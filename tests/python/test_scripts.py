@@ -1,0 +1,99 @@
+"""The experiment scripts end to end on two tiny runs: scripts/experiments.py trains them, writes
+each run's record and the results table, and does not train a recorded run again;
+scripts/plot_results.py draws the plots from the records alone. ctest passes the relgrad program
+in RELGRAD_PROGRAM."""
+import json
+import os
+import shutil
+import statistics
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import experiments  # noqa: E402
+import plot_results  # noqa: E402
+
+RELGRAD = os.path.abspath(os.environ.get("RELGRAD_PROGRAM", os.path.join(ROOT, "build", "relgrad")))
+# The length task's config, a few seconds per run.
+SMALL = ["model.layers=1", "model.dim=16", "model.ff_dim=32", "model.heads=2", "training.steps=20",
+         "task.train_examples=200", "task.test_examples=60", "evaluation.every=10", "training.log_every=5"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Runs `experiments.py length --seeds 1 2` on a tiny length experiment of two variants, in a
+    directory of its own, then again without the runs' directories; returns (directory, records
+    folder, the script's two outputs)."""
+    work = tmp_path_factory.mktemp("sweep")
+    patch = pytest.MonkeyPatch()
+    patch.chdir(work)
+    patch.setattr(experiments, "DATA", str(work / "data"))
+    patch.setitem(experiments.EXPERIMENTS, "length", {
+        "config": os.path.abspath(os.path.join(ROOT, "configs", "experiments", "length.json")),
+        "attention_prompt": experiments.LENGTH_PROMPT,
+        "variants": {"sinusoidal": ["model.position=sinusoidal"] + SMALL,
+                     "relative": ["model.position=relative", "model.k=4"] + SMALL},
+    })
+    patch.setattr(sys, "argv", ["experiments.py", "length", "--seeds", "1", "2", "--relgrad", RELGRAD])
+    outputs = []
+    for time in range(2):
+        if time == 1:  # the records stand without the runs' directories
+            shutil.rmtree(work / "runs")
+        with open(work / "output.txt", "w") as out:
+            patch.setattr(sys, "stdout", out)
+            try:
+                experiments.main()
+            finally:
+                patch.setattr(sys, "stdout", sys.__stdout__)
+        outputs.append((work / "output.txt").read_text())
+    yield work, work / "data" / "length", outputs
+    patch.undo()
+
+
+def test_every_run_has_its_record(sweep):
+    _, data, _ = sweep
+    for variant in ("sinusoidal", "relative"):
+        for seed in (1, 2):
+            record = json.loads((data / variant / f"seed{seed}.json").read_text())
+            assert record["variant"] == variant and record["seed"] == seed
+            assert record["summary"]["steps"] == 20 and "accuracy" in record["summary"]["final"]
+            assert [row["step"] for row in record["metrics"] if "eval" in row] == [0, 10, 20]
+            assert record["steps_per_second"] > 0
+            weights = record["attention"]["last_layer"]  # [heads, L, L], rows summing to 1
+            assert record["attention"]["prompt"] == experiments.LENGTH_PROMPT
+            assert len(weights) == 2 and all(len(head) == 32 and len(head[0]) == 32 for head in weights)
+            assert all(abs(sum(row) - 1) < 1e-3 for head in weights for row in head)
+            if variant == "relative":
+                assert len(record["relative_table"]) == 2 * 4 + 1 and len(record["relative_table"][0]) == 8
+            else:
+                assert "relative_table" not in record
+
+
+def test_results_are_the_records_mean_and_spread(sweep):
+    _, data, _ = sweep
+    results = json.loads((data / "results.json").read_text())
+    assert set(results) == {"sinusoidal", "relative"}
+    for variant, entry in results.items():
+        accuracies = [json.loads((data / variant / f"seed{seed}.json").read_text())["summary"]["final"]["accuracy"]
+                      for seed in (1, 2)]
+        assert entry["seeds"] == [1, 2] and entry["accuracy"]["values"] == accuracies
+        assert entry["accuracy"]["mean"] == pytest.approx(statistics.mean(accuracies))
+        assert entry["accuracy"]["std"] == pytest.approx(statistics.stdev(accuracies))
+
+
+def test_a_recorded_run_is_not_trained_again(sweep):
+    _, _, (first, second) = sweep
+    assert first.count("relgrad train") == 4 and "relgrad train" not in second
+    assert first.count("| relative |") == 1 and second.count("| relative |") == 1
+
+
+def test_plots_come_from_the_records_alone(sweep, tmp_path, monkeypatch):
+    work, data, _ = sweep
+    monkeypatch.setattr(plot_results, "DATA", str(work / "data"))
+    monkeypatch.setattr(plot_results, "OUT", str(tmp_path))
+    plot_results.record.cache_clear()
+    plot_results.main()
+    for name in ("length_loss.png", "length_by_length.png", "length_relative_table.png", "length_attention.png"):
+        assert (tmp_path / name).stat().st_size > 1000
