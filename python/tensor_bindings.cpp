@@ -700,7 +700,17 @@ void bind_tensor(py::module_& m) {
             },
             py::arg("lr"))
         .def_property_readonly("steps", &AdamW::steps);
-    m.def("clip_grad_norm", &clip_grad_norm, py::arg("parameters"), py::arg("max_norm"));
+    m.def(
+        "clip_grad_norm",
+        [](const py::object& parameters, double max_norm) {
+            // one tensor alone is a list of one, as in PyTorch's clip_grad_norm_ (taken as a sequence
+            // it would give its rows, whose gradients are not the tensor's)
+            return clip_grad_norm(py::isinstance<Tensor>(parameters)
+                                      ? std::vector<Tensor>{parameters.cast<Tensor>()}
+                                      : tensor_list(parameters, "clip_grad_norm: parameters"),
+                                  max_norm);
+        },
+        py::arg("parameters"), py::arg("max_norm"));
 
     m.def(
         "set_threads",

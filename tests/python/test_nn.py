@@ -99,6 +99,27 @@ def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
         relgrad.AdamW([a, a])
 
 
+def test_clip_grad_norm():
+    def parameters():
+        a = relgrad.tensor(np.array([[3.0, 0.0], [0.0, 0.0]]), requires_grad=True)
+        b = relgrad.tensor(np.array([4.0]), requires_grad=True)
+        ((a * a).sum() * 0.5 + (b * b).sum() * 0.5).backward()  # gradients a and b: norm 5 together
+        return a, b
+
+    a, b = parameters()
+    assert relgrad.clip_grad_norm([a, b], 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(a.grad.numpy(), [[0.6, 0.0], [0.0, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), [0.8], rtol=1e-6)
+    a, b = parameters()
+    assert relgrad.clip_grad_norm((p for p in (a, b)), 10.0) == pytest.approx(5.0)  # any iterable; below: kept
+    np.testing.assert_allclose(b.grad.numpy(), [4.0])
+    a, b = parameters()
+    assert relgrad.clip_grad_norm(a, 1.0) == pytest.approx(3.0)  # one tensor: a list of one, as PyTorch
+    np.testing.assert_allclose(a.grad.numpy(), [[1.0, 0.0], [0.0, 0.0]], rtol=1e-6)
+    with pytest.raises(TypeError, match="clip_grad_norm: parameters must be a list of tensors"):
+        relgrad.clip_grad_norm([a, 1.0], 1.0)
+
+
 def test_masks():
     padding = nn.key_padding_mask([2, 3])
     assert padding.shape == (2, 1, 1, 3)
