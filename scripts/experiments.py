@@ -106,22 +106,31 @@ def record_path(experiment, variant, seed):
 def train(relgrad, experiment, variant, sets, seed):
     """Trains one run unless it has a record (resuming it from its checkpoint if it has one), then
     writes its record."""
-    if os.path.exists(record_path(experiment, variant, seed)):
+    if has_record(relgrad, experiment, variant, sets, seed):
         return
     out = run_dir(experiment, variant, seed)
-    if not os.path.exists(os.path.join(out, "summary.json")):
-        command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
-        for assignment in sets + [f"training.seed={seed}"]:
-            command += ["--set", assignment]
-        command += ["--out", out]
-        print("+", shlex.join(command), flush=True)
-        if any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous")):
-            command.append("--resume")
-        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if result.returncode != 0:
-            sys.exit(f"{experiment}/{variant} seed {seed} failed: {result.stderr.strip()}")
+    command = [relgrad, "train", EXPERIMENTS[experiment]["config"]]
+    for assignment in sets + [f"training.seed={seed}"]:
+        command += ["--set", assignment]
+    command += ["--out", out]
+    print("+", shlex.join(command), flush=True)
+    if any(os.path.exists(os.path.join(out, name)) for name in ("checkpoint", "checkpoint.previous")):
+        command.append("--resume")
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{experiment}/{variant} seed {seed} failed: {result.stderr.strip()}")
     write_record(relgrad, experiment, variant, sets, seed)
     print(f"done: {out}", flush=True)
+
+
+def has_record(relgrad, experiment, variant, sets, seed):
+    """Whether the run has a record, writing it first for a run that finished in runs/ without one."""
+    if os.path.exists(record_path(experiment, variant, seed)):
+        return True
+    if not os.path.exists(os.path.join(run_dir(experiment, variant, seed), "summary.json")):
+        return False
+    write_record(relgrad, experiment, variant, sets, seed)
+    return True
 
 
 def write_record(relgrad, experiment, variant, sets, seed):
@@ -174,8 +183,8 @@ def last_layer_attention(relgrad, run_dir, prompt):
                                 capture_output=True, text=True)
         if result.returncode != 0:
             sys.exit(f"relgrad attention {run_dir} failed: {result.stderr.strip()}")
-        layers = sorted(glob.glob(os.path.join(work, "layer*.npy")), key=lambda name: int(os.path.basename(name)[len("layer"):-len(".npy")]))
-        return np.round(np.load(layers[-1]).astype(np.float64), 4).tolist()
+        last = len(glob.glob(os.path.join(work, "layer*.npy"))) - 1
+        return np.round(np.load(os.path.join(work, f"layer{last}.npy")).astype(np.float64), 4).tolist()
 
 
 def steps_per_second(metrics):
@@ -244,13 +253,8 @@ def main():
         variants = {variant: sets for variant, sets in EXPERIMENTS[experiment]["variants"].items()
                     if not args.variants or variant in args.variants}
         if args.finished_only:
-            for variant, sets in variants.items():  # runs that finished without writing their record
-                for seed in args.seeds:
-                    if not os.path.exists(record_path(experiment, variant, seed)) and os.path.exists(
-                            os.path.join(run_dir(experiment, variant, seed), "summary.json")):
-                        write_record(args.relgrad, experiment, variant, sets, seed)
-            unfinished = [variant for variant in variants if not all(
-                os.path.exists(record_path(experiment, variant, seed)) for seed in args.seeds)]
+            unfinished = [variant for variant, sets in variants.items() if not all(
+                [has_record(args.relgrad, experiment, variant, sets, seed) for seed in args.seeds])]
             if unfinished:
                 print(f"{experiment}: not finished for seeds {args.seeds}: {', '.join(unfinished)}")
             variants = {variant: sets for variant, sets in variants.items() if variant not in unfinished}

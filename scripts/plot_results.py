@@ -278,8 +278,9 @@ def length_attention(results):
 def text_attention(experiment, results, variants, filename):
     variants = [v for v in variants if v in results]
     if variants:
-        maps = {v: last_layer_attention(experiment, results, v)[0] for v in variants}
-        prompt = last_layer_attention(experiment, results, variants[0])[1]
+        attention = {v: last_layer_attention(experiment, results, v) for v in variants}
+        maps = {v: weights for v, (weights, _) in attention.items()}
+        prompt = attention[variants[0]][1]
         draw_attention(maps, prompt.split(), f"{experiment}: last layer's attention (query rows, key columns), "
                        f"first seed", filename)
 
