@@ -1,6 +1,8 @@
 #include "layers/module.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -185,7 +187,17 @@ void Module::load(const std::string& dir) {
     try {
         for (const auto& entry : manifest.at("parameters")) {
             const std::string name = entry.at("name").get<std::string>();
-            if (!stored.emplace(name, entry.at("shape").get<Shape>()).second) {
+            const nlohmann::json& shape = entry.at("shape");
+            // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined)
+            const auto is_size = [](const nlohmann::json& n) {
+                return n.is_number_unsigned() ? n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX}
+                                              : n.is_number_integer() && n.get<int64_t>() >= 0;
+            };
+            if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), is_size)) {
+                throw std::runtime_error(manifest_path.string() + ": parameter '" + name +
+                                         "': shape must be a list of sizes (whole numbers >= 0)");
+            }
+            if (!stored.emplace(name, shape.get<Shape>()).second) {
                 throw std::runtime_error(manifest_path.string() + ": parameter '" + name + "' is listed twice");
             }
         }

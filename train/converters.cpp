@@ -156,10 +156,10 @@ std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::strin
         if (text.empty() && last) continue;  // the file's empty last item, {"text":"","class":null}
         if (text.empty()) throw std::runtime_error(where + "empty text (only the last item may be empty)");
         const nlohmann::json& label = item.contains("class") ? item["class"] : nlohmann::json();
-        if (!label.is_number_integer() || (label.get<int>() != 0 && label.get<int>() != 1)) {
+        if (!is_int64(label) || (label.get<int64_t>() != 0 && label.get<int64_t>() != 1)) {
             throw std::runtime_error(where + "\"class\" must be 0 or 1, got " + json_excerpt(label));
         }
-        std::pair<int, std::string> example{label.get<int>(), text};
+        std::pair<int, std::string> example{static_cast<int>(label.get<int64_t>()), text};
         if (seen.insert(example).second) {
             examples.push_back(std::move(example));
         } else {

@@ -1,6 +1,7 @@
 #include "train/json_reader.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -26,6 +27,12 @@ std::string json_excerpt(const nlohmann::json& value) {
     std::string text = value.dump();
     if (text.size() > kMostCharacters) text = text.substr(0, kMostCharacters) + "...";
     return text;
+}
+
+bool is_int64(const nlohmann::json& value) {
+    return value.is_number_integer() &&
+           (!value.is_number_unsigned() ||
+            value.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<int64_t>::max()));
 }
 
 namespace {
@@ -139,7 +146,7 @@ int64_t JsonReader::integer(const std::string& key, int64_t low, int64_t high, s
         if (!fallback) fail(key, expected);
         return *fallback;
     }
-    if (!v->is_number_integer()) fail(key, expected);
+    if (!is_int64(*v)) fail(key, expected);
     const int64_t x = v->get<int64_t>();
     if (x < low || x > high) fail(key, expected);
     return x;
@@ -183,7 +190,7 @@ std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, i
     if (!v->is_array() || (count > 0 && v->size() != count) || v->empty()) fail(key, expected);
     std::vector<int64_t> out;
     for (const auto& item : *v) {
-        if (!item.is_number_integer() || item.get<int64_t>() < low || item.get<int64_t>() > high) fail(key, expected);
+        if (!is_int64(item) || item.get<int64_t>() < low || item.get<int64_t>() > high) fail(key, expected);
         out.push_back(item.get<int64_t>());
     }
     return out;

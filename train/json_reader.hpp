@@ -17,6 +17,10 @@ namespace relgrad {
 // nested 100,000 levels deep is described, not printed (printing recurses once per level).
 std::string json_excerpt(const nlohmann::json& value);
 
+// Whether a JSON value is an integer that int64_t holds: nlohmann calls 2^63 and above an integer
+// too (an unsigned one) and get<int64_t>() would wrap it to a negative number.
+bool is_int64(const nlohmann::json& value);
+
 // Parses JSON text, refusing what nlohmann would accept silently: a key given twice in one object
 // (which would keep the last value). Errors (std::invalid_argument) start with `where`:
 //     quick.json: not valid JSON (...)

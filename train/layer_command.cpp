@@ -48,7 +48,7 @@ public:
             return *fallback;
         }
         const json& value = doc_[key];
-        if (!value.is_number_integer() || value.get<int64_t>() < low || value.get<int64_t>() > high) {
+        if (!is_int64(value) || value.get<int64_t>() < low || value.get<int64_t>() > high) {
             fail("'" + key + "' must be an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
                  "], got " + json_excerpt(value));
         }

@@ -69,7 +69,7 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer) {
     }
     const fs::path state_path = dir / "state.json";
     const json state = read_json_file(state_path);
-    if (!state.is_object() || state.size() != 1 || !state.contains("step") || !state["step"].is_number_integer() ||
+    if (!state.is_object() || state.size() != 1 || !state.contains("step") || !is_int64(state["step"]) ||
         state["step"].get<int64_t>() < 0) {
         throw std::invalid_argument(state_path.string() + ": expected {\"step\": a whole number}, got " +
                                     json_excerpt(state));

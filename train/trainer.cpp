@@ -96,7 +96,7 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
         const std::string line = text.substr(start, end - start);
         ++line_number;
         const json entry = parse_json(line, path.string() + ":line " + std::to_string(line_number));
-        expect(entry.is_object() && entry.contains("step") && entry["step"].is_number_integer(), line_number,
+        expect(entry.is_object() && entry.contains("step") && is_int64(entry["step"]), line_number,
                "expected an object with an integer \"step\"");
         const int64_t at = entry["step"].get<int64_t>();
         if (at > step) break;

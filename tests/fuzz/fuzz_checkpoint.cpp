@@ -14,9 +14,9 @@
 // and moment, so an evaluation depends only on the checkpoint it follows.)
 // Seeds (corpus/checkpoint/): each file's selector byte followed by its content in such a run
 // (so valid), and damaged versions of them (truncated, wrong shape, a bad step count, a manifest
-// missing a parameter or naming one more, a step nested 100,000 levels deep). A seed whose
-// selector points at another file than intended (a changed model) is still a valid input, only a
-// less interesting one; regenerate them with
+// missing a parameter, naming one more or giving a size of 1e30, a step nested 100,000 levels
+// deep). A seed whose selector points at another file than intended (a changed model) is still a
+// valid input, only a less interesting one; regenerate them with
 //     RELGRAD_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/checkpoint build-fuzz/tests/fuzz/fuzz_checkpoint
 #include <algorithm>
 #include <exception>
@@ -106,6 +106,9 @@ void write_seeds(const fs::path& dir) {
     nlohmann::json more = manifest;
     more["parameters"].push_back({{"name", "extra"}, {"shape", {2}}});
     seed("broken_manifest_extra", checkpoint / "model" / "manifest.json", more.dump());
+    nlohmann::json huge = manifest;  // a size no int64_t holds
+    huge["parameters"][0]["shape"][0] = 1e30;
+    seed("broken_manifest_size", checkpoint / "model" / "manifest.json", huge.dump());
     const std::string tensor = pristine[model_npy];
     seed("broken_tensor_truncated", model_npy, tensor.substr(0, tensor.size() - 4));
     // the same bytes with a leading dimension of 1 (a shape the model does not expect), the header

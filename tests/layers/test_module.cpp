@@ -71,6 +71,40 @@ TEST_CASE("state saves as .npy files plus a manifest and loads back") {
     fs::remove_all(dir);
 }
 
+TEST_CASE("a manifest whose shapes are not lists of sizes is refused before anything changes") {
+    const fs::path dir = fs::temp_directory_path() / "relgrad_test_state_shapes";
+    fs::remove_all(dir);
+    Generator g1(1), g2(2);
+    Linear saved(3, 2, Init{g1}), restored(3, 2, Init{g2});
+    saved.save(dir.string());
+    std::ifstream manifest_file(dir / "manifest.json");
+    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+    manifest_file.close();
+    const std::vector<double> before = restored.weight.to_vector();
+    // 1e30 and 2^64 + 1 (parsed as a float) as sizes were undefined behaviour when converted
+    for (const std::string size :
+         {"1e30", "18446744073709551617", "9223372036854775808", "-2", "2.5", "\"2\"", "[2]"}) {
+        nlohmann::json damaged = manifest;
+        damaged["parameters"][0]["shape"][0] = nlohmann::json::parse(size);
+        std::ofstream(dir / "manifest.json") << damaged.dump();
+        CAPTURE(size);
+        CHECK_THROWS_WITH_AS(restored.load(dir.string()),
+                             ((dir / "manifest.json").string() +
+                              ": parameter 'weight': shape must be a list of sizes (whole numbers >= 0)")
+                                 .c_str(),
+                             std::runtime_error);
+        CHECK(restored.weight.to_vector() == before);
+    }
+    nlohmann::json not_a_list = manifest;
+    not_a_list["parameters"][0]["shape"] = 6;
+    std::ofstream(dir / "manifest.json") << not_a_list.dump();
+    CHECK_THROWS_AS(restored.load(dir.string()), std::runtime_error);
+    std::ofstream(dir / "manifest.json") << manifest.dump();  // the sizes as saved load
+    restored.load(dir.string());
+    CHECK(restored.weight.to_vector() == saved.weight.to_vector());
+    fs::remove_all(dir);
+}
+
 TEST_CASE("to(device) moves parameters and buffers; state files cross devices") {
     Generator gen(5);
     RelativeMultiHeadAttention layer(4, 2, RelativeOptions{2, 2, true, 8, 0}, AttentionImpl::bucketed,

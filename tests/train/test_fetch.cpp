@@ -101,6 +101,12 @@ TEST_CASE("sentiment: malformed files name the source and the item") {
     CHECK(error_of([] {
               convert_sentiment_json(R"([{"text":"Good.","class":2},{"text":"","class":null}])", "amazon.json");
           }) == "amazon.json: item 0: \"class\" must be 0 or 1, got 2");
+    // 2^32 + 1 narrowed to an int would be 1: the label is compared as the integer it is
+    CHECK(error_of([] { convert_sentiment_json(R"([{"text":"Good.","class":4294967297}])", "amazon.json"); }) ==
+          "amazon.json: item 0: \"class\" must be 0 or 1, got 4294967297");
+    CHECK(error_of([] {
+              convert_sentiment_json(R"([{"text":"Good.","class":18446744073709551617}])", "amazon.json");
+          }) == "amazon.json: item 0: \"class\" must be 0 or 1, got 1.8446744073709552e+19");
     CHECK(error_of([] {
               convert_sentiment_json(R"([{"text":"  ","class":1},{"text":"Good.","class":1}])", "amazon.json");
           }) == "amazon.json: item 0: empty text (only the last item may be empty)");
