@@ -20,7 +20,7 @@ CONFIG = {
     "task": {"kind": "relative_order", "train_examples": 300, "test_examples": 48,
              "train_lengths": [6, 12], "test_lengths": [6, 16]},
     # one thread: the other core polls the run directory
-    "training": {"steps": 60, "batch_size": 16, "learning_rate": 3e-3, "log_every": 1, "threads": 1},
+    "training": {"steps": 150, "batch_size": 16, "learning_rate": 3e-3, "log_every": 1, "threads": 1},
     "evaluation": {"every": 10, "length_buckets": [8, 16]},
     "output": {"checkpoint_every": 2},  # most of the run's time is spent writing checkpoints
 }
