@@ -188,10 +188,10 @@ void Module::load(const std::string& dir) {
         for (const auto& entry : manifest.at("parameters")) {
             const std::string name = entry.at("name").get<std::string>();
             const nlohmann::json& shape = entry.at("shape");
-            // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined)
+            // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined);
+            // parsed JSON keeps every integer >= 0 as an unsigned one
             const auto is_size = [](const nlohmann::json& n) {
-                return n.is_number_unsigned() ? n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX}
-                                              : n.is_number_integer() && n.get<int64_t>() >= 0;
+                return n.is_number_unsigned() && n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX};
             };
             if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), is_size)) {
                 throw std::runtime_error(manifest_path.string() + ": parameter '" + name +
