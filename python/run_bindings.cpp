@@ -78,10 +78,29 @@ void bind_run(py::module_& m) {
                 document["output"]["dir"] = *out;
             }
             const Config parsed = Config::parse(document, name);
+            // Ctrl-C (or any signal whose Python handler raises) ends the run after the current
+            // step with its checkpoint written, and the handler's exception is raised here.
+            std::optional<py::error_already_set> raised_by_signal;
+            TrainOptions options;
+            options.resume = resume;
+            options.progress = progress;
+            options.interrupted = [&raised_by_signal] {
+                py::gil_scoped_acquire acquire;
+                if (PyErr_CheckSignals() == 0) return false;
+                raised_by_signal.emplace();  // takes the pending exception (KeyboardInterrupt)
+                return true;
+            };
             nlohmann::json summary;
             {
                 py::gil_scoped_release release;
-                summary = train(parsed, TrainOptions{resume, progress, -1});
+                summary = train(parsed, options);
+            }
+            if (raised_by_signal) {
+                const std::string note = "relgrad.train: interrupted after step " +
+                                         std::to_string(summary["stopped_at"].get<long long>()) +
+                                         ", checkpoint written; train(..., resume=True) continues\n";
+                PySys_WriteStderr("%s", note.c_str());
+                throw *raised_by_signal;
             }
             return to_python(summary);
         },

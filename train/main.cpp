@@ -15,9 +15,10 @@
 //                                                   cuda (train, validate: training.device)
 //
 // Exit codes: 0 success, 1 a gradient check failed or training diverged, 2 bad input (one line
-// on stderr).
+// on stderr), 130 (143) training interrupted by Ctrl-C (SIGTERM), checkpoint written.
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -73,8 +74,27 @@ relgrad::Config load_config(const std::string& path, const std::vector<std::stri
     return relgrad::Config::parse(document, path.empty() ? "quickstart" : path);
 }
 
-int run_train(const relgrad::Config& config, const relgrad::TrainOptions& options, const std::string& config_hint) {
+// Ctrl-C (SIGINT) or SIGTERM while training: the first ends the run after its current step with
+// a checkpoint written; the handler then steps aside, so a second one stops the program at once.
+volatile std::sig_atomic_t interrupting_signal = 0;
+
+extern "C" void on_interrupt(int signal_number) {
+    interrupting_signal = signal_number;
+    std::signal(signal_number, SIG_DFL);
+}
+
+int run_train(const relgrad::Config& config, relgrad::TrainOptions options, const std::string& config_hint) {
+    std::signal(SIGINT, on_interrupt);
+    std::signal(SIGTERM, on_interrupt);
+    options.interrupted = [] { return interrupting_signal != 0; };
     const nlohmann::json summary = relgrad::train(config, options);
+    if (summary.contains("stopped_at") && interrupting_signal != 0) {
+        std::fprintf(
+            stderr,
+            "interrupted after step %lld, checkpoint written; continue with: relgrad train%s --resume --out %s\n",
+            summary["stopped_at"].get<long long>(), config_hint.c_str(), config.output.dir.c_str());
+        return 128 + interrupting_signal;  // the shell's convention for a program ended by a signal
+    }
     if (summary.contains("stopped_at")) {
         std::printf("stopped after step %lld; continue with: relgrad train%s --resume --out %s\n",
                     summary["stopped_at"].get<long long>(), config_hint.c_str(), config.output.dir.c_str());

@@ -376,10 +376,12 @@ json train(const Config& config, const TrainOptions& options) {
                         last_eval[task->metric()].get<double>());
             std::fflush(stdout);
         }
-        if (done % config.output.checkpoint_every == 0 || done == total_steps || done == options.stop_after) {
+        const bool stop_here =
+            done < total_steps && (done == options.stop_after || (options.interrupted && options.interrupted()));
+        if (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here) {
             save_checkpoint(out / "checkpoint", model, optimizer, done);
         }
-        if (done == options.stop_after && done < total_steps) {
+        if (stop_here) {
             if (options.progress) std::fprintf(stderr, "\n");
             return json{{"stopped_at", done}};
         }

@@ -7,6 +7,7 @@
 // a restart would lose.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -19,6 +20,9 @@ struct TrainOptions {
     bool resume = false;      // continue from <output.dir>/checkpoint
     bool progress = false;    // a live progress line on stderr (for terminals)
     int64_t stop_after = -1;  // end this run after that step, checkpoint written (a planned interruption)
+    // Asked after every step but the last: true ends the run there, checkpoint written, as
+    // stop_after does (Python's relgrad.train passes Ctrl-C through it).
+    std::function<bool()> interrupted;
 };
 
 // Training produced a NaN or infinite loss or gradient norm; the message names the step.
@@ -32,7 +36,7 @@ struct TrainingDiverged : std::runtime_error {
 std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& lengths, int64_t group_size);
 
 // Trains, evaluates and writes the output directory; returns summary.json's content (or, when
-// stopped by stop_after, {"stopped_at": step} and no summary). Throws
+// stopped by stop_after or interrupted, {"stopped_at": step} and no summary). Throws
 // std::invalid_argument for an unusable config or output directory and TrainingDiverged.
 nlohmann::json train(const Config& config, const TrainOptions& options);
 

@@ -1,6 +1,8 @@
 """A training run killed with SIGKILL at many moments, inside checkpoint writes too, and resumed
 each time, ends exactly where an uninterrupted run ends: the same checkpoint bytes, the same
-metrics.jsonl and summary.json (their timing fields aside).
+metrics.jsonl and summary.json (their timing fields aside). So does a run interrupted with
+Ctrl-C (SIGINT) and then SIGTERM, each of which ends it after the current step with that step's
+checkpoint written.
 
     /usr/bin/python3 tests/cli/test_kill_resume.py --relgrad build/relgrad
 """
@@ -46,10 +48,12 @@ def run_files(run):
     return metrics, summary, checkpoint
 
 
-def start(relgrad, config_path, run):
+def start(relgrad, config_path, run, overrides=()):
     has_checkpoint = any(os.path.exists(os.path.join(run, name, "state.json"))
                          for name in ("checkpoint", "checkpoint.previous"))
     command = [relgrad, "train", config_path, "--out", run] + (["--resume"] if has_checkpoint else [])
+    for assignment in overrides:
+        command += ["--set", assignment]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -60,6 +64,42 @@ def wait_for(process, condition, timeout=60.0):
         if condition():
             return True
     return False
+
+
+def interrupt_and_resume(relgrad, config_path, run):
+    """Interrupts a run with SIGINT, resumes it, interrupts it with SIGTERM, resumes it to its end."""
+    # no checkpoint before the last step but those the interrupts write
+    overrides = ["output.checkpoint_every=1000"]
+    stopped_at = 0
+    for interrupt in (signal.SIGINT, signal.SIGTERM):
+        process = start(relgrad, config_path, run, overrides)
+        started = stopped_at
+        # a step logged after this invocation began: the run is training
+        if not wait_for(process, lambda: last_step(run) > started):
+            sys.exit(f"the run ended before it could be sent {interrupt.name}")
+        process.send_signal(interrupt)
+        _, stderr = process.communicate()
+        if process.returncode != 128 + interrupt:
+            sys.exit(f"{interrupt.name}: exit code {process.returncode}, not {128 + interrupt}: {stderr.decode()}")
+        with open(os.path.join(run, "checkpoint", "state.json")) as f:
+            stopped_at = json.load(f)["step"]
+        if f"interrupted after step {stopped_at}, checkpoint written" not in stderr.decode():
+            sys.exit(f"{interrupt.name}: stderr does not name the checkpoint's step {stopped_at}: {stderr.decode()}")
+        if stopped_at <= started or os.path.exists(os.path.join(run, "summary.json")):
+            sys.exit(f"{interrupt.name}: the run did not stop early (checkpoint at step {stopped_at})")
+        print(f"{interrupt.name}: stopped after step {stopped_at} with its checkpoint", flush=True)
+    process = start(relgrad, config_path, run, overrides)
+    _, stderr = process.communicate()
+    if process.returncode != 0:
+        sys.exit(f"the run resumed after the interrupts failed ({process.returncode}): {stderr.decode()}")
+
+
+def last_step(run):
+    try:
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            return max((json.loads(line)["step"] for line in f if line.endswith("\n")), default=0)
+    except FileNotFoundError:
+        return 0
 
 
 def main():
@@ -115,6 +155,12 @@ def main():
                 sys.exit(f"{what} differs from the uninterrupted run's after {kills} kills")
         print(f"{kills} kills ({inside_writes} inside a checkpoint write or swap): "
               f"the same checkpoint ({len(got[2])} files), metrics and summary")
+
+        interrupted = os.path.join(work, "interrupted")
+        interrupt_and_resume(args.relgrad, config_path, interrupted)
+        if run_files(interrupted) != expected:
+            sys.exit("after SIGINT and SIGTERM and resuming, the run differs from the uninterrupted one")
+        print("interrupted twice and resumed: the same checkpoint, metrics and summary")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

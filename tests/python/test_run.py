@@ -1,7 +1,10 @@
 """Training from Python: relgrad.train with the command line's keys, defaults and errors, and
 the commands on a trained run."""
 import json
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -107,3 +110,30 @@ def test_training_releases_the_gil(tmp_path):
         done.set()
         ticker.join()
     assert len(ticks) > 50  # training takes seconds; the ticker ran all along
+
+
+def test_ctrl_c_ends_training_with_a_checkpoint_and_resume_continues(tmp_path, capfd):
+    out = tmp_path / "run"
+    # no checkpoint before the last step but the one the interrupt writes
+    longer = SMALL + ["training.steps=200", "evaluation.every=200", "output.checkpoint_every=1000"]
+
+    def press_ctrl_c_once_training_runs():
+        while not (out / "metrics.jsonl").exists():  # written by the evaluation at step 0
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_once_training_runs)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            relgrad.train(out=str(out), set=longer)
+    finally:
+        presser.join()
+    # stopped early, with the checkpoint of the step it stopped at
+    assert not (out / "summary.json").exists()
+    stopped_at = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    assert 0 < stopped_at < 200
+    assert f"relgrad.train: interrupted after step {stopped_at}, checkpoint written" in capfd.readouterr().err
+    summary = relgrad.train(out=str(out), set=longer, resume=True)
+    assert summary["steps"] == 200
+    assert (out / "summary.json").exists()

@@ -616,6 +616,24 @@ TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
                          "/training/batch_size 1000 exceeds the 400 training examples", std::invalid_argument);
 }
 
+TEST_CASE("interrupted is asked after every step but the last; true ends the run there, checkpoint written") {
+    TempDir whole("relgrad_test_train_uninterrupted"), parts("relgrad_test_train_interrupted");
+    const nlohmann::json uninterrupted = train(Config::parse(tiny_run(whole.path), "tiny"), TrainOptions{});
+    int64_t asked = 0;
+    TrainOptions interrupt;
+    interrupt.interrupted = [&asked] { return ++asked == 7; };  // step 7: after the last checkpoint (4)
+    CHECK(train(Config::parse(tiny_run(parts.path), "tiny"), interrupt)["stopped_at"] == 7);
+    CHECK(asked == 7);
+    CHECK_FALSE(fs::exists(parts.path / "summary.json"));
+    TrainOptions resume;
+    resume.resume = true;
+    resume.interrupted = [&asked] { return ++asked > 100; };
+    const nlohmann::json resumed = train(Config::parse(tiny_run(parts.path), "tiny"), resume);
+    CHECK(asked == 7 + 4);  // after steps 8 to 11 of 12: resumed from 7, not from the checkpoint at 4
+    CHECK(resumed["final"] == uninterrupted["final"]);
+    CHECK(metrics_without_timing(whole.path) == metrics_without_timing(parts.path));
+}
+
 TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and what is wrong") {
     TempDir base("relgrad_test_train_corrupt");
     const fs::path stopped = base.path / "stopped";
