@@ -88,17 +88,14 @@ int run_train(const relgrad::Config& config, relgrad::TrainOptions options, cons
     std::signal(SIGTERM, on_interrupt);
     options.interrupted = [] { return interrupting_signal != 0; };
     const nlohmann::json summary = relgrad::train(config, options);
-    if (summary.contains("stopped_at") && interrupting_signal != 0) {
-        std::fprintf(
-            stderr,
-            "interrupted after step %lld, checkpoint written; continue with: relgrad train%s --resume --out %s\n",
-            summary["stopped_at"].get<long long>(), config_hint.c_str(), config.output.dir.c_str());
-        return 128 + interrupting_signal;  // the shell's convention for a program ended by a signal
-    }
     if (summary.contains("stopped_at")) {
-        std::printf("stopped after step %lld; continue with: relgrad train%s --resume --out %s\n",
-                    summary["stopped_at"].get<long long>(), config_hint.c_str(), config.output.dir.c_str());
-        return 0;
+        const bool interrupted = interrupting_signal != 0;
+        std::fprintf(interrupted ? stderr : stdout,
+                     "%s after step %lld%s; continue with: relgrad train%s --resume --out %s\n",
+                     interrupted ? "interrupted" : "stopped", summary["stopped_at"].get<long long>(),
+                     interrupted ? ", checkpoint written" : "", config_hint.c_str(), config.output.dir.c_str());
+        // 128 + the signal: the shell's convention for a program ended by a signal
+        return interrupted ? 128 + interrupting_signal : 0;
     }
     const nlohmann::json& final = summary["final"];
     const std::string metric = summary["metric"].get<std::string>();

@@ -21,7 +21,7 @@ struct TrainOptions {
     bool progress = false;    // a live progress line on stderr (for terminals)
     int64_t stop_after = -1;  // end this run after that step, checkpoint written (a planned interruption)
     // Asked after every step but the last: true ends the run there, checkpoint written, as
-    // stop_after does (Python's relgrad.train passes Ctrl-C through it).
+    // stop_after does (how `relgrad train` and Python's relgrad.train pass Ctrl-C on).
     std::function<bool()> interrupted;
 };
 
