@@ -16,6 +16,7 @@ finished so far, training nothing). scripts/plot_results.py draws the plots from
 """
 import argparse
 import concurrent.futures
+import fcntl
 import glob
 import json
 import os
@@ -271,16 +272,23 @@ def main():
             results[variant]["seeds"] = args.seeds
             results[variant]["sets"] = sets
         # The variants not tabulated this time (--variants, --finished-only) keep their entries: a
-        # sweep may be run in parts. Each entry names its seeds.
+        # sweep may be run in parts. Each entry names its seeds. Parts run at the same time take
+        # turns (a lock on the experiment's folder), and the file is replaced whole.
         path = os.path.join(DATA, experiment, "results.json")
-        kept = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                kept = json.load(f)
-        merged = {variant: results[variant] if variant in results else kept[variant]
-                  for variant in EXPERIMENTS[experiment]["variants"] if variant in results or variant in kept}
-        with open(path, "w") as f:
-            json.dump(merged, f, indent=1)
+        folder = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            kept = {}
+            if os.path.exists(path):
+                with open(path) as f:
+                    kept = json.load(f)
+            merged = {variant: results[variant] if variant in results else kept[variant]
+                      for variant in EXPERIMENTS[experiment]["variants"] if variant in results or variant in kept}
+            with open(path + ".new", "w") as f:
+                json.dump(merged, f, indent=1)
+            os.replace(path + ".new", path)
+        finally:
+            os.close(folder)  # releases the lock
         metric = next(iter(results.values()))["metric"]
         others = [key for key in ("accuracy", "token_accuracy") if key != metric and key in next(iter(results.values()))]
         print(f"\n{experiment}: mean ± std over seeds {args.seeds}\n")

@@ -1,12 +1,15 @@
 """The experiment scripts end to end on two tiny runs: scripts/experiments.py trains them, writes
-each run's record and the results table, and does not train a recorded run again;
-scripts/plot_results.py draws the plots from the records alone. ctest passes the relgrad program
+each run's record and the results table, does not train a recorded run again, and keeps the
+entries of the variants it did not tabulate; scripts/plot_results.py draws the plots from the records alone. ctest passes the relgrad program
 in RELGRAD_PROGRAM."""
+import fcntl
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,6 +24,14 @@ SMALL = ["model.layers=1", "model.dim=16", "model.ff_dim=32", "model.heads=2", "
          "task.train_examples=200", "task.test_examples=60", "evaluation.every=10", "training.log_every=5"]
 
 
+TINY_LENGTH = {
+    "config": os.path.abspath(os.path.join(ROOT, "configs", "experiments", "length.json")),
+    "attention_prompt": experiments.LENGTH_PROMPT,
+    "variants": {"sinusoidal": ["model.position=sinusoidal"] + SMALL,
+                 "relative": ["model.position=relative", "model.k=4"] + SMALL},
+}
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """Runs `experiments.py length --seeds 1 2` on a tiny length experiment of two variants, in a
@@ -30,16 +41,11 @@ def sweep(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.chdir(work)
     patch.setattr(experiments, "DATA", str(work / "data"))
-    patch.setitem(experiments.EXPERIMENTS, "length", {
-        "config": os.path.abspath(os.path.join(ROOT, "configs", "experiments", "length.json")),
-        "attention_prompt": experiments.LENGTH_PROMPT,
-        "variants": {"sinusoidal": ["model.position=sinusoidal"] + SMALL,
-                     "relative": ["model.position=relative", "model.k=4"] + SMALL},
-    })
+    patch.setitem(experiments.EXPERIMENTS, "length", TINY_LENGTH)
     patch.setattr(sys, "argv", ["experiments.py", "length", "--seeds", "1", "2", "--relgrad", RELGRAD])
     outputs = []
-    for time in range(2):
-        if time == 1:  # the records stand without the runs' directories
+    for sitting in range(2):
+        if sitting == 1:  # the records stand without the runs' directories
             shutil.rmtree(work / "runs")
         with open(work / "output.txt", "w") as out:
             patch.setattr(sys, "stdout", out)
@@ -87,6 +93,32 @@ def test_a_recorded_run_is_not_trained_again(sweep):
     _, _, (first, second) = sweep
     assert first.count("relgrad train") == 4 and "relgrad train" not in second
     assert first.count("| relative |") == 1 and second.count("| relative |") == 1
+
+
+def test_a_part_of_a_sweep_keeps_the_other_entries_and_waits_its_turn(sweep, tmp_path):
+    """`--variants relative --seeds 1 --finished-only` (in a process of its own) replaces only the
+    relative entry, and not while another process holds the experiment's folder."""
+    work, _, _ = sweep
+    shutil.copytree(work / "data", tmp_path / "data")
+    data = tmp_path / "data" / "length"
+    before = (data / "results.json").read_text()
+    program = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); import experiments; "
+               f"experiments.DATA = {str(tmp_path / 'data')!r}; experiments.EXPERIMENTS['length'] = {TINY_LENGTH!r}; "
+               "sys.argv = ['experiments.py', 'length', '--seeds', '1', '--variants', 'relative', '--finished-only', "
+               f"'--relgrad', {RELGRAD!r}]; experiments.main()")
+    folder = os.open(data, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # another part writing its entries
+        part = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+        time.sleep(2)
+        assert part.poll() is None and (data / "results.json").read_text() == before
+    finally:
+        os.close(folder)
+    assert part.wait(timeout=60) == 0 and "written:" in part.stdout.read()
+    results = json.loads((data / "results.json").read_text())
+    assert results["relative"]["seeds"] == [1] and results["sinusoidal"]["seeds"] == [1, 2]
+    assert results["sinusoidal"] == json.loads(before)["sinusoidal"]
+    assert sorted(os.listdir(data)) == ["relative", "results.json", "sinusoidal"]
 
 
 def test_plots_come_from_the_records_alone(sweep, tmp_path, monkeypatch):
