@@ -145,9 +145,7 @@ def write_record(relgrad, experiment, variant, sets, seed):
         metrics = [json.loads(line) for line in f]
     record = {"experiment": experiment, "variant": variant, "seed": seed, "sets": sets, "summary": summary,
               "steps_per_second": steps_per_second(metrics), "metrics": metrics}
-    table = relative_table(out)
-    if table is not None:
-        record["relative_table"] = table
+    record.update(relative_tables(out))
     prompt = EXPERIMENTS[experiment].get("attention_prompt")
     if prompt is not None:
         record["attention"] = {"prompt": prompt, "last_layer": last_layer_attention(relgrad, out, prompt)}
@@ -168,12 +166,17 @@ def evaluation(relgrad, run_dir):
     return json.loads(result.stdout)
 
 
-def relative_table(run_dir):
-    """The relative key table E_K of layer 0 [2k + 1, head dim] (the encoder's, for pairs) from the
-    run's checkpoint, rounded to 5 digits; None for a model without one."""
-    files = sorted(glob.glob(os.path.join(run_dir, "checkpoint", "model",
-                                          "*layers.0.self_attention.rel_pos_emb_k.weight.npy")))
-    return np.round(np.load(files[0]).astype(np.float64), 5).tolist() if files else None
+def relative_tables(run_dir):
+    """The relative key tables E_K of layer 0 [2k + 1, head dim] from the run's checkpoint, rounded
+    to 5 digits: "relative_table" (the encoder's, or the one stack's) and, for pairs,
+    "decoder_relative_table" (causal: only its rows of distances <= 0 are ever used); none for a
+    model without relative positions."""
+    tables = {}
+    for path in glob.glob(os.path.join(run_dir, "checkpoint", "model",
+                                       "*layers.0.self_attention.rel_pos_emb_k.weight.npy")):
+        key = "decoder_relative_table" if os.path.basename(path).startswith("decoder") else "relative_table"
+        tables[key] = np.round(np.load(path).astype(np.float64), 5).tolist()
+    return tables
 
 
 def last_layer_attention(relgrad, run_dir, prompt):

@@ -14,6 +14,7 @@ runs in docs/results/data/ (no run directory or relgrad program is needed).
 - gates_over_training.png: the gates of the gates experiment over training, every seed
 - sequence_by_length.png: exact match and token accuracy per length of copy, reverse and dedupe
 - EXP_relative_table.png: the relative key table E_K of layer 0 (first seed), buckets x head dims
+  (translation: the encoder's and the decoder's)
 - length_attention.png: the last layer's attention maps of the length-task models (first seed) on
   one 32-token input with marker A at position 10 and B at 13 (`relgrad attention`, kept in the
   records)
@@ -224,20 +225,26 @@ def sequence_by_length(results):
 
 
 def relative_table(experiment, results):
-    """The first relative model's table, a k = 8 one where there is one (k = 0 has one row)."""
+    """The first relative model's table, a k = 8 one where there is one (k = 0 has one row); for
+    pairs, the encoder's and the decoder's side by side."""
     for variant, r in sorted(results.items(), key=lambda item: "k8" not in item[0]):
-        table = record(experiment, variant, r["seeds"][0]).get("relative_table")
-        if table is not None:
-            plt.figure(figsize=(5, 3.5))
-            plt.imshow(table, cmap="RdBu", aspect="auto")
-            plt.ylabel("bucket r (distance + k)")
-            plt.xlabel("head dimension")
-            plt.colorbar()
-            plt.title(f"{experiment}/{variant}: E_K of layer 0")
-            plt.tight_layout()
-            plt.savefig(os.path.join(OUT, f"{experiment}_relative_table.png"), dpi=120)
-            plt.close()
-            return
+        tables = {name: record(experiment, variant, r["seeds"][0]).get(key)
+                  for name, key in (("encoder", "relative_table"), ("decoder", "decoder_relative_table"))}
+        tables = {name: table for name, table in tables.items() if table is not None}
+        if not tables:
+            continue
+        fig, axes = plt.subplots(1, len(tables), figsize=(5 * len(tables), 3.5), squeeze=False)
+        for ax, (name, table) in zip(axes[0], tables.items()):
+            image = ax.imshow(table, cmap="RdBu", aspect="auto")
+            ax.set_ylabel("bucket r (distance + k)")
+            ax.set_xlabel("head dimension")
+            fig.colorbar(image, ax=ax)
+            ax.set_title(f"{experiment}/{variant}: E_K of layer 0" + (f" ({name})" if len(tables) > 1 else ""),
+                         fontsize=10)
+        fig.tight_layout()
+        fig.savefig(os.path.join(OUT, f"{experiment}_relative_table.png"), dpi=120)
+        plt.close(fig)
+        return
 
 
 def last_layer_attention(experiment, results, variant):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -93,6 +94,18 @@ def test_a_recorded_run_is_not_trained_again(sweep):
     _, _, (first, second) = sweep
     assert first.count("relgrad train") == 4 and "relgrad train" not in second
     assert first.count("| relative |") == 1 and second.count("| relative |") == 1
+
+
+def test_a_pair_models_records_keep_its_encoders_table_and_its_decoders_apart(tmp_path):
+    """Parameter names sort the decoder's layers ("decoder_layers.0") before the encoder's
+    ("encoder.layers.0"); the record's relative_table is the encoder's all the same."""
+    model = tmp_path / "checkpoint" / "model"
+    model.mkdir(parents=True)
+    for name, value in (("decoder_layers.0", 1.0), ("encoder.layers.0", 2.0), ("encoder.layers.1", 3.0)):
+        np.save(model / f"{name}.self_attention.rel_pos_emb_k.weight.npy", np.full((5, 2), value, np.float32))
+    tables = experiments.relative_tables(str(tmp_path))
+    assert tables == {"relative_table": [[2.0] * 2] * 5, "decoder_relative_table": [[1.0] * 2] * 5}
+    assert experiments.relative_tables(str(tmp_path / "none")) == {}
 
 
 def test_a_part_of_a_sweep_keeps_the_other_entries_and_waits_its_turn(sweep, tmp_path):
