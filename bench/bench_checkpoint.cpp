@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
         o.position = PositionMode::relative;
         o.relative.k_left = o.relative.k_right = 8;
         o.impl = impl;
-        o.max_len = L;
+        o.max_positions = L;
         o.checkpoint = checkpointed;
         Generator gen(1);
         CausalLanguageModel model(vocab, o, Init{gen});

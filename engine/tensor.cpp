@@ -24,15 +24,7 @@ std::size_t dtype_size(DType dtype) {
     throw std::logic_error("unknown dtype");
 }
 
-const char* dtype_name(DType dtype) {
-    switch (dtype) {
-        case DType::float32: return "float32";
-        case DType::float64: return "float64";
-        case DType::int64: return "int64";
-        case DType::boolean: return "bool";
-    }
-    throw std::logic_error("unknown dtype");
-}
+const char* dtype_name(DType dtype) { return name_of(dtype_names, dtype); }
 
 bool is_floating(DType dtype) { return dtype == DType::float32 || dtype == DType::float64; }
 

@@ -27,6 +27,10 @@ namespace relgrad {
 // Element types. float32 is the working type, float64 is for gradient checks; int64 holds indices
 // (gather, embedding, targets) and boolean holds masks.
 enum class DType { float32, float64, int64, boolean };
+inline constexpr EnumName<DType> dtype_names[] = {
+    {DType::float32, "float32"}, {DType::float64, "float64"}, {DType::int64, "int64"}, {DType::boolean, "bool"}};
+// the dtypes a layer computes in (a layer spec's and a module's dtype)
+inline constexpr EnumName<DType> floating_dtype_names[] = {{DType::float32, "float32"}, {DType::float64, "float64"}};
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

@@ -234,6 +234,14 @@ Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int6
 
 // ---------------------------------------------------------------- gated
 
+// The gate mixes the relative term with an absolute one inside the scores, which the fused kernel
+// does not take: the gated layer composes its scores op by op (bucketed) or from the tables (reference).
+static void require_composed_form(AttentionImpl impl) {
+    if (impl == AttentionImpl::fused) {
+        throw std::invalid_argument("GatedPositionAttention: no fused form; use the reference or bucketed one");
+    }
+}
+
 GatedPositionAttention::GatedPositionAttention(int64_t d, int64_t h, const RelativeOptions& options,
                                                AttentionImpl impl_, bool token_gate_, const Init& init)
     : RelativeMultiHeadAttention(d, h, options, impl_, init),
@@ -241,6 +249,7 @@ GatedPositionAttention::GatedPositionAttention(int64_t d, int64_t h, const Relat
       w_pq(d, d, init),
       w_pk(d, d, init),
       token_gate(token_gate_) {
+    require_composed_form(impl);
     register_module("w_pq", w_pq);
     register_module("w_pk", w_pk);
     register_parameter("gate", gate, zeros({h}, init.dtype));
@@ -266,6 +275,7 @@ Tensor GatedPositionAttention::gate_for(const Tensor& query_input) const {
 
 Tensor GatedPositionAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                                       const AttentionPattern& pattern) {
+    require_composed_form(impl);  // impl is a public member: it may have changed since construction
     return attend_composed(query_input, q, k, v, pattern);
 }
 

@@ -52,6 +52,18 @@ inline constexpr EnumName<AttentionImpl> attention_impl_names[] = {
 AttentionImpl parse_attention_impl(const std::string& name);  // "reference" | "bucketed" | "fused"
 const char* attention_impl_name(AttentionImpl impl);
 
+// The rows of the relative attention layers' own options (layers/options.hpp), beside Shaw's
+// relative_option_fields: the form (all three compute the same), and the gated layer's token gate.
+template <class Fields>
+void attention_form_field(Fields& f, AttentionImpl& impl) {
+    f.named("attention", impl, attention_impl_names, AttentionImpl::bucketed,
+            "the form of relative attention: reference, bucketed or fused (the same math)");
+}
+template <class Fields>
+void token_gate_field(Fields& f, bool& token_gate) {
+    f.flag("token_gate", token_gate, false, "gated positions: a gate per token as well as per head");
+}
+
 class MultiHeadAttention : public Module {
 public:
     MultiHeadAttention(int64_t dim, int64_t heads, const Init& init);

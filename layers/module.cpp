@@ -128,8 +128,6 @@ void Module::to(DType dtype) {
     for (auto& [name, slot] : slots) *slot = slot->to(dtype).detach().requires_grad_(true);
 }
 
-void Module::register_buffer(Tensor& slot) { buffers_.push_back(&slot); }
-
 // Each parameter keeps its identity (its TensorImpl, which an optimizer may hold): only its
 // storage is replaced by a packed copy on the device, and its gradient dropped.
 void Module::to(Device device) {
@@ -142,9 +140,6 @@ void Module::to(Device device) {
         impl.strides = moved.strides();
         impl.offset = moved.offset();
         impl.grad = Tensor();
-    }
-    for (Tensor* buffer : buffers_) {
-        if (buffer->defined()) *buffer = buffer->to(device);
     }
     for (auto& [name, child] : children_) child->to(device);
 }

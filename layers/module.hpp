@@ -54,7 +54,7 @@ public:
     void assign_parameters(const std::vector<Tensor>& values);
     // Convert every parameter to `dtype` (new leaves that require a gradient).
     void to(DType dtype);
-    // Move every parameter (the same leaf tensors, their values copied) and buffer to `device`;
+    // Move every parameter (the same leaf tensors, their values copied) to `device`;
     // the module's forward then computes there. Build the optimizer after moving (its state
     // stays where it was made).
     void to(Device device);
@@ -69,9 +69,6 @@ public:
 protected:
     // Stores `value` in `slot` as a parameter; returns the slot.
     Tensor& register_parameter(const std::string& name, Tensor& slot, Tensor value);
-    // A tensor the module keeps beside its parameters (a precomputed index): moved by to(Device),
-    // not trained, not saved.
-    void register_buffer(Tensor& slot);
     void register_module(const std::string& name, Module& child);
     // The module's own random streams (Dropout has one); children are visited by the caller.
     virtual void own_generators(std::vector<Generator*>&) {}
@@ -81,7 +78,6 @@ private:
     void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor*>>& out) const;
 
     std::vector<std::pair<std::string, Tensor*>> parameters_;
-    std::vector<Tensor*> buffers_;
     std::vector<std::pair<std::string, Module*>> children_;
     bool training_ = true;
 };

@@ -41,18 +41,18 @@ Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t offset) co
     return add(x, encoding(offset + x.size(1), x.dtype(), x.device()).narrow(0, offset, x.size(1)));
 }
 
-LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len_, int64_t d, const Init& init)
-    : max_len(max_len_), dim(d) {
-    if (max_len <= 0 || d <= 0)
-        throw std::invalid_argument("LearnedPositionalEmbedding: max_len and dim must be positive");
-    register_parameter("weight", weight, truncated_normal({max_len, dim}, 0.02, init));
+LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_positions_, int64_t d, const Init& init)
+    : max_positions(max_positions_), dim(d) {
+    if (max_positions <= 0 || d <= 0)
+        throw std::invalid_argument("LearnedPositionalEmbedding: max_positions and dim must be positive");
+    register_parameter("weight", weight, truncated_normal({max_positions, dim}, 0.02, init));
 }
 
 Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "LearnedPositionalEmbedding");
-    if (offset < 0 || offset + x.size(1) > max_len) {
+    if (offset < 0 || offset + x.size(1) > max_positions) {
         throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(offset + x.size(1)) +
-                                    " exceeds max_len " + std::to_string(max_len) +
+                                    " exceeds max_positions " + std::to_string(max_positions) +
                                     " (it has no vector for later positions)");
     }
     return add(x, weight.narrow(0, offset, x.size(1)));
@@ -63,7 +63,6 @@ static RelativeOptions checked(const RelativeOptions& o) {
         throw std::invalid_argument("RelativePositionEmbedding: clipping distances must be in [0, 2^40], got k_left " +
                                     std::to_string(o.k_left) + " and k_right " + std::to_string(o.k_right));
     }
-    if (o.max_len < 0) throw std::invalid_argument("RelativePositionEmbedding: max_len must be >= 0");
     if (o.rank < 0) throw std::invalid_argument("RelativePositionEmbedding: rank must be >= 0 (0: full rank)");
     if (!(o.init_std > 0) || !std::isfinite(o.init_std))
         throw std::invalid_argument("RelativePositionEmbedding: init_std must be finite and > 0");
@@ -90,16 +89,9 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
         register_parameter("weight_a", weight_a, truncated_normal({buckets(), rank}, factor_std, init));
         register_parameter("weight_b", weight_b, truncated_normal({rank, width}, factor_std, init));
     }
-    precomputed_ = index(options.max_len, options.max_len);
-    register_buffer(precomputed_);
 }
 
 Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    if (query_offset >= 0 && precomputed_.defined() && query_offset + query_len <= precomputed_.size(0) &&
-        key_len <= precomputed_.size(1)) {
-        // rows query_offset.. of the precomputed index are the queries at those positions
-        return precomputed_.narrow(0, query_offset, query_len).narrow(1, 0, key_len);
-    }
     std::vector<double> r(query_len * key_len);
     for (int64_t i = 0; i < query_len; ++i) {
         for (int64_t j = 0; j < key_len; ++j) {

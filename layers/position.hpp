@@ -2,7 +2,7 @@
 //
 // Absolute: a vector per position p added to the token embeddings.
 //   SinusoidalPositionalEncoding   PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(same angle)
-//   LearnedPositionalEmbedding     a trained table [max_len, D]
+//   LearnedPositionalEmbedding     a trained table [max_positions, D]
 // Relative (Shaw et al. 2018): for query i and key j the distance j - i, clipped to
 // [-k_left, k_right] and shifted, indexes a table of K = k_left + k_right + 1 vectors:
 //   r(i, j) = clip(j - i, -k_left, k_right) + k_left  in [0, K)
@@ -11,6 +11,7 @@
 #pragma once
 
 #include "layers/basic.hpp"
+#include "layers/options.hpp"
 
 namespace relgrad {
 
@@ -25,22 +26,42 @@ public:
 
 class LearnedPositionalEmbedding : public Module {
 public:
-    LearnedPositionalEmbedding(int64_t max_len, int64_t dim, const Init& init);
-    Tensor forward(const Tensor& x, int64_t offset = 0) const;  // x + weight[offset : offset + L], within max_len
+    LearnedPositionalEmbedding(int64_t max_positions, int64_t dim, const Init& init);
+    // x + weight[offset : offset + L], offset + L <= max_positions
+    Tensor forward(const Tensor& x, int64_t offset = 0) const;
 
-    int64_t max_len, dim;
+    int64_t max_positions, dim;
     Tensor weight;
 };
 
+// Shaw's options; relative_option_fields below gives each one's range and default.
 struct RelativeOptions {
-    int64_t k_left = 8;              // distances below -k_left share the table row 0
-    int64_t k_right = 8;             // distances above k_right share the last row
-    bool share_across_heads = true;  // one table for all heads, or one per head
-    int64_t max_len = 512;           // the index is precomputed up to this length (any L works)
-    int64_t rank = 0;                // > 0: each table is a product E = A B of rank `rank`
-    bool values = true;              // attention: Shaw's value-side term too, or the key side alone
-    double init_std = 0.02;          // the tables' entries start as truncated N(0, init_std^2)
+    RelativeOptions();        // every default of relative_option_fields
+    int64_t k_left;           // distances below -k_left share the table row 0
+    int64_t k_right;          // distances above k_right share the last row
+    bool share_across_heads;  // one table for all heads, or one per head
+    int64_t rank;             // > 0: each table is a product E = A B of rank `rank`
+    bool values;              // attention: Shaw's value-side term too, or the key side alone
+    double init_std;          // the tables' entries start as truncated N(0, init_std^2)
 };
+
+// The description of RelativeOptions (layers/options.hpp): the config's model section, a layer
+// spec and Python's keyword arguments all read it.
+template <class Fields>
+void relative_option_fields(Fields& f, RelativeOptions& o) {
+    const int64_t k = f.shorthand("k", 0, 4096, 8, "the clipping distance of both sides: the default of k_left and k_right");
+    f.integer("k_left", o.k_left, 0, 4096, k, "distances below -k_left share the table's first row");
+    f.integer("k_right", o.k_right, 0, 4096, k, "distances above k_right share the table's last row");
+    f.flag("share_across_heads", o.share_across_heads, true, "one table for all heads (false: one per head)");
+    f.integer("rank", o.rank, 0, 8192, 0, "> 0: each table is a product A B of this rank (0: full)");
+    f.flag("relative_values", o.values, true, "Shaw's value-side term E_V too (false: the key side alone)");
+    f.number("relative_init_std", o.init_std, 0, 10, true, 0.02, "the tables start as N(0, std^2) cut at 2 std");
+}
+
+inline RelativeOptions::RelativeOptions() {
+    DefaultFields defaults;
+    relative_option_fields(defaults, *this);
+}
 
 class RelativePositionEmbedding : public Module {
 public:
@@ -63,9 +84,6 @@ public:
     // drawn so that their product has entries of std 0.02 too.
     Tensor weight, weight_a, weight_b;
     Tensor full_weight() const;  // weight, or weight_a weight_b
-
-private:
-    Tensor precomputed_;  // index(max_len, max_len); index(Lq, Lk) is its top-left corner
 };
 
 }  // namespace relgrad

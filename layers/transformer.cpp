@@ -28,7 +28,8 @@ static std::unique_ptr<MultiHeadAttention> make_self_attention(const Transformer
 }
 
 EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init)
-    : norm1(o.dim, init),
+    : options(o),
+      norm1(o.dim, init),
       self_attention(make_self_attention(o, init)),
       norm2(o.dim, init),
       feed_forward(o.dim, o.ff_dim, o.dropout, init),
@@ -52,7 +53,8 @@ Tensor EncoderLayer::forward_incremental(const Tensor& x, KVCache& cache) {
 }
 
 DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
-    : norm1(o.dim, init),
+    : options(o),
+      norm1(o.dim, init),
       self_attention(make_self_attention(o, init)),
       norm2(o.dim, init),
       cross_attention(o.dim, o.heads, init),
@@ -87,7 +89,7 @@ TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const
     : tokens(vocab, o.dim, init), position(o.position), sinusoidal(o.dim), dropout(o.dropout, init.gen.next_u64()) {
     register_module("tokens", tokens);
     if (position == PositionMode::learned) {
-        learned = std::make_unique<LearnedPositionalEmbedding>(o.max_len, o.dim, init);
+        learned = std::make_unique<LearnedPositionalEmbedding>(o.max_positions, o.dim, init);
         register_module("positions", *learned);
     }
     register_module("dropout", dropout);

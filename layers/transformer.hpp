@@ -24,21 +24,62 @@ inline constexpr EnumName<PositionMode> position_mode_names[] = {{PositionMode::
 PositionMode parse_position_mode(const std::string& name);
 const char* position_mode_name(PositionMode mode);
 
+// A Transformer's options; the descriptions below give each one's range and default.
 struct TransformerOptions {
-    int64_t dim = 64;
-    int64_t heads = 4;
-    int64_t ff_dim = 256;
-    int64_t layers = 2;
-    double dropout = 0.1;
-    PositionMode position = PositionMode::relative;
-    RelativeOptions relative;  // k_left, k_right, share_across_heads, rank (relative and gated)
-    AttentionImpl impl = AttentionImpl::bucketed;
-    bool token_gate = false;  // gated: a token-dependent gate
-    int64_t max_len = 512;    // learned positions: the longest input
+    TransformerOptions();  // every default of the descriptions below
+    int64_t dim;
+    int64_t heads;
+    int64_t ff_dim;
+    int64_t layers;
+    double dropout;
+    PositionMode position;
+    RelativeOptions relative;  // k_left, k_right, share_across_heads, rank, values, init_std (relative and gated)
+    AttentionImpl impl;
+    bool token_gate;        // gated: a token-dependent gate
+    int64_t max_positions;  // learned positions: the table's rows, so the longest input
     // gradient checkpointing: keep only each block's input in training and recompute the block
     // in the backward pass (same dropout masks, the same gradients, less memory, more time)
-    bool checkpoint = false;
+    bool checkpoint;
 };
+
+// The description of TransformerOptions (layers/options.hpp), in three parts: what one block
+// takes (the encoder_layer of a layer spec, relgrad.nn.EncoderLayer), the whole stack (a config's
+// model section, the models), and the two options a config gives elsewhere (gradient_checkpointing
+// in its training section; max_positions from its data).
+template <class Fields>
+void block_option_fields(Fields& f, TransformerOptions& o) {
+    f.integer("dim", o.dim, 1, 8192, 64, "the model width D");
+    f.integer("heads", o.heads, 1, 256, 4, "attention heads H (a divisor of dim)");
+    f.check(o.dim % o.heads == 0, "heads", "a divisor of dim = " + std::to_string(o.dim));
+    f.integer("ff_dim", o.ff_dim, 1, 65536, 4 * o.dim, "the feed-forward's hidden width: 4 dim unless given");
+    f.number("dropout", o.dropout, 0, 0.99, false, 0.1, "dropout after attention, feed-forward and embeddings");
+    f.named("position", o.position, position_mode_names, PositionMode::relative, "how positions enter");
+    relative_option_fields(f, o.relative);
+    attention_form_field(f, o.impl);
+    f.check(o.position != PositionMode::gated || o.impl != AttentionImpl::fused, "attention",
+            "reference or bucketed with position \"gated\" (the gated layer has no fused form)");
+    token_gate_field(f, o.token_gate);
+}
+template <class Fields>
+void transformer_option_fields(Fields& f, TransformerOptions& o) {
+    f.integer("layers", o.layers, 1, 64, 2, "blocks in the stack (the encoder's and the decoder's each)");
+    block_option_fields(f, o);
+}
+template <class Fields>
+void gradient_checkpointing_field(Fields& f, TransformerOptions& o) {
+    f.flag("gradient_checkpointing", o.checkpoint, false, "recompute each block in the backward pass");
+}
+template <class Fields>
+void max_positions_field(Fields& f, TransformerOptions& o) {
+    f.integer("max_positions", o.max_positions, 1, int64_t{1} << 16, 512, "learned positions: the longest input");
+}
+
+inline TransformerOptions::TransformerOptions() {
+    DefaultFields defaults;
+    transformer_option_fields(defaults, *this);
+    gradient_checkpointing_field(defaults, *this);
+    max_positions_field(defaults, *this);
+}
 
 class EncoderLayer : public Module {
 public:
@@ -47,6 +88,7 @@ public:
     // x [B, n, D]: new positions under a causal mask, attending to the cached ones (see KVCache)
     Tensor forward_incremental(const Tensor& x, KVCache& cache);
 
+    TransformerOptions options;  // as built
     LayerNorm norm1;
     std::unique_ptr<MultiHeadAttention> self_attention;
     LayerNorm norm2;
@@ -60,6 +102,7 @@ public:
     Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask);
     Tensor forward_incremental(const Tensor& x, KVCache& cache, const Tensor& memory, const Tensor& memory_mask);
 
+    TransformerOptions options;  // as built
     LayerNorm norm1;
     std::unique_ptr<MultiHeadAttention> self_attention;
     LayerNorm norm2;
@@ -101,7 +144,8 @@ std::vector<std::vector<double>> attention_gates(const std::vector<MultiHeadAtte
 // The index of the largest value in each row of a [..., C] tensor: the greedy choice among C.
 std::vector<int64_t> argmax_rows(const Tensor& logits);
 
-enum class Pooling { mean, first };
+enum class Pooling { mean, first };  // a classifier's summary of the tokens: their mean, or the first
+inline constexpr EnumName<Pooling> pooling_names[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
 
 // ids [B, L] (padding past lengths[b]) -> logits [B, classes]
 class SequenceClassifier : public Module {

@@ -1,8 +1,9 @@
-// relgrad's Python module (relgrad._relgrad): what its three files share. The module is thin: every
+// relgrad's Python module (relgrad._relgrad): what its files share. The module is thin: every
 // function calls the C++ engine, layers or trainer, which stay the one implementation.
 //
 //   tensor_bindings.cpp   Tensor, NumPy in and out, the ops, autograd, gradcheck
-//   nn_bindings.cpp       relgrad.nn: the layers, masks and models
+//   nn_*.cpp              relgrad.nn: the layers, masks and models (nn_bindings.hpp), their
+//                         keyword options (nn_options.hpp)
 //   run_bindings.cpp      training from a config, and the commands on a trained run
 #pragma once
 

@@ -1,8 +1,5 @@
-// relgrad's Python module: relgrad.nn, the layers, masks and models of layers/.
-//
-// Every layer is built from keyword arguments with the C++ defaults, plus seed (its parameters are
-// drawn from it) and dtype; calling a layer runs its forward. Child layers and parameters are
-// attributes under the C++ names, which are also the names of named_parameters() and state_dict().
+// relgrad's Python module: relgrad.nn, the layers, masks and models of layers/ (nn_bindings.hpp
+// says which file binds which). This one: Module, the basic layers, positions and masks.
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -10,106 +7,15 @@
 #include <vector>
 
 #include <pybind11/numpy.h>
-#include <pybind11/stl.h>
 
 #include "engine/autograd.hpp"
-#include "layers/transformer.hpp"
-#include "python/bindings.hpp"
+#include "layers/attention.hpp"
+#include "python/nn_bindings.hpp"
+#include "python/nn_options.hpp"
 
 namespace relgrad::python {
 
 namespace {
-
-using Lengths = std::optional<std::vector<int64_t>>;
-constexpr auto kChild = py::return_value_policy::reference_internal;
-
-// Each row as long as the tensor when no lengths are given.
-std::vector<int64_t> lengths_or_full(const Lengths& lengths, const Tensor& ids) {
-    if (lengths) return *lengths;
-    if (ids.dim() != 2) throw std::invalid_argument("ids must be [B, L], got " + shape_str(ids.shape()));
-    return std::vector<int64_t>(ids.size(0), ids.size(1));
-}
-
-// seed and dtype, and for the Transformer blocks and models the options of TransformerOptions,
-// from keyword arguments; an unknown keyword is a TypeError, as Python's own.
-struct Built {
-    Generator gen{0};
-    DType dtype = DType::float32;
-    TransformerOptions options;
-    Init init() { return Init{gen, dtype}; }
-};
-
-Built built_from(const py::kwargs& kwargs, bool transformer_options) {
-    Built built;
-    TransformerOptions& o = built.options;
-    std::optional<int64_t> k;
-    for (const auto& [key_handle, value] : kwargs) {
-        const std::string key = key_handle.cast<std::string>();
-        if (key == "seed")
-            built.gen = Generator(value.cast<uint64_t>());
-        else if (key == "dtype")
-            built.dtype = dtype_from(value);
-        else if (!transformer_options)
-            throw py::type_error("unexpected keyword argument '" + key + "'");
-        else if (key == "dim")
-            o.dim = value.cast<int64_t>();
-        else if (key == "heads")
-            o.heads = value.cast<int64_t>();
-        else if (key == "ff_dim")
-            o.ff_dim = value.cast<int64_t>();
-        else if (key == "layers")
-            o.layers = value.cast<int64_t>();
-        else if (key == "dropout")
-            o.dropout = value.cast<double>();
-        else if (key == "position")
-            o.position = parse_position_mode(value.cast<std::string>());
-        else if (key == "k")
-            k = value.cast<int64_t>();
-        else if (key == "k_left")
-            o.relative.k_left = value.cast<int64_t>();
-        else if (key == "k_right")
-            o.relative.k_right = value.cast<int64_t>();
-        else if (key == "share_across_heads")
-            o.relative.share_across_heads = value.cast<bool>();
-        else if (key == "rank")
-            o.relative.rank = value.cast<int64_t>();
-        else if (key == "relative_values")
-            o.relative.values = value.cast<bool>();
-        else if (key == "relative_init_std")
-            o.relative.init_std = value.cast<double>();
-        else if (key == "impl")
-            o.impl = parse_attention_impl(value.cast<std::string>());
-        else if (key == "token_gate")
-            o.token_gate = value.cast<bool>();
-        else if (key == "max_len")
-            o.max_len = o.relative.max_len = value.cast<int64_t>();
-        else if (key == "checkpoint")
-            o.checkpoint = value.cast<bool>();
-        else
-            throw py::type_error("unexpected keyword argument '" + key + "'");
-    }
-    if (k) {
-        if (kwargs.contains("k_left") || kwargs.contains("k_right")) {
-            throw std::invalid_argument("give k (both sides) or k_left and k_right, not both");
-        }
-        o.relative.k_left = o.relative.k_right = *k;
-    }
-    return built;
-}
-
-RelativeOptions relative_options(int64_t k, const std::optional<int64_t>& k_left, const std::optional<int64_t>& k_right,
-                                 bool share_across_heads, int64_t max_len, int64_t rank, double init_std,
-                                 bool values = true) {
-    RelativeOptions options;
-    options.k_left = k_left.value_or(k);
-    options.k_right = k_right.value_or(k);
-    options.share_across_heads = share_across_heads;
-    options.max_len = max_len;
-    options.rank = rank;
-    options.init_std = init_std;
-    options.values = values;
-    return options;
-}
 
 py::dict state_dict(const Module& module) {
     py::dict state;
@@ -154,20 +60,6 @@ void load_state_dict(Module& module, const py::dict& state) {
     for (std::size_t i = 0; i < values.size(); ++i) Tensor(parameters[i].second).copy_(values[i]);
 }
 
-template <class Layer>
-using LayerClass = py::class_<Layer, Module>;
-
-// Child layer and tensor attributes, on a layer class of any base.
-template <class Layer, class... Bases, class Child>
-void child(py::class_<Layer, Bases...>& layer, const char* name, Child Layer::*member) {
-    layer.def_property_readonly(
-        name, [member](Layer& self) -> Child& { return self.*member; }, kChild);
-}
-template <class Layer, class... Bases>
-void tensor_attribute(py::class_<Layer, Bases...>& layer, const char* name, Tensor Layer::*member) {
-    layer.def_property_readonly(name, [member](const Layer& self) { return tensor_or_none(self.*member); });
-}
-
 }  // namespace
 
 void bind_nn(py::module_& m) {
@@ -196,13 +88,15 @@ void bind_nn(py::module_& m) {
             "to",
             [](py::object self, const std::string& where) {
                 Module& module = self.cast<Module&>();
-                for (DType dtype : {DType::float32, DType::float64}) {
-                    if (where == dtype_name(dtype)) {
-                        module.to(dtype);
-                        return self;
-                    }
+                if (const auto dtype = value_named(floating_dtype_names, where)) {
+                    module.to(*dtype);
+                } else if (const auto device = value_named(device_names, where)) {
+                    module.to(*device);
+                } else {
+                    throw std::invalid_argument("Module.to: '" + where + "' is neither a dtype (" +
+                                                names_text(names_of(floating_dtype_names)) + ") nor a device (" +
+                                                names_text(names_of(device_names)) + ")");
                 }
-                module.to(parse_device(where));
                 return self;
             },
             py::arg("dtype_or_device"), "Converts the parameters ('float64') or moves them ('guarded_cpu')")
@@ -222,7 +116,8 @@ void bind_nn(py::module_& m) {
     LayerClass<Linear> linear(nn, "Linear", "y = x W^T + b, W [out, in], b [out]");
     linear
         .def(py::init([](int64_t in_features, int64_t out_features, bool bias, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
+                 LayerKwargs b(kwargs);
+                 b.fields.finish();
                  return std::make_unique<Linear>(in_features, out_features, b.init(), bias);
              }),
              py::arg("in_features"), py::arg("out_features"), py::arg("bias") = true)
@@ -235,7 +130,8 @@ void bind_nn(py::module_& m) {
     LayerClass<Embedding> embedding_layer(nn, "Embedding", "y = weight[ids], weight [V, D]");
     embedding_layer
         .def(py::init([](int64_t num_embeddings, int64_t dim, double init_std, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
+                 LayerKwargs b(kwargs);
+                 b.fields.finish();
                  return std::make_unique<Embedding>(num_embeddings, dim, b.init(), init_std);
              }),
              py::arg("num_embeddings"), py::arg("dim"), py::arg("init_std") = 0.02)
@@ -246,7 +142,8 @@ void bind_nn(py::module_& m) {
                                            "(x - mean) / sqrt(var + eps) * weight + bias, over the last dim");
     layer_norm_layer
         .def(py::init([](int64_t dim, double eps, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
+                 LayerKwargs b(kwargs);
+                 b.fields.finish();
                  return std::make_unique<LayerNorm>(dim, b.init(), eps);
              }),
              py::arg("dim"), py::arg("eps") = 1e-5)
@@ -259,13 +156,14 @@ void bind_nn(py::module_& m) {
              py::arg("seed") = 0)
         .def("__call__", &Dropout::forward, py::arg("x"));
 
-    LayerClass<FeedForward> feed_forward(nn, "FeedForward", "fc2(dropout(gelu(fc1(x)))), D -> hidden_dim -> D");
+    LayerClass<FeedForward> feed_forward(nn, "FeedForward", "fc2(dropout(gelu(fc1(x)))), D -> ff_dim -> D");
     feed_forward
-        .def(py::init([](int64_t dim, int64_t hidden_dim, double dropout_p, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
-                 return std::make_unique<FeedForward>(dim, hidden_dim, dropout_p, b.init());
+        .def(py::init([](int64_t dim, int64_t ff_dim, double dropout_p, const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 b.fields.finish();
+                 return std::make_unique<FeedForward>(dim, ff_dim, dropout_p, b.init());
              }),
-             py::arg("dim"), py::arg("hidden_dim"), py::arg("dropout") = 0.0)
+             py::arg("dim"), py::arg("ff_dim"), py::arg("dropout") = 0.0)
         .def("__call__", &FeedForward::forward, py::arg("x"));
     child(feed_forward, "fc1", &FeedForward::fc1);
     child(feed_forward, "fc2", &FeedForward::fc2);
@@ -285,11 +183,12 @@ void bind_nn(py::module_& m) {
 
     LayerClass<LearnedPositionalEmbedding> learned(nn, "LearnedPositionalEmbedding", "x + weight[offset : offset + L]");
     learned
-        .def(py::init([](int64_t max_len, int64_t dim, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
-                 return std::make_unique<LearnedPositionalEmbedding>(max_len, dim, b.init());
+        .def(py::init([](int64_t max_positions, int64_t dim, const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 b.fields.finish();
+                 return std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, b.init());
              }),
-             py::arg("max_len"), py::arg("dim"))
+             py::arg("max_positions"), py::arg("dim"))
         .def("__call__", &LearnedPositionalEmbedding::forward, py::arg("x"), py::arg("offset") = 0);
     tensor_attribute(learned, "weight", &LearnedPositionalEmbedding::weight);
 
@@ -297,17 +196,17 @@ void bind_nn(py::module_& m) {
                                                    "Shaw's table of K = k_left + k_right + 1 vectors, indexed by r(i, "
                                                    "j) = clip(j - i, -k_left, k_right) + k_left");
     relative
-        .def(py::init([](int64_t head_dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
-                         const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         double init_std, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
-                 return std::make_unique<RelativePositionEmbedding>(
-                     head_dim, heads, relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std),
-                     b.init());
+        .def(py::init([](int64_t head_dim, int64_t heads, const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 RelativeOptions options;
+                 relative_option_fields(b.fields, options);
+                 b.fields.finish();
+                 return std::make_unique<RelativePositionEmbedding>(head_dim, heads, options, b.init());
              }),
-             py::arg("head_dim"), py::arg("heads") = 1, py::arg("k") = 8, py::arg("k_left") = py::none(),
-             py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0, py::arg("init_std") = 0.02)
+             py::arg("head_dim"), py::arg("heads") = 1, options_doc("Shaw's table E", [](OptionDocs& docs) {
+                 RelativeOptions o;
+                 relative_option_fields(docs, o);
+             }))
         .def("index", &RelativePositionEmbedding::index, py::arg("query_len"), py::arg("key_len"),
              py::arg("query_offset") = 0, "r(i, j): int64 [Lq, Lk]")
         .def("table", &RelativePositionEmbedding::table, "[H or 1, K, Dh]")
@@ -369,245 +268,8 @@ void bind_nn(py::module_& m) {
         py::arg("window") = -1, py::arg("query_offset") = 0,
         "The mask a fused attention's rules stand for (None when nothing is hidden)");
 
-    // --- attention
-    LayerClass<MultiHeadAttention> mha(nn, "MultiHeadAttention", "Scaled dot-product attention over H heads");
-    mha.def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                Built b = built_from(kwargs, false);
-                return std::make_unique<MultiHeadAttention>(dim, heads, b.init());
-            }),
-            py::arg("dim"), py::arg("heads"))
-        .def(
-            "__call__",
-            [](MultiHeadAttention& layer, const Tensor& query, const std::optional<Tensor>& key_value,
-               const std::optional<Tensor>& mask, int64_t query_offset) {
-                return layer.forward(query, key_value.value_or(query), mask.value_or(Tensor()), query_offset);
-            },
-            py::arg("query"), py::arg("key_value") = py::none(), py::arg("mask") = py::none(),
-            py::arg("query_offset") = 0, py::call_guard<py::gil_scoped_release>(),
-            "query [B, Lq, D] attends to key_value [B, Lk, D] (itself when None)")
-        .def_readwrite("causal", &MultiHeadAttention::causal)
-        .def_readwrite("window", &MultiHeadAttention::window)
-        .def_readonly("dim", &MultiHeadAttention::dim)
-        .def_readonly("heads", &MultiHeadAttention::heads)
-        .def_readonly("head_dim", &MultiHeadAttention::head_dim);
-    tensor_attribute(mha, "last_weights", &MultiHeadAttention::last_weights);
-    child(mha, "w_q", &MultiHeadAttention::w_q);
-    child(mha, "w_k", &MultiHeadAttention::w_k);
-    child(mha, "w_v", &MultiHeadAttention::w_v);
-    child(mha, "w_o", &MultiHeadAttention::w_o);
-
-    py::class_<RelativeMultiHeadAttention, MultiHeadAttention> relative_mha(
-        nn, "RelativeMultiHeadAttention",
-        "Attention with Shaw's key and value terms; impl: reference | bucketed | fused");
-    relative_mha
-        .def(py::init([](int64_t dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
-                         const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         const std::string& impl, bool values, double init_std, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
-                 return std::make_unique<RelativeMultiHeadAttention>(
-                     dim, heads,
-                     relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std, values),
-                     parse_attention_impl(impl), b.init());
-             }),
-             py::arg("dim"), py::arg("heads"), py::arg("k") = 8, py::arg("k_left") = py::none(),
-             py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0, py::arg("impl") = "bucketed", py::arg("values") = true, py::arg("init_std") = 0.02)
-        .def_property(
-            "impl",
-            [](const RelativeMultiHeadAttention& layer) { return std::string(attention_impl_name(layer.impl)); },
-            [](RelativeMultiHeadAttention& layer, const std::string& name) {
-                layer.impl = parse_attention_impl(name);
-            });
-    relative_mha.def_readonly("value_term", &RelativeMultiHeadAttention::value_term,
-                              "values=True: Shaw's value-side term too (rel_pos_emb_v a parameter)");
-    child(relative_mha, "rel_pos_emb_k", &RelativeMultiHeadAttention::rel_pos_emb_k);
-    child(relative_mha, "rel_pos_emb_v", &RelativeMultiHeadAttention::rel_pos_emb_v);
-
-    py::class_<GatedPositionAttention, RelativeMultiHeadAttention> gated(
-        nn, "GatedPositionAttention", "Relative and absolute position terms mixed per head by g = sigmoid(lambda)");
-    gated
-        .def(py::init([](int64_t dim, int64_t heads, int64_t k, const std::optional<int64_t>& k_left,
-                         const std::optional<int64_t>& k_right, bool share_across_heads, int64_t max_len, int64_t rank,
-                         const std::string& impl, bool token_gate, bool values, double init_std,
-                         const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, false);
-                 return std::make_unique<GatedPositionAttention>(
-                     dim, heads,
-                     relative_options(k, k_left, k_right, share_across_heads, max_len, rank, init_std, values),
-                     parse_attention_impl(impl), token_gate, b.init());
-             }),
-             py::arg("dim"), py::arg("heads"), py::arg("k") = 8, py::arg("k_left") = py::none(),
-             py::arg("k_right") = py::none(), py::arg("share_across_heads") = true, py::arg("max_len") = 512,
-             py::arg("rank") = 0, py::arg("impl") = "bucketed", py::arg("token_gate") = false, py::arg("values") = true,
-             py::arg("init_std") = 0.02)
-        .def("gate_values", &GatedPositionAttention::gate_values, "g per head: 1 = relative, 0 = absolute")
-        .def_property_readonly(
-            "gate", [](const GatedPositionAttention& l) { return l.gate; }, "lambda [H]")
-        .def_readonly("token_gate", &GatedPositionAttention::token_gate)
-        .def_property_readonly(
-            "w_gate", [](GatedPositionAttention& l) { return l.w_gate.get(); }, kChild);
-    child(gated, "w_pq", &GatedPositionAttention::w_pq);
-    child(gated, "w_pk", &GatedPositionAttention::w_pk);
-
-    // --- Transformer blocks and models; keyword options as TransformerOptions (layers/transformer.hpp)
-    LayerClass<EncoderLayer> encoder_layer(nn, "EncoderLayer", "x + attention(norm1(x)), then x + ff(norm2(x))");
-    encoder_layer
-        .def(py::init([](const py::kwargs& kwargs) {
-            Built b = built_from(kwargs, true);
-            return std::make_unique<EncoderLayer>(b.options, b.init());
-        }))
-        .def(
-            "__call__",
-            [](EncoderLayer& layer, const Tensor& x, const std::optional<Tensor>& mask, int64_t query_offset) {
-                return layer.forward(x, mask.value_or(Tensor()), query_offset);
-            },
-            py::arg("x"), py::arg("mask") = py::none(), py::arg("query_offset") = 0,
-            py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly(
-            "self_attention", [](EncoderLayer& l) { return l.self_attention.get(); }, kChild);
-    child(encoder_layer, "norm1", &EncoderLayer::norm1);
-    child(encoder_layer, "norm2", &EncoderLayer::norm2);
-    child(encoder_layer, "feed_forward", &EncoderLayer::feed_forward);
-
-    LayerClass<DecoderLayer> decoder_layer(nn, "DecoderLayer", "causal self-attention, cross-attention, feed-forward");
-    decoder_layer
-        .def(py::init([](const py::kwargs& kwargs) {
-            Built b = built_from(kwargs, true);
-            return std::make_unique<DecoderLayer>(b.options, b.init());
-        }))
-        .def(
-            "__call__",
-            [](DecoderLayer& layer, const Tensor& x, const Tensor& memory, const std::optional<Tensor>& self_mask,
-               const std::optional<Tensor>& memory_mask) {
-                return layer.forward(x, memory, self_mask.value_or(Tensor()), memory_mask.value_or(Tensor()));
-            },
-            py::arg("x"), py::arg("memory"), py::arg("self_mask") = py::none(), py::arg("memory_mask") = py::none(),
-            py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly(
-            "self_attention", [](DecoderLayer& l) { return l.self_attention.get(); }, kChild);
-    child(decoder_layer, "norm1", &DecoderLayer::norm1);
-    child(decoder_layer, "norm2", &DecoderLayer::norm2);
-    child(decoder_layer, "cross_attention", &DecoderLayer::cross_attention);
-    child(decoder_layer, "norm3", &DecoderLayer::norm3);
-    child(decoder_layer, "feed_forward", &DecoderLayer::feed_forward);
-
-    LayerClass<TokenEmbedding> token_embedding(nn, "TokenEmbedding",
-                                               "tokens(ids) sqrt(D) + absolute positions, dropout");
-    token_embedding
-        .def(py::init([](int64_t vocab, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, true);
-                 return std::make_unique<TokenEmbedding>(vocab, b.options, b.init());
-             }),
-             py::arg("vocab"))
-        .def("__call__", &TokenEmbedding::forward, py::arg("ids"), py::arg("offset") = 0);
-    child(token_embedding, "tokens", &TokenEmbedding::tokens);
-
-    // The encoder layers of an Encoder (or of a model's decoder stack), as the C++ holds them.
-    auto layer_list = [](py::object self, const auto& layers) {
-        py::list out;
-        for (const auto& layer : layers) out.append(py::cast(layer.get(), kChild, self));
-        return out;
-    };
-    LayerClass<Encoder> encoder(nn, "Encoder", "A stack of encoder layers with a final LayerNorm");
-    encoder
-        .def(py::init([](const py::kwargs& kwargs) {
-            Built b = built_from(kwargs, true);
-            return std::make_unique<Encoder>(b.options, b.init());
-        }))
-        .def(
-            "__call__",
-            [](Encoder& e, const Tensor& x, const std::optional<Tensor>& mask) {
-                return e.forward(x, mask.value_or(Tensor()));
-            },
-            py::arg("x"), py::arg("mask") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def_property_readonly(
-            "layers", [layer_list](py::object self) { return layer_list(self, self.cast<Encoder&>().layers); });
-    child(encoder, "final_norm", &Encoder::final_norm);
-
-    LayerClass<SequenceClassifier> classifier(nn, "SequenceClassifier", "ids [B, L] -> logits [B, classes]");
-    classifier
-        .def(py::init([](int64_t vocab, int64_t classes, const std::string& pooling, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, true);
-                 if (pooling != "mean" && pooling != "first") {
-                     throw std::invalid_argument("pooling '" + pooling + "': choose mean or first");
-                 }
-                 return std::make_unique<SequenceClassifier>(
-                     vocab, classes, b.options, pooling == "mean" ? Pooling::mean : Pooling::first, b.init());
-             }),
-             py::arg("vocab"), py::arg("classes"), py::arg("pooling") = "mean")
-        .def(
-            "__call__",
-            [](SequenceClassifier& model, const Tensor& ids, const Lengths& lengths) {
-                return model.forward(ids, lengths_or_full(lengths, ids));
-            },
-            py::arg("ids"), py::arg("lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def("gates", &SequenceClassifier::gates, "g per layer and head of the gated attention layers");
-    child(classifier, "embed", &SequenceClassifier::embed);
-    child(classifier, "encoder", &SequenceClassifier::encoder);
-    child(classifier, "classifier", &SequenceClassifier::classifier);
-
-    LayerClass<CausalLanguageModel> language_model(nn, "CausalLanguageModel",
-                                                   "ids [B, L] -> next-token logits [B, L, vocab]");
-    language_model
-        .def(py::init([](int64_t vocab, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, true);
-                 return std::make_unique<CausalLanguageModel>(vocab, b.options, b.init());
-             }),
-             py::arg("vocab"))
-        .def(
-            "__call__",
-            [](CausalLanguageModel& model, const Tensor& ids, const Lengths& lengths) {
-                return model.forward(ids, lengths_or_full(lengths, ids));
-            },
-            py::arg("ids"), py::arg("lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def("greedy_decode", &CausalLanguageModel::greedy_decode, py::arg("prompt"), py::arg("eos"),
-             py::arg("max_tokens"), py::call_guard<py::gil_scoped_release>(),
-             "The most likely next token, one at a time with a key/value cache, until eos or max_tokens")
-        .def("gates", &CausalLanguageModel::gates);
-    child(language_model, "embed", &CausalLanguageModel::embed);
-    child(language_model, "decoder", &CausalLanguageModel::decoder);
-    child(language_model, "lm_head", &CausalLanguageModel::lm_head);
-
-    LayerClass<EncoderDecoder> encoder_decoder(nn, "EncoderDecoder",
-                                               "source [B, Ls], target input [B, Lt] -> logits [B, Lt, target_vocab]");
-    encoder_decoder
-        .def(py::init([](int64_t source_vocab, int64_t target_vocab, const py::kwargs& kwargs) {
-                 Built b = built_from(kwargs, true);
-                 return std::make_unique<EncoderDecoder>(source_vocab, target_vocab, b.options, b.init());
-             }),
-             py::arg("source_vocab"), py::arg("target_vocab"))
-        .def(
-            "__call__",
-            [](EncoderDecoder& model, const Tensor& source, const Tensor& target, const Lengths& source_lengths,
-               const Lengths& target_lengths) {
-                return model.forward(source, lengths_or_full(source_lengths, source), target,
-                                     lengths_or_full(target_lengths, target));
-            },
-            py::arg("source"), py::arg("target"), py::arg("source_lengths") = py::none(),
-            py::arg("target_lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def(
-            "encode",
-            [](EncoderDecoder& model, const Tensor& source, const Lengths& source_lengths) {
-                return model.encode(source, lengths_or_full(source_lengths, source));
-            },
-            py::arg("source"), py::arg("source_lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def(
-            "greedy_decode",
-            [](EncoderDecoder& model, const Tensor& source, int64_t bos, int64_t eos, int64_t max_steps,
-               const Lengths& source_lengths) {
-                return model.greedy_decode(source, lengths_or_full(source_lengths, source), bos, eos, max_steps);
-            },
-            py::arg("source"), py::arg("bos"), py::arg("eos"), py::arg("max_steps"),
-            py::arg("source_lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def("gates", &EncoderDecoder::gates)
-        .def_property_readonly("decoder_layers", [layer_list](py::object self) {
-            return layer_list(self, self.cast<EncoderDecoder&>().decoder_layers);
-        });
-    child(encoder_decoder, "source_embed", &EncoderDecoder::source_embed);
-    child(encoder_decoder, "target_embed", &EncoderDecoder::target_embed);
-    child(encoder_decoder, "encoder", &EncoderDecoder::encoder);
-    child(encoder_decoder, "decoder_norm", &EncoderDecoder::decoder_norm);
-    child(encoder_decoder, "output", &EncoderDecoder::output);
+    bind_attention(nn);
+    bind_models(nn);
 }
 
 }  // namespace relgrad::python

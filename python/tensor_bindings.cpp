@@ -195,10 +195,7 @@ DType dtype_from(const py::handle& value) {
         throw std::invalid_argument("a dtype is one of relgrad.float32, float64, int64, bool (or its name), not " +
                                     py::repr(value).cast<std::string>());
     }
-    for (DType dtype : {DType::float32, DType::float64, DType::int64, DType::boolean}) {
-        if (name == dtype_name(dtype)) return dtype;
-    }
-    throw std::invalid_argument("unknown dtype '" + name + "': relgrad has float32, float64, int64 and bool");
+    return parse_named(dtype_names, name, "dtype");
 }
 
 Device device_from(const py::handle& value) {

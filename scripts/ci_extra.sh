@@ -49,7 +49,7 @@ run_notebooks() {
     local start
     start=$(date +%s)
     if [ ! -f build/CMakeCache.txt ]; then
-        cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
+        cmake --preset default -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
     fi
     cmake --build build -j"$jobs" --target relgrad_python || return 1
     /usr/bin/python3 scripts/run_notebooks.py --build build || return 1
@@ -139,7 +139,7 @@ run_cuda_quickstart() {
     local start
     start=$(date +%s)
     if [ ! -x build/tests/relgrad_emulated ]; then
-        cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
+        cmake --preset default -DRELGRAD_WARNINGS_AS_ERRORS=ON || return 1
         cmake --build build -j"$jobs" --target relgrad relgrad_emulated || return 1
     fi
     rm -rf build/quickstart-cpu build/quickstart-cuda

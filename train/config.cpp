@@ -11,6 +11,7 @@
 #include "engine/enum_names.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
+#include "train/option_fields.hpp"
 
 namespace relgrad {
 
@@ -21,7 +22,6 @@ const EnumName<TaskKind> task_kinds[] = {
     {TaskKind::dedupe, "dedupe"},       {TaskKind::relative_order, "relative_order"},
     {TaskKind::symbol_at, "symbol_at"}, {TaskKind::classification, "classification"},
     {TaskKind::pairs, "pairs"},         {TaskKind::language_model, "language_model"}};
-const EnumName<Pooling> poolings[] = {{Pooling::mean, "mean"}, {Pooling::first, "first"}};
 
 TaskKind task_kind_from_name(const std::string& kind) {
     if (const auto found = value_named(task_kinds, kind)) return *found;
@@ -29,24 +29,23 @@ TaskKind task_kind_from_name(const std::string& kind) {
 }
 
 // parse(): each field read from its section of the document and checked; the first bad value is
-// the one reported.
-class FieldReader {
+// the one reported. The options of layers/ (integer, number, flag, named, shorthand, check) are
+// JsonFields'; the kinds below are the config's own.
+class FieldReader : public JsonFields {
 public:
-    FieldReader(const nlohmann::json& document, const std::string& file) : root_(document, "", file) {}
+    FieldReader(const nlohmann::json& document, const std::string& file)
+        : JsonFields(root_), root_(document, "", file) {}
 
     void section(const char* name) {
         if (section_) section_->finish();
         section_.emplace(root_.section(name));
+        reader_ = &*section_;
     }
     void finish() {
         section_->finish();
         root_.finish();
     }
 
-    template <class Integer>
-    void integer(const char* key, Integer& value, int64_t low, int64_t high, int64_t fallback) {
-        value = static_cast<Integer>(section_->integer(key, low, high, fallback));
-    }
     // a field that may be left out: read only when present (epochs: 0, warmup_steps: nothing when absent)
     void optional_integer(const char* key, int64_t& value, int64_t low, int64_t high) {
         if (section_->has(key)) value = section_->integer(key, low, high);
@@ -54,17 +53,8 @@ public:
     void optional_integer(const char* key, std::optional<int64_t>& value, int64_t low, int64_t high) {
         if (section_->has(key)) value = section_->integer(key, low, high);
     }
-    // a key that only gives other keys their default: read, never written back
-    int64_t shorthand(const char* key, int64_t low, int64_t high, int64_t fallback) {
-        return section_->integer(key, low, high, fallback);
-    }
-    void number(const char* key, double& value, double low, double high, double fallback, bool above_low = false) {
-        value = section_->number(key, low, high, fallback, above_low);
-    }
-    void flag(const char* key, bool& value, bool fallback) { value = section_->flag(key, fallback); }
-    void text(const char* key, std::string& value, const std::string& fallback,
-              const std::vector<std::string>& allowed = {}) {
-        value = section_->text(key, fallback, allowed);
+    void text(const char* key, std::string& value, const std::string& fallback) {
+        value = section_->text(key, fallback);
     }
     // the value's default is the fallback
     void integers(const char* key, std::vector<int64_t>& value, int64_t low, int64_t high, std::size_t count) {
@@ -86,9 +76,6 @@ public:
             value.push_back(std::move(g));
         }
     }
-    void check(bool ok, const char* key, const std::string& expected) {
-        if (!ok) section_->fail(key, expected);
-    }
     void not_both(const char* key, const char* other) {
         if (section_->has(key) && section_->has(other)) {
             section_->fail(other,
@@ -102,28 +89,21 @@ private:
 };
 
 // resolved(): each field written back, checks skipped.
-class FieldWriter {
+class FieldWriter : public JsonFieldsWriter {
 public:
-    void section(const char* name) { section_ = &document[name]; }
+    FieldWriter() : JsonFieldsWriter(document) {}
 
-    template <class Integer>
-    void integer(const char* key, const Integer& value, int64_t, int64_t, int64_t) {
-        (*section_)[key] = value;
-    }
+    void section(const char* name) { object_ = &document[name]; }
+
     void optional_integer(const char* key, int64_t value, int64_t, int64_t) {
-        if (value != 0) (*section_)[key] = value;
+        if (value != 0) (*object_)[key] = value;
     }
     void optional_integer(const char* key, const std::optional<int64_t>& value, int64_t, int64_t) {
-        if (value) (*section_)[key] = *value;
+        if (value) (*object_)[key] = *value;
     }
-    int64_t shorthand(const char*, int64_t, int64_t, int64_t fallback) { return fallback; }
-    void number(const char* key, double value, double, double, double, bool = false) { (*section_)[key] = value; }
-    void flag(const char* key, bool value, bool) { (*section_)[key] = value; }
-    void text(const char* key, const std::string& value, const std::string&, const std::vector<std::string>& = {}) {
-        (*section_)[key] = value;
-    }
+    void text(const char* key, const std::string& value, const std::string&) { (*object_)[key] = value; }
     void integers(const char* key, const std::vector<int64_t>& value, int64_t, int64_t, std::size_t) {
-        (*section_)[key] = value;
+        (*object_)[key] = value;
     }
     void groups(const char* key, const std::vector<ParameterGroupConfig>& value) {
         nlohmann::json list = nlohmann::json::array();
@@ -134,31 +114,12 @@ public:
             if (g.weight_decay) group["weight_decay"] = *g.weight_decay;
             list.push_back(std::move(group));
         }
-        (*section_)[key] = std::move(list);
+        (*object_)[key] = std::move(list);
     }
-    void check(bool, const char*, const std::string&) {}
     void not_both(const char*, const char*) {}
 
     nlohmann::json document = nlohmann::json::object();
-
-private:
-    nlohmann::json* section_ = nullptr;
 };
-
-// An enum field, given by name: a table's, or that of the layers' parse and name functions.
-template <class Fields, class Enum, std::size_t N>
-void named(Fields& f, const char* key, Enum& value, const char* fallback, const EnumName<Enum> (&table)[N]) {
-    std::string text = name_of(table, value);
-    f.text(key, text, fallback, names_of(table));
-    value = *value_named(table, text);
-}
-template <class Fields, class Enum>
-void named(Fields& f, const char* key, Enum& value, const char* fallback, const std::vector<std::string>& names,
-           Enum (*parse)(const std::string&), const char* (*name)(Enum)) {
-    std::string text = name(value);
-    f.text(key, text, fallback, names);
-    value = parse(text);
-}
 
 // Every key of a config, once: its section, range and default, the member it sets and the checks
 // that involve it, in the order they are read. parse() walks it with a FieldReader, resolved()
@@ -167,26 +128,11 @@ template <class Fields>
 void config_fields(Fields& f, Config& c) {
     f.section("model");
     TransformerOptions& t = c.model.transformer;
-    f.integer("layers", t.layers, 1, 64, 2);
-    f.integer("dim", t.dim, 1, 8192, 64);
-    f.integer("heads", t.heads, 1, 256, 4);
-    f.check(t.dim % t.heads == 0, "heads", "a divisor of /model/dim = " + std::to_string(t.dim));
-    f.integer("ff_dim", t.ff_dim, 1, 65536, 4 * t.dim);
-    f.number("dropout", t.dropout, 0, 0.99, 0.1);
-    named(f, "position", t.position, "relative", position_mode_names);
-    const int64_t k = f.shorthand("k", 0, 4096, 8);
-    f.integer("k_left", t.relative.k_left, 0, 4096, k);
-    f.integer("k_right", t.relative.k_right, 0, 4096, k);
-    f.flag("share_across_heads", t.relative.share_across_heads, true);
-    f.integer("rank", t.relative.rank, 0, 8192, 0);
-    f.flag("relative_values", t.relative.values, true);
-    f.number("relative_init_std", t.relative.init_std, 0, 10, 0.02, true);
-    named(f, "attention", t.impl, "bucketed", attention_impl_names);
-    f.flag("token_gate", t.token_gate, false);
-    named(f, "pooling", c.model.pooling, "mean", poolings);
+    transformer_option_fields(f, t);  // layers/transformer.hpp: one row per option
+    f.named("pooling", c.model.pooling, pooling_names, Pooling::mean, "classification: mean or first token");
 
     f.section("task");
-    named(f, "kind", c.task.kind, "relative_order", task_kinds);
+    f.named("kind", c.task.kind, task_kinds, TaskKind::relative_order);
     f.integer("vocab", c.task.vocab, 7, 1 << 20, 16);
     f.integers("train_lengths", c.task.train_lengths, 1, kMostLength, 2);
     f.integers("test_lengths", c.task.test_lengths, 1, kMostLength, 2);
@@ -222,12 +168,12 @@ void config_fields(Fields& f, Config& c) {
     f.check(!reads_files(c.task.kind) || !d.train.empty(), "train",
             std::string("the training file of a ") + task_kind_name(c.task.kind) + " task");
     f.text("test", d.test, "");
-    f.number("held_out", d.held_out, 0, 0.9, 0.1, true);
-    f.text("tokenizer", d.tokenizer, "char", {"char", "word"});
+    f.number("held_out", d.held_out, 0, 0.9, true, 0.1);
+    f.named("tokenizer", d.tokenizer, tokenizer_kind_names, Tokenizer::Kind::character);
     f.integer("min_frequency", d.min_frequency, 1, 1 << 30, 1);
     f.flag("lowercase", d.lowercase, false);
     f.flag("split_punctuation", d.split_punctuation, false);
-    f.check(!d.split_punctuation || d.tokenizer == "word", "split_punctuation",
+    f.check(!d.split_punctuation || d.tokenizer == Tokenizer::Kind::word, "split_punctuation",
             "false with the char tokenizer (set data.tokenizer = \"word\")");
     f.integer("max_length", d.max_length, 1, kMostLength, 128);
     f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, 0);
@@ -239,18 +185,18 @@ void config_fields(Fields& f, Config& c) {
     f.integer("steps", tr.steps, 1, int64_t{1} << 40, 400);
     f.optional_integer("epochs", tr.epochs, 1, 1 << 20);
     f.integer("batch_size", tr.batch_size, 1, 1 << 20, 32);
-    f.number("learning_rate", tr.learning_rate, 0, 10, 1e-3, true);
+    f.number("learning_rate", tr.learning_rate, 0, 10, true, 1e-3);
     f.optional_integer("warmup_steps", tr.warmup_steps, 0, int64_t{1} << 40);
-    named(f, "schedule", tr.schedule, "cosine", schedule_names);
-    f.number("beta1", tr.adamw.beta1, 0, 0.999999, 0.9);
-    f.number("beta2", tr.adamw.beta2, 0, 0.999999, 0.98);
-    f.number("eps", tr.adamw.eps, 0, 1, 1e-8, true);
-    f.number("weight_decay", tr.adamw.weight_decay, 0, 10, 0.01);
-    f.number("clip_norm", tr.clip_norm, 0, 1e9, 1.0, true);
+    f.named("schedule", tr.schedule, schedule_names, Schedule::cosine);
+    f.number("beta1", tr.adamw.beta1, 0, 0.999999, false, 0.9);
+    f.number("beta2", tr.adamw.beta2, 0, 0.999999, false, 0.98);
+    f.number("eps", tr.adamw.eps, 0, 1, true, 1e-8);
+    f.number("weight_decay", tr.adamw.weight_decay, 0, 10, false, 0.01);
+    f.number("clip_norm", tr.clip_norm, 0, 1e9, true, 1.0);
     f.integer("seed", tr.seed, 0, int64_t{1} << 53, 1);
     f.integer("threads", tr.threads, 1, 1024, 2);
-    named(f, "device", tr.device, "cpu", {"cpu", "guarded_cpu", "cuda"}, parse_device, device_name);
-    f.flag("gradient_checkpointing", t.checkpoint, false);
+    f.named("device", tr.device, device_names, Device::cpu);
+    gradient_checkpointing_field(f, t);
     f.flag("length_bucketing", tr.length_bucketing, false);
     f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
 
@@ -296,7 +242,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     reader.finish();
     TransformerOptions& t = c.model.transformer;
     // learned positions need a vector for the longest input (+2: bos/eos)
-    t.max_len = reads_files(c.task.kind) ? c.data.max_length + 2
+    t.max_positions = reads_files(c.task.kind) ? c.data.max_length + 2
                                          : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
     // a run by steps gets its default warmup now; a run by epochs, from its data in train()
     if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);

@@ -10,6 +10,7 @@
 
 #include "engine/optim.hpp"
 #include "layers/transformer.hpp"
+#include "train/tokenizer.hpp"
 
 namespace relgrad {
 
@@ -50,7 +51,7 @@ struct DataConfig {
     std::string train;  // required for the file tasks
     std::string test;   // or, when empty, a held-out part of train
     double held_out = 0.1;
-    std::string tokenizer = "char";  // char | word
+    Tokenizer::Kind tokenizer = Tokenizer::Kind::character;  // "char" | "word"
     int64_t min_frequency = 1;       // rarer tokens (characters or words) become <unk>
     bool lowercase = false;          // the tokenizer's TextOptions (train/tokenizer.hpp)
     bool split_punctuation = false;  // word tokenizer only

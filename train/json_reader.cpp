@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 #include <vector>
+
+#include "layers/options.hpp"
 
 namespace relgrad {
 
@@ -97,12 +98,6 @@ nlohmann::json parse_json(const std::string& text, const std::string& where) {
 
 const nlohmann::json JsonReader::empty_object_ = nlohmann::json::object();
 
-static std::string number_text(double x) {
-    std::ostringstream out;
-    out << x;
-    return out.str();
-}
-
 JsonReader::JsonReader(const nlohmann::json& object, std::string path, std::string file)
     : object_(object), path_(std::move(path)), file_(std::move(file)) {
     if (!object_.is_object()) {
@@ -123,58 +118,53 @@ const nlohmann::json* JsonReader::value(const std::string& key) {
 
 std::string JsonReader::text(const std::string& key, const std::optional<std::string>& fallback,
                              const std::vector<std::string>& allowed) {
-    std::string expected = "a string";
-    if (!allowed.empty()) {
-        expected = "one of";
-        for (std::size_t i = 0; i < allowed.size(); ++i) expected += (i ? ", \"" : " \"") + allowed[i] + "\"";
-    }
+    const std::string expected = allowed.empty() ? "a string" : names_text(allowed);
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
-        return *fallback;
+        return took(key, *fallback);
     }
     if (!v->is_string()) fail(key, expected);
     const std::string s = v->get<std::string>();
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end()) fail(key, expected);
-    return s;
+    return took(key, s);
 }
 
 int64_t JsonReader::integer(const std::string& key, int64_t low, int64_t high, std::optional<int64_t> fallback) {
-    const std::string expected = "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+    const std::string expected = integer_range_text(low, high);
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
-        return *fallback;
+        return took(key, *fallback);
     }
     if (!is_int64(*v)) fail(key, expected);
     const int64_t x = v->get<int64_t>();
     if (x < low || x > high) fail(key, expected);
-    return x;
+    return took(key, x);
 }
 
 double JsonReader::number(const std::string& key, double low, double high, std::optional<double> fallback,
                           bool above_low) {
-    const std::string expected =
-        "a number in " + std::string(above_low ? "(" : "[") + number_text(low) + ", " + number_text(high) + "]";
+    const std::string expected = number_range_text(low, high, above_low);
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
-        return *fallback;
+        return took(key, *fallback);
     }
     if (!v->is_number()) fail(key, expected);
     const double x = v->get<double>();
     if (!(above_low ? x > low : x >= low) || !(x <= high)) fail(key, expected);
-    return x;
+    return took(key, x);
 }
 
 bool JsonReader::flag(const std::string& key, std::optional<bool> fallback) {
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, "true or false");
-        return *fallback;
+        return took(key, *fallback);
     }
     if (!v->is_boolean()) fail(key, "true or false");
-    return v->get<bool>();
+    return took(key, v->get<bool>());
 }
 
 std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, int64_t high, std::size_t count,
@@ -185,7 +175,7 @@ std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, i
     const nlohmann::json* v = value(key);
     if (!v) {
         if (!fallback) fail(key, expected);
-        return *fallback;
+        return took(key, *fallback);
     }
     if (!v->is_array() || (count > 0 && v->size() != count) || v->empty()) fail(key, expected);
     std::vector<int64_t> out;
@@ -193,7 +183,7 @@ std::vector<int64_t> JsonReader::integers(const std::string& key, int64_t low, i
         if (!is_int64(item) || item.get<int64_t>() < low || item.get<int64_t>() > high) fail(key, expected);
         out.push_back(item.get<int64_t>());
     }
-    return out;
+    return took(key, out);
 }
 
 JsonReader JsonReader::section(const std::string& key) {

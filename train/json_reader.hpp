@@ -51,14 +51,22 @@ public:
     void finish() const;
 
     [[noreturn]] void fail(const std::string& key, const std::string& expected) const;
+    // Every key read so far (not sections) with the value it took, its default when it was missing.
+    const nlohmann::json& resolved() const { return resolved_; }
     std::string path_of(const std::string& key) const { return path_ + "/" + key; }
 
 private:
     const nlohmann::json* value(const std::string& key);
+    template <class T>
+    T took(const std::string& key, T value) {  // a value read: recorded for resolved()
+        resolved_[key] = value;
+        return value;
+    }
 
     const nlohmann::json& object_;
     std::string path_, file_;
     std::set<std::string> read_;
+    nlohmann::json resolved_ = nlohmann::json::object();
     static const nlohmann::json empty_object_;
 };
 

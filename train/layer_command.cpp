@@ -13,6 +13,8 @@
 #include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/json_reader.hpp"
+#include "train/option_fields.hpp"
+#include "train/run_directory.hpp"
 
 namespace relgrad {
 
@@ -21,114 +23,35 @@ using nlohmann::json;
 
 namespace {
 
-// Every size of a spec (features, d_model, heads, ff_dim, max_len, k) is at most 2^20, and no
-// two of them may multiply to more than 2^28 elements (a parameter of 1 GiB in float32): checked
-// as each is read, before anything is allocated, so the error names the key.
+// Every size of a spec that no options description bounds (in_features, out_features, dim and
+// heads of the plain layers, max_positions) is at most 2^20, and no parameter may have more than
+// 2^28 elements (1 GiB in float32): checked on the sizes read, before anything is allocated, so
+// that the error names the key.
 constexpr int64_t kMostSize = int64_t{1} << 20;
 constexpr int64_t kMostElements = int64_t{1} << 28;
 
-// Reads the spec's keys, each at most once, and complains about any key never read.
-class Spec {
+// A spec is read with a JsonReader (errors name the file and the key's JSON path, unknown keys
+// are errors) and the options descriptions of layers/ through JsonFields.
+class Spec : public JsonFields {
 public:
-    Spec(const json& document, std::string path) : doc_(document), path_(std::move(path)) {
-        if (!doc_.is_object()) fail("the spec must be a JSON object");
-    }
+    Spec(const json& document, const std::string& path) : JsonFields(reader_), reader_(document, "", path) {}
 
-    std::string text(const std::string& key, const std::string& fallback = "") {
-        if (!has(key)) return require_default(key, fallback);
-        if (!doc_[key].is_string()) fail("'" + key + "' must be a string, got " + json_excerpt(doc_[key]));
-        return doc_[key].get<std::string>();
-    }
-
-    // A size in [low, high] (high: kMostSize unless smaller).
-    int64_t integer(const std::string& key, int64_t low, std::optional<int64_t> fallback = std::nullopt,
-                    int64_t high = kMostSize) {
-        if (!has(key)) {
-            if (!fallback) fail("'" + key + "' is required");
-            return *fallback;
-        }
-        const json& value = doc_[key];
-        if (!is_int64(value) || value.get<int64_t>() < low || value.get<int64_t>() > high) {
-            fail("'" + key + "' must be an integer in [" + std::to_string(low) + ", " + std::to_string(high) +
-                 "], got " + json_excerpt(value));
-        }
-        const int64_t size = value.get<int64_t>();
-        // A parameter is at most [a size, another size] or [2 k + 1 table rows, a size]: a clipping
-        // distance (k, k_left, k_right) is paired with the other sizes only.
-        const bool distance = key[0] == 'k';
-        const int64_t extent = distance ? 2 * size + 1 : size;
-        const Largest& partner = distance || sizes_.extent >= distances_.extent ? sizes_ : distances_;
-        if (partner.extent * extent > kMostElements) {
-            fail("'" + key + "' = " + std::to_string(size) + " with '" + partner.key +
-                 "' = " + std::to_string(partner.value) + " makes a parameter of up to " +
-                 std::to_string(partner.extent * extent) + " elements, more than the 2^28 a layer spec may ask for");
-        }
-        Largest& mine = distance ? distances_ : sizes_;
-        if (extent > mine.extent) mine = Largest{extent, size, key};
-        return size;
-    }
-
-    double number(const std::string& key, double low, double high, double fallback) {
-        if (!has(key)) return fallback;
-        if (!doc_[key].is_number() || doc_[key].get<double>() < low || doc_[key].get<double>() > high) {
-            // the bounds as JSON writes them: 1e-300, not 0.000000
-            fail("'" + key + "' must be a number in [" + json(low).dump() + ", " + json(high).dump() + "], got " +
-                 json_excerpt(doc_[key]));
-        }
-        return doc_[key].get<double>();
-    }
-
-    bool flag(const std::string& key, bool fallback) {
-        if (!has(key)) return fallback;
-        if (!doc_[key].is_boolean()) fail("'" + key + "' must be true or false, got " + json_excerpt(doc_[key]));
-        return doc_[key].get<bool>();
-    }
-
-    void check_all_read() const {
-        for (const auto& item : doc_.items()) {
-            if (!read_.count(item.key()))
-                fail("unknown key '" + item.key() + "' for layer type '" + doc_["type"].get<std::string>() + "'");
+    int64_t size(const char* key) { return reader_.integer(key, 1, kMostSize); }
+    bool flag(const char* key, bool fallback) { return reader_.flag(key, fallback); }
+    using JsonFields::flag;
+    // a parameter [rows, columns], the sizes given by `key` (the one reported) and `other`
+    void require_parameter(const char* key, int64_t rows, const char* other, int64_t columns) {
+        if (rows * columns > kMostElements) {  // both at most 2^20: no overflow
+            reader_.fail(key, std::string("a size that keeps each parameter within 2^28 elements: [") + key + ", " +
+                                  other + "] = [" + std::to_string(rows) + ", " + std::to_string(columns) +
+                                  "] would have " + std::to_string(rows * columns));
         }
     }
-
-    [[noreturn]] void fail(const std::string& message) const { throw std::invalid_argument(path_ + ": " + message); }
+    JsonReader& reader() { return reader_; }
 
 private:
-    bool has(const std::string& key) {
-        read_.insert(key);
-        return doc_.contains(key);
-    }
-    std::string require_default(const std::string& key, const std::string& fallback) {
-        if (fallback.empty()) fail("'" + key + "' is required");
-        return fallback;
-    }
-
-    const json& doc_;
-    std::string path_;
-    std::set<std::string> read_;
-    struct Largest {  // of the sizes or of the clipping distances read so far
-        int64_t extent = 1, value = 0;
-        std::string key;
-    };
-    Largest sizes_, distances_;
+    JsonReader reader_;
 };
-
-DType parse_dtype(Spec& spec) {
-    const std::string name = spec.text("dtype", "float32");
-    if (name == "float32") return DType::float32;
-    if (name == "float64") return DType::float64;
-    spec.fail("'dtype' must be float32 or float64, got \"" + name + "\"");
-}
-
-RelativeOptions parse_relative(Spec& spec) {
-    RelativeOptions o;
-    const int64_t k = spec.integer("k", 0, 8);
-    o.k_left = spec.integer("k_left", 0, k);
-    o.k_right = spec.integer("k_right", 0, k);  // 2 k + 1 <= 2^21 + 1 buckets: no overflow
-    o.share_across_heads = spec.flag("share_across_heads", true);
-    o.rank = spec.integer("rank", 0, 0);
-    return o;
-}
 
 // A built layer and how to run it on x (and the attention mask, for attention layers).
 struct LayerRun {
@@ -141,94 +64,91 @@ struct LayerRun {
     DType dtype = DType::float32;
 };
 
+template <class Layer>
+LayerRun run_of(std::unique_ptr<Layer> layer, int64_t model_dim, int64_t in_dim) {
+    LayerRun run;
+    Layer* raw = layer.get();
+    run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
+    run.module = std::move(layer);
+    run.model_dim = model_dim;
+    run.in_dim = in_dim;
+    return run;
+}
+
 LayerRun build_layer(Spec& spec, Generator& gen) {
-    const std::string type = spec.text("type");
-    const DType dtype = parse_dtype(spec);
+    JsonReader& r = spec.reader();
+    const std::string type = r.text("type");
+    DType dtype = DType::float32;
+    spec.named("dtype", dtype, floating_dtype_names, DType::float32);
     const Init init{gen, dtype};
     LayerRun run;
-    run.dtype = dtype;
     if (type == "attention" || type == "relative_attention" || type == "gated_attention") {
-        const int64_t dim = spec.integer("d_model", 1), heads = spec.integer("n_heads", 1);
+        const int64_t dim = spec.size("dim"), heads = spec.size("heads");
         run.causal = spec.flag("causal", false);
-        run.takes_mask = true;
-        run.model_dim = dim;
+        // W_q .. W_o are [D, D]; the tables [K, D] at most and the low-rank factors [rank, D] stay
+        // within 2^28 elements when they do, as the description bounds K and rank by 8193
+        spec.require_parameter("dim", dim, "dim", dim);
         std::unique_ptr<MultiHeadAttention> attention;
         if (type == "attention") {
             attention = std::make_unique<MultiHeadAttention>(dim, heads, init);
         } else {
-            const RelativeOptions relative = parse_relative(spec);
-            const AttentionImpl impl = parse_attention_impl(spec.text("impl", "bucketed"));
+            RelativeOptions relative;
+            relative_option_fields(spec, relative);
+            AttentionImpl impl = AttentionImpl::bucketed;
+            attention_form_field(spec, impl);
             if (type == "relative_attention") {
                 attention = std::make_unique<RelativeMultiHeadAttention>(dim, heads, relative, impl, init);
             } else {
-                attention = std::make_unique<GatedPositionAttention>(dim, heads, relative, impl,
-                                                                     spec.flag("token_gate", false), init);
+                spec.check(impl != AttentionImpl::fused, "attention", "reference or bucketed (no fused gated form)");
+                bool token_gate = false;
+                token_gate_field(spec, token_gate);
+                attention = std::make_unique<GatedPositionAttention>(dim, heads, relative, impl, token_gate, init);
             }
         }
         MultiHeadAttention* raw = attention.get();
         run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, x, mask); };
         run.module = std::move(attention);
+        run.model_dim = dim;
     } else if (type == "sinusoidal") {
-        auto layer = std::make_unique<SinusoidalPositionalEncoding>(spec.integer("d_model", 1));
-        run.model_dim = layer->dim;
-        SinusoidalPositionalEncoding* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
-        run.module = std::move(layer);
+        const int64_t dim = spec.size("dim");
+        run = run_of(std::make_unique<SinusoidalPositionalEncoding>(dim), dim, -1);
     } else if (type == "learned_positions") {
-        const int64_t max_len = spec.integer("max_len", 1);
-        auto layer = std::make_unique<LearnedPositionalEmbedding>(max_len, spec.integer("d_model", 1), init);
-        run.model_dim = layer->dim;
-        LearnedPositionalEmbedding* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
-        run.module = std::move(layer);
+        const int64_t max_positions = spec.size("max_positions"), dim = spec.size("dim");
+        spec.require_parameter("dim", dim, "max_positions", max_positions);
+        run = run_of(std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, init), dim, -1);
     } else if (type == "linear") {
-        const int64_t in = spec.integer("in_features", 1), out = spec.integer("out_features", 1);
-        auto layer = std::make_unique<Linear>(in, out, init, spec.flag("bias", true));
-        run.in_dim = in;
-        Linear* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
-        run.module = std::move(layer);
+        const int64_t in = spec.size("in_features"), out = spec.size("out_features");
+        spec.require_parameter("out_features", out, "in_features", in);
+        run = run_of(std::make_unique<Linear>(in, out, init, spec.flag("bias", true)), -1, in);
     } else if (type == "layer_norm") {
-        const int64_t dim = spec.integer("d_model", 1);
-        auto layer = std::make_unique<LayerNorm>(dim, init, spec.number("eps", 1e-300, 1, 1e-5));
-        run.in_dim = dim;
-        LayerNorm* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
-        run.module = std::move(layer);
+        const int64_t dim = spec.size("dim");
+        const double eps = r.number("eps", 0, 1, 1e-5, true);
+        run = run_of(std::make_unique<LayerNorm>(dim, init, eps), -1, dim);
     } else if (type == "feed_forward") {
-        const int64_t dim = spec.integer("d_model", 1);
-        auto layer = std::make_unique<FeedForward>(dim, spec.integer("ff_dim", 1), 0.0, init);
-        run.in_dim = dim;
-        FeedForward* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor&) { return raw->forward(x); };
-        run.module = std::move(layer);
+        const int64_t dim = spec.size("dim"), ff_dim = spec.size("ff_dim");
+        spec.require_parameter("ff_dim", ff_dim, "dim", dim);
+        run = run_of(std::make_unique<FeedForward>(dim, ff_dim, 0.0, init), -1, dim);
     } else if (type == "encoder_layer") {
         TransformerOptions o;
-        o.dim = spec.integer("d_model", 1);
-        o.heads = spec.integer("n_heads", 1);
-        o.ff_dim = spec.integer("ff_dim", 1, 4 * o.dim);  // d_model <= 2^20: 4 d_model fits
-        o.dropout = 0;
-        o.position = parse_position_mode(spec.text("position", "relative"));
-        if (o.position == PositionMode::sinusoidal || o.position == PositionMode::learned) {
-            spec.fail(
-                "'position' of an encoder_layer must be none, relative or gated (sinusoidal and learned "
-                "positions are added to the embeddings, outside the layer)");
-        }
-        if (o.position != PositionMode::none) o.relative = parse_relative(spec);
-        if (o.position != PositionMode::none) o.impl = parse_attention_impl(spec.text("impl", "bucketed"));
-        if (o.position == PositionMode::gated) o.token_gate = spec.flag("token_gate", false);
+        block_option_fields(spec, o);  // layers/transformer.hpp
+        spec.check(o.position != PositionMode::sinusoidal && o.position != PositionMode::learned, "position",
+                   "none, relative or gated (sinusoidal and learned positions are added to the embeddings, "
+                   "outside the layer)");
+        spec.require_parameter("ff_dim", o.ff_dim, "dim", o.dim);  // [D, D] and the tables are within it
         run.causal = spec.flag("causal", false);
-        run.takes_mask = true;
-        run.model_dim = o.dim;
         auto layer = std::make_unique<EncoderLayer>(o, init);
         EncoderLayer* raw = layer.get();
         run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, mask); };
         run.module = std::move(layer);
+        run.model_dim = o.dim;
     } else {
-        spec.fail("unknown layer type '" + type +
-                  "' (expected attention, relative_attention, gated_attention, sinusoidal, learned_positions, "
-                  "linear, layer_norm, feed_forward or encoder_layer)");
+        r.fail("type",
+               "a layer type: attention, relative_attention, gated_attention, sinusoidal, learned_positions, "
+               "linear, layer_norm, feed_forward or encoder_layer");
     }
+    run.takes_mask = type == "attention" || type == "relative_attention" || type == "gated_attention" ||
+                     type == "encoder_layer";
+    run.dtype = dtype;
     run.module->eval();
     return run;
 }
@@ -286,13 +206,12 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     try {
         layer = build_layer(spec, gen);
     } catch (const std::bad_alloc&) {  // sizes each within bounds whose product is not
-        spec.fail("the layer's parameters do not fit in memory; make its sizes smaller");
+        throw std::invalid_argument(spec_path + ": the layer's parameters do not fit in memory; make its sizes smaller");
     }
-    const std::string mask_type = layer.takes_mask ? spec.text("mask_type", "auto") : "auto";
-    if (mask_type != "auto" && mask_type != "key_padding" && mask_type != "attention") {
-        spec.fail("'mask_type' must be auto, key_padding or attention, got \"" + mask_type + "\"");
-    }
-    spec.check_all_read();
+    const std::string mask_type =
+        layer.takes_mask ? spec.reader().text("mask_type", std::string("auto"), {"auto", "key_padding", "attention"})
+                         : "auto";
+    spec.reader().finish();
 
     // read and check every input before computing or writing anything
     const fs::path in(in_dir);
@@ -353,6 +272,7 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     auto gradient_of = [](const Tensor& t) { return t.grad().defined() ? t.grad() : zeros_like(t); };
     save_npy(y, (out / "y.npy").string());
     save_npy(gradient_of(x), (out / "dx.npy").string());
+    write_json_file(out / "spec.json", spec.reader().resolved());  // every default filled in
     for (const auto& [name, parameter] : layer.module->named_parameters()) {
         save_npy(gradient_of(parameter), (out / ("grad." + name + ".npy")).string());
     }

@@ -34,7 +34,7 @@ DataConfig with_data_paths_resolved(DataConfig d) {
 
 // The tokenizer the data section asks for, learned from the training texts.
 Tokenizer tokenizer_for(const DataConfig& d, const std::vector<std::string>& texts) {
-    return Tokenizer::build(parse_tokenizer_kind(d.tokenizer), texts, d.min_frequency,
+    return Tokenizer::build(d.tokenizer, texts, d.min_frequency,
                             {d.lowercase, d.split_punctuation});
 }
 
@@ -181,7 +181,7 @@ std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig
     };
     return std::make_unique<LanguageModelTask>(c.model, tokenizer->vocab_size(), chunks(train_text, d.train),
                                                chunks(test_text, d.test.empty() ? d.train + " (held out)" : d.test),
-                                               parse_tokenizer_kind(d.tokenizer) == Tokenizer::Kind::character, init);
+                                               d.tokenizer == Tokenizer::Kind::character, init);
 }
 
 }  // namespace

@@ -17,8 +17,6 @@ using nlohmann::json;
 namespace {
 
 const std::vector<std::string> reserved_names = {"<pad>", "<unk>", "<bos>", "<eos>"};  // ids 0..3
-const EnumName<Tokenizer::Kind> tokenizer_kinds[] = {{Tokenizer::Kind::character, "char"},
-                                                     {Tokenizer::Kind::word, "word"}};
 
 std::string hex(unsigned char byte) {
     char text[5];
@@ -156,11 +154,10 @@ std::vector<std::string> split_words(std::string_view text) {
 }
 
 Tokenizer::Kind parse_tokenizer_kind(const std::string& name) {
-    if (const auto kind = value_named(tokenizer_kinds, name)) return *kind;
-    throw std::invalid_argument("unknown tokenizer kind '" + name + "' (expected char or word)");
+    return parse_named(tokenizer_kind_names, name, "tokenizer kind");
 }
 
-std::string tokenizer_kind_name(Tokenizer::Kind kind) { return name_of(tokenizer_kinds, kind); }
+std::string tokenizer_kind_name(Tokenizer::Kind kind) { return name_of(tokenizer_kind_names, kind); }
 
 Tokenizer::Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vocabulary)
     : kind_(kind), options_(options), vocabulary_(std::move(vocabulary)) {

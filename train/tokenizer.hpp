@@ -22,6 +22,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/enum_names.hpp"
+
 namespace relgrad {
 
 struct TextOptions {
@@ -62,6 +64,8 @@ private:
     std::unordered_map<std::string, int64_t> ids_;  // learned token -> id (the reserved names are not in it)
 };
 
+inline constexpr EnumName<Tokenizer::Kind> tokenizer_kind_names[] = {{Tokenizer::Kind::character, "char"},
+                                                                    {Tokenizer::Kind::word, "word"}};
 Tokenizer::Kind parse_tokenizer_kind(const std::string& name);  // "char" | "word"
 std::string tokenizer_kind_name(Tokenizer::Kind kind);          // the inverse: "char" | "word"
 

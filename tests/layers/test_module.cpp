@@ -11,6 +11,12 @@ using namespace relgrad;
 using namespace relgrad::testing;
 namespace fs = std::filesystem;
 
+static RelativeOptions relative_options(int64_t k) {  // clipped at k on both sides
+    RelativeOptions o;
+    o.k_left = o.k_right = k;
+    return o;
+}
+
 TEST_CASE("parameters have PyTorch-style dotted names") {
     Generator gen(1);
     RelativeMultiHeadAttention attention(8, 2, RelativeOptions{}, AttentionImpl::bucketed, Init{gen});
@@ -105,9 +111,9 @@ TEST_CASE("a manifest whose shapes are not lists of sizes is refused before anyt
     fs::remove_all(dir);
 }
 
-TEST_CASE("to(device) moves parameters and buffers; state files cross devices") {
+TEST_CASE("to(device) moves the parameters; state files cross devices") {
     Generator gen(5);
-    RelativeMultiHeadAttention layer(4, 2, RelativeOptions{2, 2, true, 8, 0}, AttentionImpl::bucketed,
+    RelativeMultiHeadAttention layer(4, 2, relative_options(2), AttentionImpl::bucketed,
                                      Init{gen, DType::float64});
     const Tensor x = random_input({2, 3, 4}, 6);
     const Tensor on_cpu = layer.forward(x, x);
@@ -130,7 +136,7 @@ TEST_CASE("to(device) moves parameters and buffers; state files cross devices") 
     const auto dir = std::filesystem::temp_directory_path() / "relgrad_test_module_device";
     layer.save(dir.string());
     Generator other_gen(99);
-    RelativeMultiHeadAttention restored(4, 2, RelativeOptions{2, 2, true, 8, 0}, AttentionImpl::bucketed,
+    RelativeMultiHeadAttention restored(4, 2, relative_options(2), AttentionImpl::bucketed,
                                         Init{other_gen, DType::float64});
     restored.load(dir.string());
     CHECK(restored.forward(x, x).to_vector() == on_cpu.to_vector());

@@ -27,14 +27,14 @@ TEST_CASE("sinusoidal encoding: the formula, odd widths, any length") {
     gradcheck_layer(pe, {random_input({2, 3, 5}, 2)}, [&](const auto& in) { return pe.forward(in[0]); });
 }
 
-TEST_CASE("learned positions: a table up to max_len") {
+TEST_CASE("learned positions: a table up to max_positions") {
     Generator gen(1);
     LearnedPositionalEmbedding learned(6, 3, Init{gen, DType::float64});
     const Tensor x = random_input({1, 4, 3}, 3);
     check_values(learned.forward(x), add(x, learned.weight.narrow(0, 0, 4)).to_vector());
     CHECK_THROWS_WITH_AS(
         learned.forward(random_input({1, 7, 3}, 3)),
-        "LearnedPositionalEmbedding: length 7 exceeds max_len 6 (it has no vector for later positions)",
+        "LearnedPositionalEmbedding: length 7 exceeds max_positions 6 (it has no vector for later positions)",
         std::invalid_argument);
     gradcheck_layer(learned, {random_input({2, 5, 3}, 4)}, [&](const auto& in) { return learned.forward(in[0]); });
 }
@@ -52,7 +52,6 @@ TEST_CASE("relative index r(i, j) = clip(j - i, -k, k) + k for any length") {
     Generator gen(2);
     RelativeOptions o;
     o.k_left = o.k_right = 2;
-    o.max_len = 6;
     RelativePositionEmbedding rel(4, 1, o, Init{gen});
     CHECK(rel.buckets() == 5);
     // worked example (docs/layers/relative_position.md): L = 4, k = 2

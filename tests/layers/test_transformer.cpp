@@ -22,7 +22,7 @@ TransformerOptions tiny(PositionMode mode) {
     o.dropout = 0.1;
     o.position = mode;
     o.relative.k_left = o.relative.k_right = 2;
-    o.max_len = 8;
+    o.max_positions = 8;
     return o;
 }
 

@@ -42,7 +42,7 @@ def test_position_layers():
 
 
 def test_relative_options_values_and_init_std():
-    keys_only = nn.RelativeMultiHeadAttention(8, 2, k=2, values=False, seed=1)
+    keys_only = nn.RelativeMultiHeadAttention(8, 2, k=2, relative_values=False, seed=1)
     assert not keys_only.value_term and nn.RelativeMultiHeadAttention(8, 2, k=2).value_term
     assert not any("rel_pos_emb_v" in name for name, _ in keys_only.named_parameters())
     assert keys_only(relgrad.randn(1, 4, 8, seed=2)).shape == (1, 4, 8)
@@ -51,9 +51,9 @@ def test_relative_options_values_and_init_std():
     assert any("rel_pos_emb_k" in n for n in names) and not any("rel_pos_emb_v" in n for n in names)
     # entries drawn from N(0, init_std^2) cut at 2 init_std: a spread of 0.88 init_std
     for init_std in (0.02, 0.5):
-        table = nn.RelativePositionEmbedding(16, k=64, init_std=init_std, seed=3).weight.numpy()
+        table = nn.RelativePositionEmbedding(16, k=64, relative_init_std=init_std, seed=3).weight.numpy()
         assert abs(table.std() / init_std - 0.88) < 0.05 and np.abs(table).max() <= 2 * init_std
-    wide = nn.GatedPositionAttention(8, 2, k=2, init_std=0.5, seed=1).rel_pos_emb_k.weight.numpy()
+    wide = nn.GatedPositionAttention(8, 2, k=2, relative_init_std=0.5, seed=1).rel_pos_emb_k.weight.numpy()
     assert np.abs(wide).max() > 0.1
 
 
@@ -153,7 +153,7 @@ def test_three_attention_forms_agree_in_float64():
     x_values = np.random.default_rng(0).standard_normal((2, 6, 8))
     outputs, grads = [], []
     for impl in ("reference", "bucketed", "fused"):
-        layer = nn.RelativeMultiHeadAttention(8, 2, k=2, impl=impl, seed=5, dtype="float64")
+        layer = nn.RelativeMultiHeadAttention(8, 2, k=2, attention=impl, seed=5, dtype="float64")
         assert layer.impl == impl
         x = relgrad.tensor(x_values, requires_grad=True)
         out = layer(x, mask=nn.key_padding_mask([6, 4]))
@@ -214,7 +214,7 @@ def test_load_state_dict_refuses_and_changes_nothing():
 
 
 def test_modes_dtypes_and_devices():
-    model = nn.EncoderLayer(**MODEL)
+    model = nn.EncoderLayer(**{key: value for key, value in MODEL.items() if key != "layers"})  # a block
     assert model.training and not model.eval().training and model.train().training
     x = relgrad.randn(1, 4, 8, seed=1)
     expected = model(x).numpy()
@@ -241,16 +241,17 @@ def test_child_layers_keep_their_parent_alive():
     (lambda: nn.Linear(3, 2, sede=1), TypeError, "unexpected keyword argument 'sede'"),
     (lambda: nn.SequenceClassifier(10, 2, position="rotary"), ValueError, "rotary"),
     (lambda: nn.SequenceClassifier(10, 2, pooling="max"), ValueError, "pooling"),
-    (lambda: nn.RelativeMultiHeadAttention(8, 2, impl="flash"), ValueError, "flash"),
+    (lambda: nn.RelativeMultiHeadAttention(8, 2, attention="flash"), ValueError, "flash"),
     (lambda: nn.MultiHeadAttention(8, 3), ValueError, "heads"),
-    (lambda: nn.Encoder(k=2, k_left=1), ValueError, "not both"),
+    (lambda: nn.Encoder(position="gated", attention="fused"), ValueError, "no fused form"),
+    (lambda: nn.EncoderLayer(layers=2), TypeError, "unexpected keyword argument 'layers'"),  # one block
     (lambda: nn.Linear(3, 2)(relgrad.ones(2, 4)), ValueError, "input of shape \\[2, 4\\] must end in dim 3"),
     (lambda: nn.SequenceClassifier(10, 2, **MODEL)(relgrad.tensor([[4, 5]]), lengths=[3]), ValueError, "length"),
     (lambda: nn.Linear(3, 2).to("tpu"), ValueError, "tpu"),
     (lambda: nn.Linear(-1, 2), ValueError, "in_features must be positive, got -1"),
     (lambda: nn.Dropout(2.0), ValueError, "p must be in"),
     (lambda: nn.SinusoidalPositionalEncoding(4).encoding(-1), ValueError, "length must be >= 0, got -1"),
-    (lambda: nn.LearnedPositionalEmbedding(2, 8)(relgrad.zeros(1, 5, 8)), ValueError, "exceeds max_len 2"),
+    (lambda: nn.LearnedPositionalEmbedding(2, 8)(relgrad.zeros(1, 5, 8)), ValueError, "exceeds max_positions 2"),
     (lambda: nn.CausalLanguageModel(10, **MODEL).greedy_decode([], eos=2, max_tokens=3), ValueError, "empty"),
     (lambda: nn.CausalLanguageModel(10, **MODEL).greedy_decode([4], eos=2, max_tokens=-1), ValueError,
      "max_tokens must be >= 0, got -1"),

@@ -126,12 +126,12 @@ def run_case(relgrad, rng, layouts, case):
         mask_np = mask_t = None
         if kind == "sinusoidal":
             dim = int(rng.choice([1, 3, 4, 7, 10]))
-            spec["d_model"] = dim
+            spec["dim"] = dim
         else:
             heads = int(rng.choice([1, 2, 3]))
             dim = heads * int(rng.choice([1, 2, 4]))
             causal = bool(rng.random() < 0.4)
-            spec.update({"d_model": dim, "n_heads": heads, "causal": causal})
+            spec.update({"dim": dim, "heads": heads, "causal": causal})
             mask_np, mask_t, mask_type = random_mask(rng, batch, length)
             if mask_np is not None:
                 mask_dtype = layouts.choice(["bool", "int8", "uint16", "int32", "uint64", "float16", "float64"])
@@ -145,7 +145,7 @@ def run_case(relgrad, rng, layouts, case):
                 k_left, k_right = int(rng.integers(0, 10)), int(rng.integers(0, 10))
                 shared = bool(rng.random() < 0.5)
                 spec.update({"k_left": k_left, "k_right": k_right, "share_across_heads": shared,
-                             "impl": str(rng.choice(["reference", "bucketed", "fused"]))})
+                             "attention": str(rng.choice(["reference", "bucketed", "fused"]))})
                 width = dim // heads if shared else dim
                 for name in ["rel_pos_emb_k.weight", "rel_pos_emb_v.weight"]:
                     params[name] = rng.normal(size=(k_left + k_right + 1, width))
@@ -168,9 +168,9 @@ def run_case(relgrad, rng, layouts, case):
         if kind == "sinusoidal":
             y = sinusoidal(x_t)
         elif kind == "attention":
-            y = attention(x_t, p_t, spec["n_heads"], mask_t)
+            y = attention(x_t, p_t, spec["heads"], mask_t)
         else:
-            y = attention(x_t, p_t, spec["n_heads"], mask_t,
+            y = attention(x_t, p_t, spec["heads"], mask_t,
                           (spec["k_left"], spec["k_right"], spec["share_across_heads"]))
         y.backward(torch.tensor(dy))
         expected = {"y": y.detach().numpy(), "dx": x_t.grad.numpy()}

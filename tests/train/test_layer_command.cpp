@@ -46,7 +46,7 @@ void write_relative_attention(Workspace& w, RelativeMultiHeadAttention& layer, c
 
 TEST_CASE("relgrad layer computes what the layer computes") {
     Workspace w;
-    w.write_spec(R"({"type": "relative_attention", "d_model": 6, "n_heads": 2, "k": 2, "impl": "reference",
+    w.write_spec(R"({"type": "relative_attention", "dim": 6, "heads": 2, "k": 2, "attention": "reference",
                      "causal": true, "dtype": "float64", "share_across_heads": false})");
     Generator gen(3);
     RelativeOptions o;
@@ -73,8 +73,8 @@ TEST_CASE("relgrad layer computes what the layer computes") {
 
 TEST_CASE("relgrad layer runs the fused form and low-rank tables: the files match the reference form") {
     Workspace w;
-    w.write_spec(R"({"type": "relative_attention", "d_model": 6, "n_heads": 3, "k_left": 1, "k_right": 3, "rank": 2,
-                     "impl": "fused", "causal": true, "dtype": "float64"})");
+    w.write_spec(R"({"type": "relative_attention", "dim": 6, "heads": 3, "k_left": 1, "k_right": 3, "rank": 2,
+                     "attention": "fused", "causal": true, "dtype": "float64"})");
     Generator gen(4);
     RelativeOptions o;
     o.k_left = 1;
@@ -103,49 +103,58 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     write_relative_attention(w, layer, randn({1, 3, 4}, gen), randn({1, 3, 4}, gen));
     const std::string spec = w.spec.string(), in = w.in.string();
 
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2})");
     CHECK(w.error() == "no error");
     CHECK(fs::exists(w.out / "grad.rel_pos_emb_v.weight.npy"));
     fs::remove_all(w.out);
 
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "heads": 2})");
-    CHECK(w.error() == spec + ": unknown key 'heads' for layer type 'relative_attention'");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": -2})");
-    CHECK(w.error() == spec + ": 'n_heads' must be an integer in [1, 1048576], got -2");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "impl": "fast"})");
-    CHECK(w.error() == "unknown attention implementation 'fast' (expected reference, bucketed or fused)");
-    w.write_spec(R"({"type": "rotary", "d_model": 4})");
-    CHECK(w.error().find(spec + ": unknown layer type 'rotary'") == 0);
-    w.write_spec(R"({"d_model": 4})");
-    CHECK(w.error() == spec + ": 'type' is required");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "dtype": "float16"})");
-    CHECK(w.error() == spec + ": 'dtype' must be float32 or float64, got \"float16\"");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "n_heads": 2})");
+    CHECK(w.error().find(spec + ": /n_heads: unknown key (expected one of: attention, causal, dim, dtype, heads, k,") ==
+          0);
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": -2})");
+    CHECK(w.error() == spec + ": /heads: got -2, expected an integer in [1, 1048576]");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "attention": "fast"})");
+    CHECK(w.error() == spec + ": /attention: got \"fast\", expected one of \"reference\", \"bucketed\", \"fused\"");
+    w.write_spec(R"({"type": "gated_attention", "dim": 4, "heads": 2, "attention": "fused"})");
+    CHECK(w.error() == spec + ": /attention: got \"fused\", expected reference or bucketed (no fused gated form)");
+    w.write_spec(R"({"type": "rotary", "dim": 4})");
+    CHECK(w.error().find(spec + ": /type: got \"rotary\", expected a layer type: attention,") == 0);
+    w.write_spec(R"({"dim": 4})");
+    CHECK(w.error() == spec + ": /type: got nothing, expected a string");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "dtype": "float16"})");
+    CHECK(w.error() == spec + ": /dtype: got \"float16\", expected one of \"float32\", \"float64\"");
     w.write_spec("{not json");
     CHECK(w.error().find(spec + ": not valid JSON") == 0);
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "n_heads": 4})");
-    CHECK(w.error() == spec + ": /n_heads: the key is given twice");
-    // sizes: each at most 2^20, named when too large; bounds written as JSON writes numbers
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "heads": 4})");
+    CHECK(w.error() == spec + ": /heads: the key is given twice");
+    // sizes: each at most 2^20, or what the options description allows, named when too large
     w.write_spec(R"({"type": "linear", "in_features": 4, "out_features": 100000000000})");
-    CHECK(w.error() == spec + ": 'out_features' must be an integer in [1, 1048576], got 100000000000");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "k": 1000000000})");
-    CHECK(w.error() == spec + ": 'k' must be an integer in [0, 1048576], got 1000000000");
+    CHECK(w.error() == spec + ": /out_features: got 100000000000, expected an integer in [1, 1048576]");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "k": 1000000000})");
+    CHECK(w.error() == spec + ": /k: got 1000000000, expected an integer in [0, 4096]");
     w.write_spec(R"({"type": "linear", "in_features": 1048576, "out_features": 1048576})");  // 4 TiB
     CHECK(w.error() == spec +
-                           ": 'out_features' = 1048576 with 'in_features' = 1048576 makes a parameter of up to "
-                           "1099511627776 elements, more than the 2^28 a layer spec may ask for");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 1024, "n_heads": 2, "k": 262144})");
+                           ": /out_features: got 1048576, expected a size that keeps each parameter within 2^28 "
+                           "elements: [out_features, in_features] = [1048576, 1048576] would have 1099511627776");
+    w.write_spec(R"({"type": "relative_attention", "dim": 32768, "heads": 2})");
     CHECK(w.error() == spec +
-                           ": 'k' = 262144 with 'd_model' = 1024 makes a parameter of up to 536871936 "
-                           "elements, more than the 2^28 a layer spec may ask for");
-    w.write_spec(R"({"type": "layer_norm", "d_model": 4, "eps": 0})");
-    CHECK(w.error() == spec + ": 'eps' must be a number in [1e-300, 1.0], got 0");
+                           ": /dim: got 32768, expected a size that keeps each parameter within 2^28 elements: [dim, "
+                           "dim] = [32768, 32768] would have 1073741824");
+    w.write_spec(R"({"type": "encoder_layer", "dim": 8192, "heads": 2, "ff_dim": 65536})");
+    CHECK(w.error() == spec +
+                           ": /ff_dim: got 65536, expected a size that keeps each parameter within 2^28 elements: "
+                           "[ff_dim, dim] = [65536, 8192] would have 536870912");
+    w.write_spec(R"({"type": "encoder_layer", "dim": 4, "heads": 2, "position": "learned"})");
+    CHECK(w.error().find(spec + ": /position: got \"learned\", expected none, relative or gated") == 0);
+    w.write_spec(R"({"type": "layer_norm", "dim": 4, "eps": 0})");
+    CHECK(w.error() == spec + ": /eps: got 0, expected a number in (0, 1]");
     // a directory where the spec goes
     fs::remove(w.spec);
     fs::create_directory(w.spec);
     CHECK(w.error() == spec + ": is a directory, expected a layer spec (JSON)");
     fs::remove(w.spec);
 
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2})");
     w.save("w_q.weight.npy", zeros({4, 3}));
     CHECK(w.error() == in + "/w_q.weight.npy: expected shape [4, 4] for the parameter w_q.weight, got [4, 3]");
     fs::remove(w.in / "w_q.weight.npy");
@@ -162,10 +171,10 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     // a [B, L] mask said to be an attention mask: the message names only what "mask_type" allows
     w.save("x.npy", zeros({2, 3, 4}));
     w.save("dy.npy", zeros({2, 3, 4}));
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2, "mask_type": "attention"})");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "mask_type": "attention"})");
     CHECK(w.error() == in + "/mask.npy: expected shape [L, L] = [3, 3] or [B, L, L] = [2, 3, 3] (attention), as "
                             "\"mask_type\" is \"attention\", got [2, 3]");
-    w.write_spec(R"({"type": "relative_attention", "d_model": 4, "n_heads": 2})");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2})");
     w.save("x.npy", zeros({3, 3, 4}));
     w.save("dy.npy", zeros({1, 3, 4}));
     fs::remove(w.in / "mask.npy");
