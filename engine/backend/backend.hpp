@@ -8,10 +8,18 @@
 // built, and serves the guarded_cpu device too: the same kernels as a device the host may not
 // read. The CUDA backend (cuda/) implements the same list on a GPU's memory, or in the emulator of
 // the test build.
+//
+// Each kernel is a public call that does what every device does alike (backend.cpp): it checks
+// that each operand is on the backend's device and the kernel's own preconditions, then calls the
+// device's private do_ kernel, as std::pmr::memory_resource's allocate calls do_allocate. So a
+// device implements the do_ list and nothing it shares with the others.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -89,20 +97,30 @@ void dispatch_any(DType dtype, F&& f) {
     }
 }
 
-// How a BLAS (OpenBLAS, cuBLAS) can read a rows x cols matrix stored with (row_stride, col_stride):
-// row-major as it is, or as the transpose of a row-major matrix, so that a transposed view costs a
-// flag and no copy; `ok` is false when neither works (e.g. stride 0), and the matrix is packed first.
+// How a BLAS (OpenBLAS, cuBLAS) reads a matrix of batched_gemm: row-major as it is stored, or as
+// the transpose of a row-major matrix, so that a transposed view costs a flag and no copy. `ok` is
+// false when neither works (e.g. stride 0): batched_gemm then packs the matrix first.
 struct BlasOperand {
     bool ok;
     bool transposed;
     int64_t leading_dim;
 };
-BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride);
+
+// The products of batched_gemm, set up for the device's BLAS: out[e] = op(a[e]) op(b[e]) for each
+// entry e of the batch, with op(a[e]) [M, K] starting offsets[e][0] elements into a, op(b[e])
+// [K, N] offsets[e][1] into b and out[e] [M, N] offsets[e][2] into out; the entries in C order
+// over the batch dims, and M, N, K > 0.
+struct GemmBatch {
+    Tensor a, b;  // a or b itself, or a packed copy where a BLAS could not read it in place
+    BlasOperand a_operand, b_operand;
+    int64_t M, N, K;
+    std::vector<std::array<int64_t, 3>> offsets;
+};
 
 class Backend {
 public:
     virtual ~Backend() = default;
-    virtual const char* name() const = 0;
+    const char* name() const { return device_name(device_); }  // the device's
     virtual bool supports(OptionalKernel kernel) const = 0;
 
     // --- memory: the device's allocator, and bytes between host memory and device memory
@@ -111,33 +129,33 @@ public:
     virtual void copy_to_host(const void* device, void* host, std::size_t nbytes) = 0;
 
     // out[...] = value
-    virtual void fill(Tensor& out, double value) = 0;
+    void fill(Tensor& out, double value);
     // dst[...] = src[...]; same shape, any strides, converts between dtypes
-    virtual void copy(const Tensor& src, Tensor& dst) = 0;
+    void copy(const Tensor& src, Tensor& dst);
     // out = f(x) elementwise; a and b are the scalar parameters some ops take
-    virtual void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) = 0;
+    void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0);
     // out = a (op) b elementwise, a and b broadcast to out's shape
-    virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out);
     // out = cond ? a : b, all broadcast to out's shape; cond may have any dtype (non-zero = true)
-    virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-    // out (x's shape with `dims` set to 1) = reduction of x over `dims`
-    virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) = 0;
+    void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out);
+    // out (x's shape with `dims` set to 1) = reduction of x over `dims`; over no dims, a copy
+    void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out);
     // out[b] = op(a[b]) @ op(b[b]) for every batch index b; a [..., M, K], b [..., K, N] with
     // identical batch dims (expanded by the caller); out contiguous [..., M, N]
-    virtual void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out);
     // The index kernels check every index against its dim (an index outside it is an
     // std::invalid_argument naming the kernel, the index and the dim's size), on the device.
     // out[i][j][k] = x[i][index[i][j][k]][k] (for dim = 1); index int64 of out's shape
-    virtual void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out);
     // out[i][index[i][j][k]][k] += src[i][j][k] (for dim = 1); out contiguous
-    virtual void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+    void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
     // out = x with dim `dim` replaced by the rows index[0..n); index int64 [n]
-    virtual void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out);
     // out[..., index[i], ...] += src[..., i, ...]; out contiguous
-    virtual void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+    void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
     // softmax (or log_softmax) over the last dim of a contiguous x; a row whose entries are all
     // -inf gives zeros (softmax) or -inf (log_softmax), never NaN
-    virtual void softmax_last_dim(const Tensor& x, bool log, Tensor& out) = 0;
+    void softmax_last_dim(const Tensor& x, bool log, Tensor& out);
 
     // --- attention (engine/ops/attention.cpp). Rows are (b, h, i) of [B, H, Lq, Lk] tensors;
     // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
@@ -147,25 +165,65 @@ public:
     // bucket_scores is [B, H, Lq, K]; a fully masked row becomes zeros. If bucket_weights
     // ([B, H, Lq, K]) is defined it receives, per row, the weights summed by bucket:
     // bucket_weights[r] = sum of a_ij over the j with r(i, j) = r.
-    virtual void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                                   double scale, Tensor& bucket_weights) = 0;
+    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                           double scale, Tensor& bucket_weights);
     // In place, from dL/da to dL/ds (s the scores before scaling): with da += d_buckets[r(i, j)],
     // ds = scale * a (da - sum_j da_j a_j). If d_bucket_scores is defined it receives ds summed by
     // bucket, as bucket_weights above.
-    virtual void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                            const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
+    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
+                                    double scale, Tensor& d_bucket_scores);
 
     // --- fused attention (engine/ops/attention.cpp), where supports(OptionalKernel::fused_attention);
-    // the defaults throw. q, k, v, z, dz contiguous [B, H, L, Dh]; tables contiguous; the pattern's mask bool and
-    // expanded to [B, H, Lq, Lk] (a view). Forward: z (the attention output) and lse [B, H, Lq], the log-sum-exp of
-    // each row's scaled scores (-inf for a row that sees no key, whose z is 0).
-    virtual void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                 double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
+    // the default do_ kernels throw. q, k, v, z, dz contiguous [B, H, L, Dh]; tables contiguous; the pattern's mask
+    // bool and expanded to [B, H, Lq, Lk] (a view). Forward: z (the attention output) and lse [B, H, Lq], the
+    // log-sum-exp of each row's scaled scores (-inf for a row that sees no key, whose z is 0).
+    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
     // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v.
-    virtual void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
-                                          const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
-                                          double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                          Tensor& dv, Tensor& d_table_k, Tensor& d_table_v);
+    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
+                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                  Tensor& d_table_k, Tensor& d_table_v);
+
+protected:
+    // The backend of `device`, whose kernels take operands of at most max_dims dims.
+    explicit Backend(Device device, int64_t max_dims = std::numeric_limits<int64_t>::max());
+
+private:
+    // The device's kernels, called once the public ones above have checked their operands; on
+    // the device's own memory, and the same contract.
+    virtual void do_fill(Tensor& out, double value) = 0;
+    // src and dst of one shape
+    virtual void do_copy(const Tensor& src, Tensor& dst) = 0;
+    virtual void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) = 0;
+    virtual void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    virtual void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    // dims not empty
+    virtual void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) = 0;
+    virtual void do_batched_gemm(const GemmBatch& products, Tensor& out) = 0;
+    virtual void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    virtual void do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+    virtual void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
+    virtual void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+    // x and out contiguous, seen as [rows, columns] with columns > 0
+    virtual void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) = 0;
+    virtual void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
+                                      const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
+    virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                               const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
+    virtual void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
+    virtual void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                             const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
+                                             double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v);
+
+    // Every kernel starts here: an operand on another device is a bug of the op that called it
+    // (std::logic_error); one of more dims than the device's kernels take, an std::invalid_argument.
+    void require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const;
+
+    Device device_;
+    int64_t max_dims_;
 };
 
 // The backend of a device. For cuda: the one install_cuda_backend gave, else the GPU's when relgrad

@@ -18,12 +18,12 @@
 // also returns W) and attention_softmax_backward (which also returns dQE).
 #include <algorithm>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -35,11 +35,8 @@ static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
     const bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.shape() == v.shape() && q.size(0) == k.size(0) &&
                     q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.dtype() == k.dtype() &&
                     k.dtype() == v.dtype();
-    if (!ok) {
-        throw std::invalid_argument("attention: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + " and v " +
-                                    shape_str(v.shape()) +
-                                    " must be [B, H, Lq, Dh], [B, H, Lk, Dh], [B, H, Lk, Dh] of one dtype");
-    }
+    RELGRAD_CHECK(ok, "attention: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), " and v ",
+                  shape_str(v.shape()), " must be [B, H, Lq, Dh], [B, H, Lk, Dh], [B, H, Lk, Dh] of one dtype");
     require_floating(q, "attention");
     if (!rel.index.defined()) return;
     const int64_t H = q.size(1), Dh = q.size(3);
@@ -47,22 +44,20 @@ static void check_attention_inputs(const Tensor& q, const Tensor& k, const Tenso
         return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(2) == Dh &&
                t.dtype() == q.dtype();
     };
-    if (!table_ok(rel.table_k) || !table_ok(rel.table_v) || rel.table_k.shape() != rel.table_v.shape() ||
-        rel.index.dtype() != DType::int64 || rel.index.shape() != Shape{q.size(2), k.size(2)}) {
-        throw std::invalid_argument("attention: relative tables " + shape_str(rel.table_k.shape()) + " and " +
-                                    shape_str(rel.table_v.shape()) + " must be [1 or H, K, Dh] and the index " +
-                                    shape_str(rel.index.shape()) + " int64 [Lq, Lk]");
-    }
+    const bool relative_ok = table_ok(rel.table_k) && table_ok(rel.table_v) &&
+                             rel.table_k.shape() == rel.table_v.shape() && rel.index.dtype() == DType::int64 &&
+                             rel.index.shape() == Shape{q.size(2), k.size(2)};
+    RELGRAD_CHECK(relative_ok, "attention: relative tables ", shape_str(rel.table_k.shape()), " and ",
+                  shape_str(rel.table_v.shape()), " must be [1 or H, K, Dh] and the index ",
+                  shape_str(rel.index.shape()), " int64 [Lq, Lk]");
     // the buckets themselves are checked by the attention_softmax kernel, on the device
 }
 
 // The mask as a bool view expanded to [B, H, Lq, Lk] (no copy of its elements), or undefined.
 static Tensor expanded_bool_mask(const Tensor& mask, const Shape& shape, const std::string& op) {
     if (!mask.defined()) return Tensor();
-    if (broadcast_shapes(mask.shape(), shape, "attention mask") != shape) {
-        throw std::invalid_argument(op + ": mask of shape " + shape_str(mask.shape()) +
-                                    " does not broadcast to [B, H, Lq, Lk] = " + shape_str(shape));
-    }
+    RELGRAD_CHECK(broadcast_shapes(mask.shape(), shape, "attention mask") == shape, op, ": mask of shape ",
+                  shape_str(mask.shape()), " does not broadcast to [B, H, Lq, Lk] = ", shape_str(shape));
     return mask.to(DType::boolean).expand(shape);
 }
 
@@ -130,23 +125,19 @@ static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v
     check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{rel.table_k, rel.table_v, Tensor()}, "fused_attention");
     check_window(pattern, "fused_attention");
     if (!rel.table_k.defined() && !rel.table_v.defined()) return;
-    if (rel.k_left > kMaxClippingDistance || rel.k_right > kMaxClippingDistance) {
-        throw std::invalid_argument("fused_attention: clipping distances k_left " + std::to_string(rel.k_left) +
-                                    " and k_right " + std::to_string(rel.k_right) + " must be at most 2^40");
-    }
+    RELGRAD_CHECK(rel.k_left <= kMaxClippingDistance && rel.k_right <= kMaxClippingDistance,
+                  "fused_attention: clipping distances k_left ", rel.k_left, " and k_right ", rel.k_right,
+                  " must be at most 2^40");
     const int64_t H = q.size(1), Dh = q.size(3), K = rel.k_left + rel.k_right + 1;
     auto table_ok = [&](const Tensor& t) {
         return t.defined() && t.dim() == 3 && (t.size(0) == 1 || t.size(0) == H) && t.size(1) == K && t.size(2) == Dh &&
                t.dtype() == q.dtype();
     };
-    if (rel.k_left < 0 || rel.k_right < 0 || !table_ok(rel.table_k) || !table_ok(rel.table_v) ||
-        rel.table_k.shape() != rel.table_v.shape()) {
-        throw std::invalid_argument("fused_attention: relative tables " + shape_str(rel.table_k.shape()) + " and " +
-                                    shape_str(rel.table_v.shape()) + " must both be [1 or H, k_left + k_right + 1, " +
-                                    "Dh] = [1 or " + std::to_string(H) + ", " + std::to_string(K) + ", " +
-                                    std::to_string(Dh) + "] with k_left, k_right >= 0 (got " +
-                                    std::to_string(rel.k_left) + ", " + std::to_string(rel.k_right) + ")");
-    }
+    RELGRAD_CHECK(rel.k_left >= 0 && rel.k_right >= 0 && table_ok(rel.table_k) && table_ok(rel.table_v) &&
+                      rel.table_k.shape() == rel.table_v.shape(),
+                  "fused_attention: relative tables ", shape_str(rel.table_k.shape()), " and ",
+                  shape_str(rel.table_v.shape()), " must both be [1 or H, k_left + k_right + 1, Dh] = [1 or ", H, ", ",
+                  K, ", ", Dh, "] with k_left, k_right >= 0 (got ", rel.k_left, ", ", rel.k_right, ")");
 }
 
 Tensor combine_masks(const Tensor& a, const Tensor& b) {

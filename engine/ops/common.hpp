@@ -1,21 +1,17 @@
 // Helpers shared by the op files (not part of the public API).
 #pragma once
 
-#include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {
 
 // Throws "<op>: needs a float32 or float64 tensor, got int64".
 inline void require_floating(const Tensor& x, const char* op) {
-    if (!is_floating(x.dtype())) {
-        throw std::invalid_argument(std::string(op) + ": needs a float32 or float64 tensor, got " +
-                                    dtype_name(x.dtype()));
-    }
+    RELGRAD_CHECK(is_floating(x.dtype()), op, ": needs a float32 or float64 tensor, got ", dtype_name(x.dtype()));
 }
 
 // Every op computes on its inputs' device: throws "<op>: operands on different devices: cpu [2, 3]
@@ -26,11 +22,11 @@ inline void require_same_device(const std::vector<Tensor>& tensors, const char* 
         if (!t.defined()) continue;
         if (!first) {
             first = &t;
-        } else if (t.device() != first->device()) {
-            throw std::invalid_argument(
-                std::string(op) + ": operands on different devices: " + device_name(first->device()) + " " +
-                shape_str(first->shape()) + " and " + device_name(t.device()) + " " + shape_str(t.shape()));
+            continue;
         }
+        RELGRAD_CHECK(t.device() == first->device(), op,
+                      ": operands on different devices: ", device_name(first->device()), " ", shape_str(first->shape()),
+                      " and ", device_name(t.device()), " ", shape_str(t.shape()));
     }
 }
 

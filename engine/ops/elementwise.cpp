@@ -1,11 +1,11 @@
 // Elementwise ops. Each block: the forward (one backend kernel) and the backward, the local
 // derivative times the incoming gradient g = dL/dy. Binary ops broadcast; their backward sums the
 // gradient back to each input's own shape (sum_to).
-#include <stdexcept>
 #include <string>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -20,10 +20,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
         // align from the right: a missing leading dim counts as size 1
         const int64_t da = i + a.size() >= rank ? a[i + a.size() - rank] : 1;
         const int64_t db = i + b.size() >= rank ? b[i + b.size() - rank] : 1;
-        if (da != db && da != 1 && db != 1) {
-            throw std::invalid_argument(std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) +
-                                        " cannot be broadcast together");
-        }
+        RELGRAD_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+                      " cannot be broadcast together");
         out[i] = da == 1 ? db : da;
     }
     return out;
@@ -40,11 +38,9 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 }
 
 static void check_floating_pair(const Tensor& a, const Tensor& b, const char* op) {
-    if (!a.defined() || !b.defined()) throw std::invalid_argument(std::string(op) + ": undefined tensor");
-    if (a.dtype() != b.dtype()) {
-        throw std::invalid_argument(std::string(op) + ": dtype mismatch, " + dtype_name(a.dtype()) + " " +
-                                    shape_str(a.shape()) + " vs " + dtype_name(b.dtype()) + " " + shape_str(b.shape()));
-    }
+    RELGRAD_CHECK(a.defined() && b.defined(), op, ": undefined tensor");
+    RELGRAD_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch, ", dtype_name(a.dtype()), " ", shape_str(a.shape()),
+                  " vs ", dtype_name(b.dtype()), " ", shape_str(b.shape()));
     require_floating(a, op);
     require_same_device({a, b}, op);
 }
@@ -182,9 +178,7 @@ Tensor gelu(const Tensor& x) {
 
 // y = min(max(x, low), high)   dx = g [low < x < high]
 Tensor clamp(const Tensor& x, double low, double high) {
-    if (low > high) {
-        throw std::invalid_argument("clamp: low " + std::to_string(low) + " is above high " + std::to_string(high));
-    }
+    RELGRAD_CHECK(!(low > high), "clamp: low ", std::to_string(low), " is above high ", std::to_string(high));
     Tensor y = unary_kernel(UnaryOp::clamp, x, low, high);
     return record(y, "clamp", {x}, [x = x.detach(), low, high](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::inside, x, low, high))};
@@ -208,10 +202,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 // y = mask ? value : x  (a where() whose result keeps x's shape)
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
-    if (broadcast_shapes(x.shape(), mask.shape(), "masked_fill") != x.shape()) {
-        throw std::invalid_argument("masked_fill: mask of shape " + shape_str(mask.shape()) +
-                                    " does not broadcast to the input's shape " + shape_str(x.shape()));
-    }
+    RELGRAD_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(), "masked_fill: mask of shape ",
+                  shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(x.shape()));
     return where(mask, like_scalar(value, x), x);
 }
 

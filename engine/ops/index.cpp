@@ -1,19 +1,15 @@
 // Indexing ops: reads at integer positions and their adjoints, the adds at the same positions.
 // gather <-> scatter_add and index_select <-> index_add are each other's backward.
-#include <stdexcept>
-#include <string>
-
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
 namespace relgrad {
 
 static void check_index(const Tensor& x, const Tensor& index, const char* op) {
-    if (index.dtype() != DType::int64) {
-        throw std::invalid_argument(std::string(op) + ": the index must be int64, got " + dtype_name(index.dtype()));
-    }
+    RELGRAD_CHECK(index.dtype() == DType::int64, op, ": the index must be int64, got ", dtype_name(index.dtype()));
     require_same_device({x, index}, op);
 }
 
@@ -21,11 +17,8 @@ static void check_index(const Tensor& x, const Tensor& index, const char* op) {
 static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& index, const char* op) {
     bool fits = index.dim() == x.dim();
     for (int64_t d = 0; fits && d < x.dim(); ++d) fits = d == dim || index.shape()[d] <= x.shape()[d];
-    if (!fits) {
-        throw std::invalid_argument(std::string(op) + ": index of shape " + shape_str(index.shape()) +
-                                    " does not fit the input of shape " + shape_str(x.shape()) + " outside dim " +
-                                    std::to_string(dim));
-    }
+    RELGRAD_CHECK(fits, op, ": index of shape ", shape_str(index.shape()), " does not fit the input of shape ",
+                  shape_str(x.shape()), " outside dim ", dim);
 }
 
 // y[i][j] = x[i][index[i][j]]             (dim = 1)
@@ -52,11 +45,9 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     dim = wrap_dim(dim, x.dim(), "scatter_add");
     check_gather_shapes(x, dim, index, "scatter_add");
     require_same_device({x, src}, "scatter_add");
-    if (src.shape() != index.shape() || src.dtype() != x.dtype()) {
-        throw std::invalid_argument("scatter_add: src " + shape_str(src.shape()) + " (" + dtype_name(src.dtype()) +
-                                    ") must have the index's shape " + shape_str(index.shape()) +
-                                    " and the input's dtype " + dtype_name(x.dtype()));
-    }
+    RELGRAD_CHECK(src.shape() == index.shape() && src.dtype() == x.dtype(), "scatter_add: src ", shape_str(src.shape()),
+                  " (", dtype_name(src.dtype()), ") must have the index's shape ", shape_str(index.shape()),
+                  " and the input's dtype ", dtype_name(x.dtype()));
     Tensor y = empty(x.shape(), x.dtype(), x.device());
     backend_for(x.device()).copy(x, y);
     backend_for(x.device()).scatter_add(y, dim, index, src);
@@ -71,9 +62,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     check_index(x, index, "index_select");
     require_floating(x, "index_select");
-    if (index.dim() != 1) {
-        throw std::invalid_argument("index_select: the index must be 1-d, got shape " + shape_str(index.shape()));
-    }
+    RELGRAD_CHECK(index.dim() == 1, "index_select: the index must be 1-d, got shape ", shape_str(index.shape()));
     dim = wrap_dim(dim, x.dim(), "index_select");
     Shape shape = x.shape();
     shape[dim] = index.numel();
@@ -88,9 +77,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 // y[s..., :] = weight[ids[s...], :]  (an index_select of rows; its backward adds g's rows back)
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
-    if (weight.dim() != 2) {
-        throw std::invalid_argument("embedding: the weight must be [V, D], got shape " + shape_str(weight.shape()));
-    }
+    RELGRAD_CHECK(weight.dim() == 2, "embedding: the weight must be [V, D], got shape ", shape_str(weight.shape()));
     check_index(weight, ids, "embedding");
     Shape out_shape = ids.shape();
     out_shape.push_back(weight.size(1));

@@ -1,9 +1,7 @@
 // Matrix products through BLAS.
-#include <stdexcept>
-#include <string>
-
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -13,26 +11,19 @@ namespace relgrad {
 // dA = G B^T, dB = A^T G, each summed over the batch dims that broadcasting stretched.
 // The transposes are views: BLAS reads them in place with its transpose flag, nothing is copied.
 Tensor matmul(const Tensor& a, const Tensor& b) {
-    if (!a.defined() || !b.defined()) throw std::invalid_argument("matmul: undefined tensor");
+    RELGRAD_CHECK(a.defined() && b.defined(), "matmul: undefined tensor");
     require_same_device({a, b}, "matmul");
-    if (a.dim() == 0 || b.dim() == 0) {
-        throw std::invalid_argument("matmul: needs tensors of rank >= 1, got shapes " + shape_str(a.shape()) + " and " +
-                                    shape_str(b.shape()));
-    }
+    RELGRAD_CHECK(a.dim() > 0 && b.dim() > 0, "matmul: needs tensors of rank >= 1, got shapes ", shape_str(a.shape()),
+                  " and ", shape_str(b.shape()));
     // A vector is a one-row (left) or one-column (right) matrix whose extra dim is dropped.
     if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
     if (b.dim() == 1) return matmul(a, b.unsqueeze(-1)).squeeze(-1);
-    if (a.dtype() != b.dtype() || !is_floating(a.dtype())) {
-        throw std::invalid_argument(std::string("matmul: needs two float tensors of one dtype, got ") +
-                                    dtype_name(a.dtype()) + " " + shape_str(a.shape()) + " and " +
-                                    dtype_name(b.dtype()) + " " + shape_str(b.shape()));
-    }
+    RELGRAD_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()),
+                  "matmul: needs two float tensors of one dtype, got ", dtype_name(a.dtype()), " ",
+                  shape_str(a.shape()), " and ", dtype_name(b.dtype()), " ", shape_str(b.shape()));
     const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-    if (b.size(-2) != K) {
-        throw std::invalid_argument("matmul: shapes " + shape_str(a.shape()) + " and " + shape_str(b.shape()) +
-                                    " do not align (inner dims " + std::to_string(K) + " and " +
-                                    std::to_string(b.size(-2)) + ")");
-    }
+    RELGRAD_CHECK(b.size(-2) == K, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+                  " do not align (inner dims ", K, " and ", b.size(-2), ")");
     const Shape batch = broadcast_shapes(Shape(a.shape().begin(), a.shape().end() - 2),
                                          Shape(b.shape().begin(), b.shape().end() - 2), "matmul");
     auto with_matrix = [&batch](int64_t rows, int64_t cols) {

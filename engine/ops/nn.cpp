@@ -5,6 +5,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -12,7 +13,7 @@ namespace relgrad {
 
 // The backend normalises over the last dim of a contiguous tensor: move `dim` there and back.
 static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char* name) {
-    if (x.dim() == 0) throw std::invalid_argument(std::string(name) + ": needs a tensor of rank >= 1");
+    RELGRAD_CHECK(x.dim() > 0, name, ": needs a tensor of rank >= 1");
     require_floating(x, name);
     NoGradGuard views_only;
     const Tensor moved = x.transpose(dim, -1).contiguous();
@@ -48,14 +49,12 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 //   dx = rstd (gh - mean(gh) - xhat mean(gh xhat)),  dw = sum g xhat,  db = sum g
 // (the two mean terms are the paths through the mean and through the variance).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-    if (x.dim() == 0) throw std::invalid_argument("layer_norm: needs a tensor of rank >= 1");
+    RELGRAD_CHECK(x.dim() > 0, "layer_norm: needs a tensor of rank >= 1");
     const Shape param_shape{x.size(-1)};
-    if (weight.shape() != param_shape || bias.shape() != param_shape) {
-        throw std::invalid_argument("layer_norm: weight " + shape_str(weight.shape()) + " and bias " +
-                                    shape_str(bias.shape()) + " must both be " + shape_str(param_shape) +
-                                    " for an input of shape " + shape_str(x.shape()));
-    }
-    if (!(eps > 0)) throw std::invalid_argument("layer_norm: eps must be positive, got " + std::to_string(eps));
+    RELGRAD_CHECK(weight.shape() == param_shape && bias.shape() == param_shape, "layer_norm: weight ",
+                  shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), " must both be ",
+                  shape_str(param_shape), " for an input of shape ", shape_str(x.shape()));
+    RELGRAD_CHECK(eps > 0, "layer_norm: eps must be positive, got ", std::to_string(eps));
     require_same_device({x, weight, bias}, "layer_norm");
     Tensor xhat, rstd, y;
     {
@@ -77,7 +76,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // The mask is drawn on the host, so that a seed gives the same mask on every device, and copied
 // to x's device.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
-    if (!(p >= 0 && p <= 1)) throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
+    RELGRAD_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", std::to_string(p));
     if (!training || p == 0) return x;
     const double keep_scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
     std::vector<double> mask(x.numel());
@@ -89,14 +88,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 // (autograd through log_softmax, gather and where; an ignored row gets no gradient). All on the
 // logits' device: the gather kernel checks the targets that are not ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
-    if (logits.dim() != 2 || target.dim() != 1 || target.size(0) != logits.size(0)) {
-        throw std::invalid_argument("cross_entropy: expects logits [N, C] and target [N], got " +
-                                    shape_str(logits.shape()) + " and " + shape_str(target.shape()));
-    }
-    if (target.dtype() != DType::int64) {
-        throw std::invalid_argument(std::string("cross_entropy: target must be int64, got ") +
-                                    dtype_name(target.dtype()));
-    }
+    RELGRAD_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+                  "cross_entropy: expects logits [N, C] and target [N], got ", shape_str(logits.shape()), " and ",
+                  shape_str(target.shape()));
+    RELGRAD_CHECK(target.dtype() == DType::int64, "cross_entropy: target must be int64, got ",
+                  dtype_name(target.dtype()));
     require_floating(logits, "cross_entropy");
     require_same_device({logits, target}, "cross_entropy");
     const int64_t N = logits.size(0), C = logits.size(1);

@@ -1,11 +1,10 @@
 // Reductions over dims. The kernel always keeps the reduced dims (size 1), so the backward can
 // broadcast g straight back over them; keepdim = false is a view that drops them.
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -19,9 +18,7 @@ static std::vector<int64_t> normalize_dims(const Tensor& x, std::vector<int64_t>
     }
     for (int64_t& d : dims) d = wrap_dim(d, x.dim(), op);
     std::sort(dims.begin(), dims.end());
-    if (std::adjacent_find(dims.begin(), dims.end()) != dims.end()) {
-        throw std::invalid_argument(std::string(op) + ": a dim is repeated");
-    }
+    RELGRAD_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), op, ": a dim is repeated");
     return dims;
 }
 
@@ -69,10 +66,8 @@ Tensor mean(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
 Tensor max(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "max");
     for (int64_t d : dims) {
-        if (x.shape()[d] == 0) {
-            throw std::invalid_argument("max: cannot reduce over the empty dim " + std::to_string(d) + " of shape " +
-                                        shape_str(x.shape()));
-        }
+        RELGRAD_CHECK(x.shape()[d] != 0, "max: cannot reduce over the empty dim ", d, " of shape ",
+                      shape_str(x.shape()));
     }
     Tensor y = reduce_kernel(ReduceOp::max, x, dims, "max");
     y = record(y, "max", {x}, [x = x.detach(), y = y.detach(), dims](const Tensor& g) {

@@ -1,9 +1,7 @@
 // Ops that assemble new tensors from several (the views themselves live on Tensor).
-#include <stdexcept>
-#include <string>
-
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 
@@ -11,7 +9,7 @@ namespace relgrad {
 
 // y = [x_0; x_1; ...] along dim      dx_i = the slice of g that x_i filled
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
-    if (tensors.empty()) throw std::invalid_argument("concat: no tensors given");
+    RELGRAD_CHECK(!tensors.empty(), "concat: no tensors given");
     const Tensor& first = tensors[0];
     dim = wrap_dim(dim, first.dim(), "concat");
     require_same_device(tensors, "concat");
@@ -20,11 +18,9 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
     for (const Tensor& t : tensors) {
         Shape expected = first.shape();
         expected[dim] = t.dim() == first.dim() ? t.shape()[dim] : -1;
-        if (t.shape() != expected || t.dtype() != first.dtype()) {
-            throw std::invalid_argument("concat: tensor " + shape_str(t.shape()) + " (" + dtype_name(t.dtype()) +
-                                        ") does not match " + shape_str(first.shape()) + " (" +
-                                        dtype_name(first.dtype()) + ") outside dim " + std::to_string(dim));
-        }
+        RELGRAD_CHECK(t.shape() == expected && t.dtype() == first.dtype(), "concat: tensor ", shape_str(t.shape()),
+                      " (", dtype_name(t.dtype()), ") does not match ", shape_str(first.shape()), " (",
+                      dtype_name(first.dtype()), ") outside dim ", dim);
         out_shape[dim] += t.shape()[dim];
     }
     Tensor y = empty(out_shape, first.dtype(), first.device());
@@ -50,13 +46,11 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 // y = concat of the x_i each given a new size-1 dim at `dim` (autograd through unsqueeze/concat)
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-    if (tensors.empty()) throw std::invalid_argument("stack: no tensors given");
+    RELGRAD_CHECK(!tensors.empty(), "stack: no tensors given");
     std::vector<Tensor> unsqueezed;
     for (const Tensor& t : tensors) {
-        if (t.shape() != tensors[0].shape()) {
-            throw std::invalid_argument("stack: shapes " + shape_str(tensors[0].shape()) + " and " +
-                                        shape_str(t.shape()) + " differ");
-        }
+        RELGRAD_CHECK(t.shape() == tensors[0].shape(), "stack: shapes ", shape_str(tensors[0].shape()), " and ",
+                      shape_str(t.shape()), " differ");
         unsqueezed.push_back(t.unsqueeze(wrap_dim(dim, t.dim() + 1, "stack")));
     }
     return concat(unsqueezed, dim);

@@ -4,11 +4,10 @@
 // zero tensor with the gradient placed in the sliced positions. Copies (to, clone, contiguous)
 // pass the gradient through, converted back to the source's dtype or device.
 #include <numeric>
-#include <stdexcept>
-#include <string>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
@@ -27,24 +26,20 @@ static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t 
 }
 
 Tensor Tensor::view(const Shape& requested) const {
-    if (!is_contiguous()) {
-        throw std::invalid_argument("view: the tensor of shape " + shape_str(shape()) +
-                                    " is not contiguous; use reshape()");
-    }
+    RELGRAD_CHECK(is_contiguous(), "view: the tensor of shape ", shape_str(shape()),
+                  " is not contiguous; use reshape()");
     Shape target = requested;
     int64_t inferred = -1;
     for (std::size_t i = 0; i < target.size(); ++i) {
         if (target[i] != -1) continue;
-        if (inferred >= 0) throw std::invalid_argument("view: more than one -1 in " + shape_str(requested));
+        RELGRAD_CHECK(inferred < 0, "view: more than one -1 in ", shape_str(requested));
         inferred = static_cast<int64_t>(i);
         target[i] = 1;
     }
     const int64_t known = shape_numel(target);  // throws on a negative size or an overflow
     const bool fits = inferred >= 0 ? known > 0 && numel() % known == 0 : known == numel();
-    if (!fits) {
-        throw std::invalid_argument("view: cannot view a tensor of shape " + shape_str(shape()) + " (" +
-                                    std::to_string(numel()) + " elements) as " + shape_str(requested));
-    }
+    RELGRAD_CHECK(fits, "view: cannot view a tensor of shape ", shape_str(shape()), " (", numel(), " elements) as ",
+                  shape_str(requested));
     if (inferred >= 0) target[inferred] = numel() / known;
     Tensor out = make_view(*this, target, contiguous_strides(target), offset());
     const Shape input_shape = shape();
@@ -57,15 +52,13 @@ Tensor Tensor::reshape(const Shape& shape) const { return contiguous().view(shap
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
     const int64_t rank = dim();
-    if (static_cast<int64_t>(dims.size()) != rank) {
-        throw std::invalid_argument("permute: " + std::to_string(dims.size()) + " dims given for a tensor of shape " +
-                                    shape_str(shape()));
-    }
+    RELGRAD_CHECK(static_cast<int64_t>(dims.size()) == rank, "permute: ", dims.size(),
+                  " dims given for a tensor of shape ", shape_str(shape()));
     Shape new_shape(rank), new_strides(rank);
     std::vector<int64_t> inverse(rank, -1);
     for (int64_t i = 0; i < rank; ++i) {
         const int64_t d = wrap_dim(dims[i], rank, "permute");
-        if (inverse[d] != -1) throw std::invalid_argument("permute: dim " + std::to_string(d) + " repeated");
+        RELGRAD_CHECK(inverse[d] == -1, "permute: dim ", d, " repeated");
         inverse[d] = i;
         new_shape[i] = shape()[d];
         new_strides[i] = strides()[d];
@@ -86,14 +79,11 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
     d = wrap_dim(d, dim(), "slice");
     const int64_t n = shape()[d];
-    if (step <= 0) throw std::invalid_argument("slice: step must be positive, got " + std::to_string(step));
+    RELGRAD_CHECK(step > 0, "slice: step must be positive, got ", step);
     if (start < 0) start += n;
     if (end < 0) end += n;
-    if (start < 0 || end > n || start > end) {
-        throw std::invalid_argument("slice: range [" + std::to_string(start) + ", " + std::to_string(end) +
-                                    ") is outside dim " + std::to_string(d) + " of a tensor of shape " +
-                                    shape_str(shape()));
-    }
+    RELGRAD_CHECK(start >= 0 && end <= n && start <= end, "slice: range [", start, ", ", end, ") is outside dim ", d,
+                  " of a tensor of shape ", shape_str(shape()));
     Shape new_shape = shape(), new_strides = strides();
     new_shape[d] = end == start ? 0 : (end - start - 1) / step + 1;
     new_strides[d] = new_shape[d] > 1 ? strides()[d] * step : strides()[d];
@@ -109,30 +99,28 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
-    if (length < 0 || start < 0 || length > size(d) - start) {
-        throw std::invalid_argument("narrow: start " + std::to_string(start) + " and length " + std::to_string(length) +
-                                    " do not fit dim " + std::to_string(d) + " of shape " + shape_str(shape()));
-    }
+    RELGRAD_CHECK(length >= 0 && start >= 0 && length <= size(d) - start, "narrow: start ", start, " and length ",
+                  length, " do not fit dim ", d, " of shape ", shape_str(shape()));
     return slice(d, start, start + length, 1);
 }
 
 Tensor Tensor::expand(const Shape& target) const {
     const int64_t rank = dim();
     const int64_t new_rank = static_cast<int64_t>(target.size());
-    auto fail = [&] {
-        return std::invalid_argument("expand: cannot expand shape " + shape_str(shape()) + " to " + shape_str(target));
+    auto check = [&](bool expandable) {
+        RELGRAD_CHECK(expandable, "expand: cannot expand shape ", shape_str(shape()), " to ", shape_str(target));
     };
-    if (new_rank < rank) throw fail();
+    check(new_rank >= rank);
     Shape new_shape = target, new_strides(new_rank, 0);
     for (int64_t i = 0; i < new_rank; ++i) {
         const int64_t j = i - (new_rank - rank);                   // the matching input dim, if any
         if (j >= 0 && target[i] == -1) new_shape[i] = shape()[j];  // -1 keeps the size
-        if (new_shape[i] < 0) throw fail();
+        check(new_shape[i] >= 0);
         if (j < 0) continue;  // a new leading dim: stride 0
         if (shape()[j] == new_shape[i]) {
             new_strides[i] = strides()[j];
-        } else if (shape()[j] != 1) {
-            throw fail();
+        } else {
+            check(shape()[j] == 1);
         }
     }
     shape_numel(new_shape);  // rejects a size overflow
@@ -152,10 +140,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
 
 Tensor Tensor::squeeze(int64_t d) const {
     d = wrap_dim(d, dim(), "squeeze");
-    if (shape()[d] != 1) {
-        throw std::invalid_argument("squeeze: dim " + std::to_string(d) + " of shape " + shape_str(shape()) +
-                                    " has size " + std::to_string(shape()[d]) + ", not 1");
-    }
+    RELGRAD_CHECK(shape()[d] == 1, "squeeze: dim ", d, " of shape ", shape_str(shape()), " has size ", shape()[d],
+                  ", not 1");
     Shape s = shape();
     s.erase(s.begin() + d);
     return reshape(s);
@@ -164,10 +150,8 @@ Tensor Tensor::squeeze(int64_t d) const {
 // ---------------------------------------------------------------- values
 
 double Tensor::item() const {
-    if (numel() != 1) {
-        throw std::invalid_argument("item: the tensor has " + std::to_string(numel()) + " elements (shape " +
-                                    shape_str(shape()) + "), expected 1");
-    }
+    RELGRAD_CHECK(numel() == 1, "item: the tensor has ", numel(), " elements (shape ", shape_str(shape()),
+                  "), expected 1");
     return to_vector()[0];
 }
 
@@ -219,18 +203,13 @@ Tensor Tensor::to(Device target) const {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-    if (src.shape() != shape()) {
-        throw std::invalid_argument("copy_: source shape " + shape_str(src.shape()) +
-                                    " differs from destination shape " + shape_str(shape()));
-    }
-    if (grad_mode_enabled() && requires_grad()) {
-        throw std::invalid_argument("copy_: the tensor requires a gradient; copy into it under a NoGradGuard");
-    }
+    RELGRAD_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
+                  " differs from destination shape ", shape_str(shape()));
+    RELGRAD_CHECK(!(grad_mode_enabled() && requires_grad()),
+                  "copy_: the tensor requires a gradient; copy into it under a NoGradGuard");
     for (int64_t d = 0; d < dim(); ++d) {
-        if (strides()[d] == 0 && shape()[d] > 1) {
-            throw std::invalid_argument("copy_: the destination " + shape_str(shape()) +
-                                        " is an expanded view, whose elements share memory");
-        }
+        RELGRAD_CHECK(strides()[d] != 0 || shape()[d] <= 1, "copy_: the destination ", shape_str(shape()),
+                      " is an expanded view, whose elements share memory");
     }
     NoGradGuard no_grad;
     // a source that shares this tensor's memory is read from a copy of it, not while being written

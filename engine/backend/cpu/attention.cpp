@@ -75,9 +75,8 @@ private:
 
 }  // namespace
 
-void CpuBackend::attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                                   double scale, Tensor& bucket_weights) {
-    require_on_device("attention_softmax", {&scores, &bucket_scores, &index, &mask, &bucket_weights});
+void CpuBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
+                                      const Tensor& mask, double scale, Tensor& bucket_weights) {
     dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {
         using T = decltype(tag);
         const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
@@ -119,9 +118,8 @@ void CpuBackend::attention_softmax(Tensor& scores, const Tensor& bucket_scores, 
     });
 }
 
-void CpuBackend::attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                            const Tensor& index, double scale, Tensor& d_bucket_scores) {
-    require_on_device("attention_softmax_backward", {&grad, &weights, &d_buckets, &index, &d_bucket_scores});
+void CpuBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                               const Tensor& index, double scale, Tensor& d_bucket_scores) {
     dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
         using T = decltype(tag);
         const int64_t K = d_buckets.defined() ? d_buckets.size(-1) : 0;

@@ -2,19 +2,19 @@
 // in the files beside this one, as the ops do in engine/ops/: elementwise.cpp (fill, copy, unary,
 // binary, where), reduce.cpp (reduce, softmax_last_dim), gemm.cpp (batched_gemm and the one BLAS
 // call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
-// attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory
-// and forwards the fused kernels. A CUDA backend mirrors this layout.
+// attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory.
+// The CUDA backend mirrors this layout.
 //
 // The same class serves two devices: the cpu, and guarded_cpu, the CPU's kernels on memory of
 // their own that the host API refuses to touch (Tensor::data<T>() throws there; only to(),
-// copy_(), to_vector() and item() copy values out, as from a GPU). Every kernel first checks
-// that each operand is on its backend's device. So an op, layer or training run that passes on
-// guarded_cpu is device-clean: it never reads device memory from the host, never hands a kernel
-// memory of another device, and allocates on its inputs' device (docs/engine.md#devices).
+// copy_(), to_vector() and item() copy values out, as from a GPU). Every kernel first checks that
+// each operand is on its backend's device (Backend, in backend.cpp). So an op, layer or training
+// run that passes on guarded_cpu is device-clean: it never reads device memory from the host, never
+// hands a kernel memory of another device, and allocates on its inputs' device
+// (docs/engine.md#devices).
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "engine/backend/backend.hpp"
@@ -24,7 +24,6 @@ namespace relgrad {
 class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(Device device);  // Device::cpu or Device::guarded_cpu
-    const char* name() const override { return device_name(device_); }
     bool supports(OptionalKernel kernel) const override;
     // Whether it offers the fused attention kernels (on by default); off, the fused op must fall
     // back to the bucketed one, which the tests check on the guarded device.
@@ -34,34 +33,30 @@ public:
     void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
     void copy_to_host(const void* device, void* host, std::size_t nbytes) override;
 
-    void fill(Tensor& out, double value) override;
-    void copy(const Tensor& src, Tensor& dst) override;
-    void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) override;
-    void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
-    void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) override;
-    void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void softmax_last_dim(const Tensor& x, bool log, Tensor& out) override;
-    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                           double scale, Tensor& bucket_weights) override;
-    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
-                                    double scale, Tensor& d_bucket_scores) override;
-    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
-    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
-                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
-                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                  Tensor& d_table_k, Tensor& d_table_v) override;
-
 private:
-    // Every kernel starts here: an operand on another device is a bug of the op that called it.
-    void require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const;
+    void do_fill(Tensor& out, double value) override;
+    void do_copy(const Tensor& src, Tensor& dst) override;
+    void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) override;
+    void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
+    void do_batched_gemm(const GemmBatch& products, Tensor& out) override;
+    void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) override;
+    void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                              double scale, Tensor& bucket_weights) override;
+    void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                       const Tensor& index, double scale, Tensor& d_bucket_scores) override;
+    void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                            double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
+    void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                     const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                     const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     Tensor& d_table_k, Tensor& d_table_v) override;
 
-    Device device_;
     CachingAllocator allocator_;  // each device its own memory, so its own memory_stats
 };
 

@@ -68,8 +68,7 @@ bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
 
 }  // namespace
 
-void CpuBackend::fill(Tensor& out, double value) {
-    require_on_device("fill", {&out});
+void CpuBackend::do_fill(Tensor& out, double value) {
     dispatch_any(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
         auto o = strided<T>(out);
@@ -77,12 +76,7 @@ void CpuBackend::fill(Tensor& out, double value) {
     });
 }
 
-void CpuBackend::copy(const Tensor& src, Tensor& dst) {
-    require_on_device("copy", {&src, &dst});
-    if (src.shape() != dst.shape()) {
-        throw std::invalid_argument("copy: source shape " + shape_str(src.shape()) +
-                                    " differs from destination shape " + shape_str(dst.shape()));
-    }
+void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
         std::memcpy(static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype()),
                     static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype()),
@@ -125,8 +119,7 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
     });
 }
 
-void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
-    require_on_device("unary", {&x, &out});
+void CpuBackend::do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
     dispatch_floating(x.dtype(), "unary", [&](auto tag) {
         using T = decltype(tag);
         const T one(1), zero(0), half(0.5);
@@ -170,8 +163,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, doubl
     });
 }
 
-void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-    require_on_device("binary", {&a, &b, &out});
+void CpuBackend::do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     dispatch_numeric(a.dtype(), "binary", [&](auto tag) {
         using T = decltype(tag);
         bool done = false;
@@ -197,8 +189,7 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
     });
 }
 
-void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
-    require_on_device("where", {&cond, &a, &b, &out});
+void CpuBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
     dispatch_numeric(a.dtype(), "where", [&](auto tag) {
         using T = decltype(tag);
         dispatch_any(cond.dtype(), [&](auto cond_tag) {

@@ -388,25 +388,28 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
 
 }  // namespace
 
-void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                             double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
-    if (q.dtype() == DType::float32) {
-        forward<float>(q, k, v, pattern, scale, relative, z, lse);
-    } else {
-        forward<double>(q, k, v, pattern, scale, relative, z, lse);
-    }
-}
-
-void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
-                              const Tensor& dz, const AttentionPattern& pattern, double scale,
-                              const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                              Tensor& d_table_k, Tensor& d_table_v) {
-    if (q.dtype() == DType::float32) {
-        backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
-    } else {
-        backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
-    }
-}
-
 }  // namespace cpu
+
+void CpuBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
+    cpu::use_one_blas_thread();
+    if (q.dtype() == DType::float32) {
+        cpu::forward<float>(q, k, v, pattern, scale, relative, z, lse);
+    } else {
+        cpu::forward<double>(q, k, v, pattern, scale, relative, z, lse);
+    }
+}
+
+void CpuBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                             const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
+                                             double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
+    cpu::use_one_blas_thread();
+    if (q.dtype() == DType::float32) {
+        cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+    } else {
+        cpu::backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+    }
+}
+
 }  // namespace relgrad

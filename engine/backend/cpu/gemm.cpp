@@ -1,12 +1,13 @@
-// The CPU's matrix products (engine/ops/linalg.cpp): every BLAS call of the backend goes through
-// cpu::gemm below, into OpenBLAS by xtensor-blas's cxxblas layer.
+// The CPU's matrix products (engine/ops/linalg.cpp), set up by Backend::batched_gemm (backend.cpp):
+// every BLAS call of the backend goes through cpu::gemm below, into OpenBLAS by xtensor-blas's
+// cxxblas layer.
 #include <algorithm>
 #include <array>
+#include <vector>
 
 #include <xtensor-blas/xblas.hpp>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
 
 // OpenBLAS's thread control (its cblas.h cannot be included next to xtensor-blas)
 extern "C" void openblas_set_num_threads(int threads);
@@ -52,42 +53,15 @@ int64_t block_size(int64_t n) {
 
 }  // namespace
 
-void CpuBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
-    require_on_device("batched_gemm", {&a_in, &b_in, &out});
-    const int64_t rank = a_in.dim();
-    const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
-    const int64_t N = b_in.shape()[rank - 1];
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        fill(out, 0.0);
-        return;
-    }
-    // Operands BLAS cannot read in place (e.g. an expanded matrix) are packed first.
-    auto readable = [&](const Tensor& t, int64_t rows, int64_t cols) {
-        const BlasOperand layout = blas_operand(rows, cols, t.strides()[rank - 2], t.strides()[rank - 1]);
-        if (layout.ok) return t;
-        Tensor packed = empty_like(t);
-        copy(t, packed);
-        return packed;
-    };
-    const Tensor a = readable(a_in, M, K);
-    const Tensor b = readable(b_in, K, N);
-    const BlasOperand la = blas_operand(M, K, a.strides()[rank - 2], a.strides()[rank - 1]);
-    const BlasOperand lb = blas_operand(K, N, b.strides()[rank - 2], b.strides()[rank - 1]);
-
-    const Shape batch_shape(a.shape().begin(), a.shape().end() - 2);
-    const Shape a_batch_strides(a.strides().begin(), a.strides().end() - 2);
-    const Shape b_batch_strides(b.strides().begin(), b.strides().end() - 2);
-    const Shape out_batch_strides(out.strides().begin(), out.strides().end() - 2);
-    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+void CpuBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
+    const int64_t M = products.M, N = products.N, K = products.K;
+    const BlasOperand &la = products.a_operand, &lb = products.b_operand;
+    const std::vector<std::array<int64_t, 3>>& offsets = products.offsets;
+    dispatch_floating(products.a.dtype(), "matmul", [&](auto tag) {
         using T = decltype(tag);
-        const T* pa = device_data<T>(a);
-        const T* pb = device_data<T>(b);
+        const T* pa = device_data<T>(products.a);
+        const T* pb = device_data<T>(products.b);
         T* pc = device_data<T>(out);
-        // the offsets of every batch entry, then one gemm each
-        std::vector<std::array<int64_t, 3>> offsets;
-        walk<3>(batch_shape, {a_batch_strides, b_batch_strides, out_batch_strides},
-                [&](const auto& off) { offsets.push_back(off); });
         // rows [m0, m1) and columns [n0, n1) of one product; row m of op(A) starts m * leading_dim
         // in (m when A is read transposed), column n of op(B) n in (n * leading_dim transposed)
         auto product_block = [&](const std::array<int64_t, 3>& off, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {

@@ -30,8 +30,7 @@ int64_t checked_index(int64_t i, int64_t size, const char* kernel, int64_t dim) 
 
 }  // namespace
 
-void CpuBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
-    require_on_device("gather", {&x, &index, &out});
+void CpuBackend::do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     const int64_t size = x.shape()[dim], step = x.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(x.dtype(), "gather", [&](auto tag) {
@@ -44,8 +43,7 @@ void CpuBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tenso
     });
 }
 
-void CpuBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-    require_on_device("scatter_add", {&out, &index, &src});
+void CpuBackend::do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     const int64_t size = out.shape()[dim], step = out.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(out.dtype(), "scatter_add", [&](auto tag) {
@@ -59,8 +57,7 @@ void CpuBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, cons
     });
 }
 
-void CpuBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
-    require_on_device("index_select", {&x, &index, &out});
+void CpuBackend::do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     const int64_t size = x.shape()[dim], step = x.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(x.dtype(), "index_select", [&](auto tag) {
@@ -75,8 +72,7 @@ void CpuBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index,
     });
 }
 
-void CpuBackend::index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-    require_on_device("index_add", {&out, &index, &src});
+void CpuBackend::do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     const int64_t size = out.shape()[dim], step = out.strides()[dim];
     const int64_t* idx = device_data<int64_t>(index);
     dispatch_floating(out.dtype(), "index_add", [&](auto tag) {

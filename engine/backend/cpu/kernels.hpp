@@ -1,8 +1,7 @@
 // The CPU backend's attention row kernels: contiguous SIMD loops (xsimd batches, scalar tail)
 // over one row of scores or of their gradient, shared by the bucketed attention kernels
 // (attention.cpp) and the fused ones (fused_attention.cpp). Each returns the reduction the
-// caller needs next, so that a row is read once per step of the softmax or its backward. Also the
-// entry points of the fused kernels.
+// caller needs next, so that a row is read once per step of the softmax or its backward.
 #pragma once
 
 #include <algorithm>
@@ -10,9 +9,6 @@
 #include <cstdint>
 
 #include <xsimd/xsimd.hpp>
-
-#include "engine/attention_pattern.hpp"
-#include "engine/tensor.hpp"
 
 namespace relgrad {
 namespace cpu {
@@ -197,14 +193,6 @@ void softmax_backward_diagonal(const T* p, T* dp, int64_t n, const T* shift, T d
             ds_sums[j] += dp[j];
         });
 }
-
-// fused_attention.cpp: the backend's fused_attention kernels (see backend.hpp)
-void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                             double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
-void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
-                              const Tensor& dz, const AttentionPattern& pattern, double scale,
-                              const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                              Tensor& d_table_k, Tensor& d_table_v);
 
 }  // namespace cpu
 }  // namespace relgrad

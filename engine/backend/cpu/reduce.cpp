@@ -49,12 +49,7 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
 
 }  // namespace
 
-void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
-    require_on_device("reduce", {&x, &out});
-    if (dims.empty()) {
-        copy(x, out);
-        return;
-    }
+void CpuBackend::do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
     dispatch_floating(x.dtype(), "reduce", [&](auto tag) {
         using T = decltype(tag);
         if (op == ReduceOp::sum && packed_sum<T>(x, dims, out)) return;
@@ -73,29 +68,25 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
     });
 }
 
-void CpuBackend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
-    require_on_device("softmax_last_dim", {&x, &out});
-    const int64_t C = x.dim() == 0 ? 1 : x.shape().back();
-    if (C == 0) return;
-    const int64_t rows = x.numel() / C;
+void CpuBackend::do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) {
     dispatch_floating(x.dtype(), "softmax", [&](auto tag) {
         using T = decltype(tag);
         const T* px = device_data<T>(x);
         T* po = device_data<T>(out);
         const T neg_inf = -std::numeric_limits<T>::infinity();
         for (int64_t r = 0; r < rows; ++r) {
-            const T* row = px + r * C;
-            T* dst = po + r * C;
+            const T* row = px + r * columns;
+            T* dst = po + r * columns;
             T m = neg_inf;
-            for (int64_t j = 0; j < C; ++j) m = std::max(m, row[j]);
+            for (int64_t j = 0; j < columns; ++j) m = std::max(m, row[j]);
             if (m == neg_inf) {  // every entry masked: no probability mass anywhere
-                std::fill(dst, dst + C, log ? neg_inf : T(0));
+                std::fill(dst, dst + columns, log ? neg_inf : T(0));
                 continue;
             }
             T total(0);
-            for (int64_t j = 0; j < C; ++j) total += std::exp(row[j] - m);
+            for (int64_t j = 0; j < columns; ++j) total += std::exp(row[j] - m);
             const T log_total = std::log(total);
-            for (int64_t j = 0; j < C; ++j) {
+            for (int64_t j = 0; j < columns; ++j) {
                 dst[j] = log ? row[j] - m - log_total : std::exp(row[j] - m) / total;
             }
         }

@@ -119,9 +119,8 @@ void throw_if_bucket_error(const ErrorSlot& error, int64_t buckets) {
 
 }  // namespace
 
-void CudaBackend::attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
-                                    const Tensor& mask, double scale, Tensor& bucket_weights) {
-    require_on_device("attention_softmax", {&scores, &bucket_scores, &index, &mask, &bucket_weights});
+void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
+                                       const Tensor& mask, double scale, Tensor& bucket_weights) {
     const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
     const int64_t Lq = scores.size(2), Lk = scores.size(3), rows = scores.size(0) * scores.size(1) * Lq;
     const ErrorSlot error;
@@ -136,9 +135,8 @@ void CudaBackend::attention_softmax(Tensor& scores, const Tensor& bucket_scores,
     throw_if_bucket_error(error, K);
 }
 
-void CudaBackend::attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                             const Tensor& index, double scale, Tensor& d_bucket_scores) {
-    require_on_device("attention_softmax_backward", {&grad, &weights, &d_buckets, &index, &d_bucket_scores});
+void CudaBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                                const Tensor& index, double scale, Tensor& d_bucket_scores) {
     const int64_t K = d_buckets.defined() ? d_buckets.size(-1) : 0;
     const int64_t Lq = grad.size(2), Lk = grad.size(3), rows = grad.size(0) * grad.size(1) * Lq;
     const ErrorSlot error;

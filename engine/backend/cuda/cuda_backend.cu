@@ -1,6 +1,6 @@
-// The CUDA backend's device: whether one is usable, its memory through the caching allocator, and
-// the checks every kernel starts with. On a GPU through the CUDA runtime; in the emulator the
-// device's memory is host memory that the host API refuses to touch, as a GPU's.
+// The CUDA backend's device: whether one is usable, and its memory through the caching allocator.
+// On a GPU through the CUDA runtime; in the emulator the device's memory is host memory that the
+// host API refuses to touch, as a GPU's.
 #include "engine/backend/cuda/cuda_backend.hpp"
 
 #include <algorithm>
@@ -9,6 +9,8 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -88,20 +90,8 @@ CudaBackend& cuda_backend() {
 
 Backend& gpu_backend() { return cuda_backend(); }
 
-CudaBackend::CudaBackend() : allocator_(device_allocate, device_free, 0) {}
-
-void CudaBackend::require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const {
-    for (const Tensor* t : operands) {
-        if (t->defined() && t->device() != Device::cuda) {
-            throw std::logic_error(std::string(kernel) + ": an operand on the " + device_name(t->device()) +
-                                   " device reached the cuda kernels");
-        }
-        if (t->defined() && t->dim() > kMaxDims) {
-            throw std::invalid_argument(std::string(kernel) + ": a tensor of " + std::to_string(t->dim()) +
-                                        " dims; the cuda kernels take at most " + std::to_string(kMaxDims));
-        }
-    }
-}
+// A Layout holds kMaxDims dims: Backend refuses an operand of more before any kernel sees it.
+CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, 0) {}
 
 void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nbytes) {
     copy_to_device(host, device, nbytes);
@@ -113,10 +103,8 @@ void CudaBackend::copy_to_host(const void* device, void* host, std::size_t nbyte
 // ---------------------------------------------------------------- shared by the kernel files
 
 Layout layout_of(const Shape& shape, const Shape& strides, const char* kernel) {
-    if (static_cast<int64_t>(shape.size()) > kMaxDims) {
-        throw std::invalid_argument(std::string(kernel) + ": a tensor of " + std::to_string(shape.size()) +
-                                    " dims; the cuda kernels take at most " + std::to_string(kMaxDims));
-    }
+    RELGRAD_CHECK(static_cast<int64_t>(shape.size()) <= kMaxDims, kernel, ": a tensor of ", shape.size(),
+                  " dims; the cuda kernels take at most ", kMaxDims);
     Layout layout;
     layout.rank = static_cast<int>(shape.size());
     for (int d = 0; d < layout.rank; ++d) {

@@ -1,5 +1,5 @@
 // The CUDA backend: the Backend interface (backend.hpp) on an NVIDIA GPU, laid out like cpu/:
-// cuda_backend.cu (the device, its memory, the operand check), elementwise.cu (fill, copy, unary,
+// cuda_backend.cu (the device, its memory, the Layouts), elementwise.cu (fill, copy, unary,
 // binary, where), reduce.cu (reduce, softmax_last_dim), gemm.cu (batched_gemm through cuBLAS),
 // index.cu (gather, scatter_add, index_select, index_add), attention.cu (the attention rows) and
 // fused_attention.cu (the fused attention, flash-style, and where supports() is).
@@ -24,39 +24,35 @@ namespace RELGRAD_CUDA_NAMESPACE {
 class CudaBackend final : public Backend {
 public:
     CudaBackend();
-    const char* name() const override { return "cuda"; }
     bool supports(OptionalKernel kernel) const override;
 
     CachingAllocator& allocator() override { return allocator_; }
     void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
     void copy_to_host(const void* device, void* host, std::size_t nbytes) override;
 
-    void fill(Tensor& out, double value) override;
-    void copy(const Tensor& src, Tensor& dst) override;
-    void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0) override;
-    void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
-    void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) override;
-    void gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void softmax_last_dim(const Tensor& x, bool log, Tensor& out) override;
-    void attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                           double scale, Tensor& bucket_weights) override;
-    void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
-                                    double scale, Tensor& d_bucket_scores) override;
-    void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                         double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
-    void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
-                                  const Tensor& dz, const AttentionPattern& pattern, double scale,
-                                  const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                  Tensor& d_table_k, Tensor& d_table_v) override;
-
 private:
-    // Every kernel starts here: an operand on another device is a bug of the op that called it.
-    void require_on_device(const char* kernel, std::initializer_list<const Tensor*> operands) const;
+    void do_fill(Tensor& out, double value) override;
+    void do_copy(const Tensor& src, Tensor& dst) override;
+    void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) override;
+    void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
+    void do_batched_gemm(const GemmBatch& products, Tensor& out) override;
+    void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
+    void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
+    void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) override;
+    void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
+                              double scale, Tensor& bucket_weights) override;
+    void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
+                                       const Tensor& index, double scale, Tensor& d_bucket_scores) override;
+    void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                            double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
+    void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                     const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
+                                     const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
+                                     Tensor& d_table_k, Tensor& d_table_v) override;
 
     CachingAllocator allocator_;
 };

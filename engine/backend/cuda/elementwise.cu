@@ -102,8 +102,7 @@ __global__ void where_kernel(const C* cond, Layout cond_layout, const T* a, Layo
 
 }  // namespace
 
-void CudaBackend::fill(Tensor& out, double value) {
-    require_on_device("fill", {&out});
+void CudaBackend::do_fill(Tensor& out, double value) {
     const int64_t n = out.numel();
     dispatch_any(out.dtype(), [&](auto tag) {
         using T = decltype(tag);
@@ -114,12 +113,7 @@ void CudaBackend::fill(Tensor& out, double value) {
     });
 }
 
-void CudaBackend::copy(const Tensor& src, Tensor& dst) {
-    require_on_device("copy", {&src, &dst});
-    if (src.shape() != dst.shape()) {
-        throw std::invalid_argument("copy: source shape " + shape_str(src.shape()) +
-                                    " differs from destination shape " + shape_str(dst.shape()));
-    }
+void CudaBackend::do_copy(const Tensor& src, Tensor& dst) {
     const int64_t n = dst.numel();
     // a float converted to int64 may have no int64 value: the kernel reports one
     const bool checked = dst.dtype() == DType::int64 && is_floating(src.dtype());
@@ -142,8 +136,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
     }
 }
 
-void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
-    require_on_device("unary", {&x, &out});
+void CudaBackend::do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
     const int64_t n = out.numel();
     Layout x_layout = layout_of(x, out.shape(), "unary"), out_layout = layout_of(out, "unary");
     merge_dims({&x_layout, &out_layout});
@@ -154,8 +147,7 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, doub
     });
 }
 
-void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-    require_on_device("binary", {&a, &b, &out});
+void CudaBackend::do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     const int64_t n = out.numel();
     Layout a_layout = layout_of(a, out.shape(), "binary"), b_layout = layout_of(b, out.shape(), "binary"),
            out_layout = layout_of(out, "binary");
@@ -167,8 +159,7 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
     });
 }
 
-void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
-    require_on_device("where", {&cond, &a, &b, &out});
+void CudaBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
     const int64_t n = out.numel();
     Layout cond_layout = layout_of(cond, out.shape(), "where"), a_layout = layout_of(a, out.shape(), "where"),
            b_layout = layout_of(b, out.shape(), "where"), out_layout = layout_of(out, "where");

@@ -342,9 +342,8 @@ bool CudaBackend::supports(OptionalKernel kernel) const {
     return false;
 }
 
-void CudaBackend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                  double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
-    require_on_device("fused_attention", {&q, &k, &v, &pattern.mask, &relative.table_k, &relative.table_v, &z, &lse});
+void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
+                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention");
     const int64_t B = q.size(0);
     dispatch_floating(q.dtype(), "fused_attention", [&](auto tag) {
@@ -366,12 +365,10 @@ void CudaBackend::fused_attention(const Tensor& q, const Tensor& k, const Tensor
     });
 }
 
-void CudaBackend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
-                                           const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
-                                           double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                           Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
-    require_on_device("fused_attention_backward", {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k,
-                                                   &relative.table_v, &dq, &dk, &dv, &d_table_k, &d_table_v});
+void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
+                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
+                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq,
+                                              Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
     const int64_t B = q.size(0);
     dispatch_floating(q.dtype(), "fused_attention_backward", [&](auto tag) {

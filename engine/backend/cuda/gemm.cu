@@ -1,5 +1,6 @@
-// The CUDA backend's matrix products (engine/ops/linalg.cpp): cuBLAS's strided batched gemm, a
-// transposed view passed as a transpose flag; in the emulator, the CPU's BLAS (cpu::gemm).
+// The CUDA backend's matrix products (engine/ops/linalg.cpp), set up by Backend::batched_gemm
+// (backend.cpp): cuBLAS's strided batched gemm, a transposed view passed as a transpose flag; in
+// the emulator, the CPU's BLAS (cpu::gemm).
 #include <array>
 #include <vector>
 
@@ -78,42 +79,14 @@ template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, co
 template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
                                  const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
 
-void CudaBackend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
-    require_on_device("batched_gemm", {&a_in, &b_in, &out});
-    const int64_t rank = a_in.dim();
-    const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
-    const int64_t N = b_in.shape()[rank - 1];
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        fill(out, 0.0);
-        return;
-    }
-    // Operands BLAS cannot read in place (e.g. an expanded matrix) are packed first.
-    auto readable = [&](const Tensor& t, int64_t rows, int64_t cols) {
-        if (blas_operand(rows, cols, t.strides()[rank - 2], t.strides()[rank - 1]).ok) return t;
-        Tensor packed = empty_like(t);
-        copy(t, packed);
-        return packed;
-    };
-    const Tensor a = readable(a_in, M, K);
-    const Tensor b = readable(b_in, K, N);
-    const BlasOperand la = blas_operand(M, K, a.strides()[rank - 2], a.strides()[rank - 1]);
-    const BlasOperand lb = blas_operand(K, N, b.strides()[rank - 2], b.strides()[rank - 1]);
-    // the offsets of every batch entry in a, b and out (C order over the batch dims)
-    std::vector<std::array<int64_t, 3>> offsets(1, {0, 0, 0});
-    for (int64_t d = rank - 3; d >= 0; --d) {
-        std::vector<std::array<int64_t, 3>> wider;
-        for (int64_t i = 0; i < a.shape()[d]; ++i) {
-            for (const auto& o : offsets) {
-                wider.push_back({o[0] + i * a.strides()[d], o[1] + i * b.strides()[d], o[2] + i * out.strides()[d]});
-            }
-        }
-        offsets = std::move(wider);
-    }
-    dispatch_floating(a.dtype(), "matmul", [&](auto tag) {
+void CudaBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
+    const int64_t M = products.M, N = products.N, K = products.K;
+    const BlasOperand &la = products.a_operand, &lb = products.b_operand;
+    const std::vector<std::array<int64_t, 3>>& offsets = products.offsets;
+    dispatch_floating(products.a.dtype(), "matmul", [&](auto tag) {
         using T = decltype(tag);
-        const T* pa = device_data<T>(a);
-        const T* pb = device_data<T>(b);
+        const T* pa = device_data<T>(products.a);
+        const T* pb = device_data<T>(products.b);
         T* pc = device_data<T>(out);
         // runs of entries whose offsets step evenly go to one strided batched call each
         std::size_t first = 0;

@@ -58,8 +58,7 @@ __global__ void add_kernel(T* out, Layout out_base, int64_t step, int64_t size, 
 
 }  // namespace
 
-void CudaBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
-    require_on_device("gather", {&x, &index, &out});
+void CudaBackend::do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     const int64_t n = index.numel();
     const ErrorSlot error;
     dispatch_floating(x.dtype(), "gather", [&](auto tag) {
@@ -72,8 +71,7 @@ void CudaBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tens
     error.throw_if_index_error("gather", dim);
 }
 
-void CudaBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
-    require_on_device("index_select", {&x, &index, &out});
+void CudaBackend::do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     const int64_t n = out.numel();
     Shape index_strides(out.dim(), 0);  // the index varies along dim only
     index_strides[dim] = index.strides()[0];
@@ -88,8 +86,7 @@ void CudaBackend::index_select(const Tensor& x, int64_t dim, const Tensor& index
     error.throw_if_index_error("index_select", dim);
 }
 
-void CudaBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-    require_on_device("scatter_add", {&out, &index, &src});
+void CudaBackend::do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     const Shape lines_shape = with_one_at(index.shape(), dim);
     const int64_t lines = shape_numel(lines_shape), length = index.shape()[dim];
     const ErrorSlot error;
@@ -104,8 +101,7 @@ void CudaBackend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, con
     error.throw_if_index_error("scatter_add", dim);
 }
 
-void CudaBackend::index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-    require_on_device("index_add", {&out, &index, &src});
+void CudaBackend::do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     const Shape lines_shape = with_one_at(src.shape(), dim);
     const int64_t lines = shape_numel(lines_shape), length = src.shape()[dim];
     const ErrorSlot error;

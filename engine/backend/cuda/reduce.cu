@@ -58,12 +58,7 @@ __global__ void softmax_kernel(const T* x, T* out, int64_t rows, int64_t columns
 
 }  // namespace
 
-void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
-    require_on_device("reduce", {&x, &out});
-    if (dims.empty()) {
-        copy(x, out);
-        return;
-    }
+void CudaBackend::do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
     // the kept dims index the rows, the reduced dims the elements of a row
     Shape kept_shape, kept_strides, out_strides, reduced_shape, reduced_strides;
     for (int64_t d = 0; d < x.dim(); ++d) {
@@ -83,11 +78,7 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t
     });
 }
 
-void CudaBackend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
-    require_on_device("softmax_last_dim", {&x, &out});
-    const int64_t columns = x.dim() == 0 ? 1 : x.shape().back();
-    if (columns == 0) return;
-    const int64_t rows = x.numel() / columns;
+void CudaBackend::do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) {
     dispatch_floating(x.dtype(), "softmax", [&](auto tag) {
         using T = decltype(tag);
         launch("softmax_last_dim", softmax_kernel<T>, grid_for(rows, 1), row_threads(columns), 0, device_data<T>(x),
