@@ -30,6 +30,21 @@ std::string read_file(const fs::path& path, const std::string& what) {
     return text;
 }
 
+void write_file(const fs::path& path, const std::string& bytes) {
+    const fs::path partial = with_suffix(path, ".partial");
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        out << bytes;
+        out.close();
+        if (!out) {
+            std::error_code ignored;
+            fs::remove(partial, ignored);
+            throw std::runtime_error(path.string() + ": cannot write (disk full? permission denied?)");
+        }
+    }
+    fs::rename(partial, path);
+}
+
 fs::path start_replacing(const fs::path& dir) {
     const fs::path partial = with_suffix(dir, ".partial");
     fs::remove_all(partial);  // left by a write that was stopped

@@ -1,5 +1,5 @@
-// relgrad: what relgrad asks of the operating system: a file read whole, a directory replaced
-// whole, and the peak memory of the process.
+// relgrad: what relgrad asks of the operating system: a file read whole, a file or a directory
+// replaced whole, and the peak memory of the process.
 //
 // A directory is replaced in three moves: the new content is written into <dir>.partial/, then
 // two renames swap it in, dir/ -> dir.previous/ and dir.partial/ -> dir/, and the old content is
@@ -17,6 +17,11 @@ namespace relgrad {
 // in the one-line errors (std::invalid_argument) for a missing file, a directory, a read failure:
 //     runs/x/config.json: is a directory, expected the run's config
 std::string read_file(const std::filesystem::path& path, const std::string& what);
+
+// Writes `bytes` to <path>.partial, then renames it to path: a reader sees the old file or the new
+// one, whole, never a part (a full disk leaves the old file and no .partial behind). Errors are
+// std::runtime_error: "out/y.npy: cannot write (disk full? permission denied?)".
+void write_file(const std::filesystem::path& path, const std::string& bytes);
 
 // Empties and creates <dir>.partial/ and returns it: the new content of dir goes there.
 std::filesystem::path start_replacing(const std::filesystem::path& dir);

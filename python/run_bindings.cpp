@@ -14,7 +14,7 @@
 #include "python/bindings.hpp"
 #include "train/config.hpp"
 #include "train/json_reader.hpp"
-#include "train/run_commands.hpp"
+#include "commands/run_commands.hpp"
 #include "train/run_directory.hpp"
 #include "train/trainer.hpp"
 

@@ -16,6 +16,7 @@
 #include "engine/tensor.hpp"
 #include "train/tokenizer.hpp"
 #include "train/json_reader.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -25,14 +26,6 @@ using nlohmann::json;
 namespace {
 
 // ---- files -------------------------------------------------------------------------------------
-
-std::ifstream open_file(const std::string& path) {
-    if (!fs::exists(path)) throw std::runtime_error(path + ": no such file");
-    if (fs::is_directory(path)) throw std::runtime_error(path + ": is a directory, expected a file");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error(path + ": cannot open (permission denied?)");
-    return in;
-}
 
 // A UTF-8 byte order mark, which some editors write at the start of a file: not part of the text.
 constexpr std::string_view kByteOrderMark = "\xEF\xBB\xBF";
@@ -59,7 +52,7 @@ void check_utf8(const Line& line) {
 
 // The lines of a file that are not blank, without their \n or \r\n, each checked to be UTF-8.
 std::vector<Line> read_lines(const std::string& path) {
-    std::ifstream in = open_file(path);
+    std::istringstream in(read_file(path, "a data file"));
     std::vector<Line> lines;
     std::string text;
     for (int64_t number = 1; std::getline(in, text); ++number) {
@@ -215,8 +208,7 @@ std::vector<TextPair> read_pairs(const std::string& path) {
 }
 
 std::string read_text(const std::string& path) {
-    std::ifstream in = open_file(path);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string text = read_file(path, "a data file");
     skip_byte_order_mark(text);
     if (text.empty()) throw std::runtime_error(path + ": the file is empty, expected UTF-8 text");
     if (const auto error = find_utf8_error(text)) {

@@ -98,7 +98,7 @@ std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_l
 
 // ---- the data cache ----------------------------------------------------------------------------
 
-// Where `relgrad data fetch` puts the data sets (train/fetch.hpp) and where "data:NAME/FILE" paths
+// Where `relgrad data fetch` puts the data sets (commands/fetch.hpp) and where "data:NAME/FILE" paths
 // point: $RELGRAD_DATA if set, else $XDG_CACHE_HOME/relgrad, else ~/.cache/relgrad
 // (std::runtime_error when none of RELGRAD_DATA, XDG_CACHE_HOME, HOME is set).
 std::string default_data_dir();

@@ -1,6 +1,6 @@
 // Options read from a JSON object, and written back, through their descriptions
 // (layers/options.hpp): a config's sections (train/config.cpp) and a layer spec
-// (train/layer_command.cpp) are read with JsonFields, and their resolved forms written with
+// (commands/layer_command.cpp) are read with JsonFields, and their resolved forms written with
 // JsonFieldsWriter. Errors are JsonReader's: the file, the JSON path, what was got and expected.
 #pragma once
 

@@ -12,26 +12,9 @@ namespace relgrad {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-void write_text(const fs::path& path, const std::string& text) {
-    std::ofstream out(path);
-    out << text;
-    out.close();
-    if (!out) throw std::runtime_error("could not write " + path.string());
-}
-
-}  // namespace
-
-void write_text_file(const fs::path& path, const std::string& text) {
-    const fs::path partial = path.string() + ".partial";
-    write_text(partial, text);
-    fs::rename(partial, path);
-}
-
 json read_json_file(const fs::path& path) { return parse_json(read_file(path, "a JSON file"), path.string()); }
 
-void write_json_file(const fs::path& path, const json& value) { write_text_file(path, value.dump(2) + "\n"); }
+void write_json_file(const fs::path& path, const json& value) { write_file(path, value.dump(2) + "\n"); }
 
 std::optional<Tokenizer> saved_tokenizer(const fs::path& run, TaskKind kind) {
     const fs::path path = run / "tokenizer.json";
@@ -50,7 +33,7 @@ void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& opti
     const fs::path partial = start_replacing(dir);
     model.save((partial / "model").string());
     optimizer.save((partial / "optimizer").string());
-    write_text(partial / "state.json", json{{"step", step}}.dump() + "\n");
+    write_file(partial / "state.json", json{{"step", step}}.dump() + "\n");
     finish_replacing(dir);
 }
 

@@ -22,9 +22,7 @@ namespace relgrad {
 
 // A JSON file of a run; errors (std::invalid_argument) name the file.
 nlohmann::json read_json_file(const std::filesystem::path& path);
-// `text` into path.partial, then renamed to path: a reader sees the old file or the new one, whole.
-void write_text_file(const std::filesystem::path& path, const std::string& text);
-// `value`, indented, written as write_text_file does.
+// `value`, indented, written whole as engine/system.hpp's write_file writes (path.partial, renamed).
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
 
 // The run's tokenizer.json for a task on text files (an error when it is missing: its ids are the

@@ -1,9 +1,9 @@
 // relgrad: the tasks a run trains. What differs between tasks is the model, the loss on a batch of
 // training examples and the evaluation on the test set:
 //
-//   ClassificationTask  relative_order, classification  a SequenceClassifier   metric accuracy
-//   SequencePairTask    copy, reverse, pairs             an EncoderDecoder      metric bleu
-//   LanguageModelTask   language_model                   a CausalLanguageModel  metric perplexity
+//   ClassificationTask  relative_order, symbol_at, classification  a SequenceClassifier   metric accuracy
+//   SequencePairTask    copy, reverse, dedupe, pairs               an EncoderDecoder      metric bleu
+//   LanguageModelTask   language_model                             a CausalLanguageModel  metric perplexity
 //
 // The examples are token ids; train/make_task.hpp builds a task from a config and its data.
 #pragma once

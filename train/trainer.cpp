@@ -118,7 +118,7 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
     expect(lines_kept == expected, line_number,
            std::to_string(lines_kept) + " lines up to step " + std::to_string(step) + ", expected " +
                std::to_string(expected));
-    if (kept.size() != text.size()) write_text_file(path, kept);
+    if (kept.size() != text.size()) write_file(path, kept);
     return evaluations;
 }
 
@@ -137,7 +137,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
     if (!options.resume) {
         write_json_file(out / "config.json", resolved);
         if (tokenizer) write_json_file(out / "tokenizer.json", json::parse(tokenizer->to_json()));
-        write_text_file(out / "metrics.jsonl", "");
+        write_file(out / "metrics.jsonl", "");
         return {};
     }
     recovered_checkpoint(out);

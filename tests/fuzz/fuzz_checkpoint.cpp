@@ -1,7 +1,7 @@
 // fuzz_checkpoint: a damaged checkpoint, loaded as `relgrad train --resume` loads one, and then
 // evaluated as `relgrad eval` would. LLVMFuzzerInitialize trains a tiny run once (relgrad::train,
 // 2 steps of a 1-layer model of width 8 with relative positions, under the scratch directory),
-// checks that evaluate_run (train/run_commands.hpp) reads it, and builds the run's task (model and
+// checks that evaluate_run (commands/run_commands.hpp) reads it, and builds the run's task (model and
 // data) and optimizer once. Each input then replaces ONE file of the run's checkpoint/: the first
 // byte picks the file (modulo their count, in sorted path order: model/*.npy, model/manifest.json,
 // optimizer/m.*.npy, optimizer/step.txt, optimizer/v.*.npy, state.json), the other bytes are its
@@ -31,7 +31,7 @@
 #include "fuzz_common.hpp"
 #include "train/config.hpp"
 #include "train/make_task.hpp"
-#include "train/run_commands.hpp"
+#include "commands/run_commands.hpp"
 #include "train/run_directory.hpp"
 #include "train/trainer.hpp"
 

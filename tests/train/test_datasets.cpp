@@ -37,7 +37,7 @@ struct Workspace {
 std::string error_of(const std::function<void()>& run) {
     try {
         run();
-    } catch (const std::runtime_error& e) {
+    } catch (const std::exception& e) {  // bad content: runtime_error; a missing file: invalid_argument
         return e.what();
     }
     return "no error";
@@ -138,7 +138,7 @@ TEST_CASE("malformed dataset lines are errors with path:line and what was expect
     p = w.write("o.tsv", "pos\tgut\n");
     fs::remove(p);
     fs::create_directory(p);
-    CHECK(classification_error(p) == p + ": is a directory, expected a file");
+    CHECK(classification_error(p) == p + ": is a directory, expected a data file");
 }
 
 TEST_CASE("a UTF-8 byte order mark at the start of a file is not part of its first example") {
@@ -162,11 +162,11 @@ TEST_CASE("bad dataset files: extension, missing, empty") {
     p = w.write("data", "pos\tgut\n");
     CHECK(pairs_error(p) == p + ": the extension must be .tsv or .jsonl, got ''");
     p = (w.root / "missing.tsv").string();
-    CHECK(classification_error(p) == p + ": no such file");
-    CHECK(error_of([&] { read_text(p); }) == p + ": no such file");
+    CHECK(classification_error(p) == p + ": missing, expected a data file");
+    CHECK(error_of([&] { read_text(p); }) == p + ": missing, expected a data file");
     fs::create_directories(w.root / "folder.jsonl");
     p = (w.root / "folder.jsonl").string();
-    CHECK(pairs_error(p) == p + ": is a directory, expected a file");
+    CHECK(pairs_error(p) == p + ": is a directory, expected a data file");
     p = w.write("blank.tsv", "\n  \n\t\n");
     CHECK(classification_error(p) == p + ": no examples (the file is empty or only blank lines)");
     p = w.write("empty.jsonl", "");

@@ -33,10 +33,10 @@
 #include "engine/op_checks.hpp"
 #include "train/config.hpp"
 #include "train/datasets.hpp"
-#include "train/fetch.hpp"
-#include "train/layer_command.hpp"
+#include "commands/fetch.hpp"
+#include "commands/layer_command.hpp"
 #include "train/make_task.hpp"
-#include "train/run_commands.hpp"
+#include "commands/run_commands.hpp"
 #include "train/trainer.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// relgrad: the converters of `relgrad data fetch` (train/fetch.hpp): each turns the text of one
+// relgrad: the converters of `relgrad data fetch` (commands/fetch.hpp): each turns the text of one
 // downloaded file into the examples of a data set. Pure functions of their input, testable without
 // any network.
 #pragma once

@@ -1,4 +1,4 @@
-#include "train/converters.hpp"
+#include "commands/converters.hpp"
 
 #include <array>
 #include <nlohmann/json.hpp>

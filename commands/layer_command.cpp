@@ -1,4 +1,4 @@
-#include "train/layer_command.hpp"
+#include "commands/layer_command.hpp"
 
 #include <filesystem>
 #include <fstream>

