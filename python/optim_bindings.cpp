@@ -1,7 +1,10 @@
-// relgrad's Python module: the optimizer (AdamW, engine/optim.hpp) and gradient clipping.
+// relgrad's Python module: the optimizer (AdamW, engine/optim.hpp, in torch.optim.AdamW's shape)
+// and gradient clipping.
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pybind11/stl.h>
@@ -34,77 +37,144 @@ std::vector<Tensor> tensor_list(const py::handle& items, const std::string& what
     return tensors;
 }
 
+// A learning rate or a weight decay from Python: a finite number >= 0. What is no number is a
+// TypeError, a negative, NaN or infinite number a ValueError; both name `what`.
+double finite_non_negative(const py::handle& value, const std::string& what) {
+    if (!PyNumber_Check(value.ptr())) {
+        throw py::type_error(what + " must be a number, got " + std::string(py::str(py::type::of(value))));
+    }
+    const double number = py::float_(py::reinterpret_borrow<py::object>(value));
+    if (!(number >= 0) || !std::isfinite(number)) {
+        throw std::invalid_argument(what + " must be a finite number >= 0, got " +
+                                    py::repr(py::float_(number)).cast<std::string>());
+    }
+    return number;
+}
+
 // AdamW's parameters, as PyTorch takes them: a list of tensors (one group), or a list of groups
-// {"params": [...], "lr_scale": 5, "weight_decay": 0}; a group's lr_scale defaults to 1, its
-// weight_decay to the constructor's.
-std::vector<ParameterGroup> parameter_groups(const py::handle& parameters, double weight_decay) {
+// {"params": [...], "lr": 0.01, "weight_decay": 0}, whose lr and weight_decay default to the
+// constructor's. They come back as param_groups: a dict per group with these three keys.
+py::list parameter_groups(const py::handle& parameters, double lr, double weight_decay) {
     require_list(parameters, "AdamW: parameters");
     const py::list items(py::reinterpret_borrow<py::object>(parameters));  // from a generator too
+    const auto group_of = [lr, weight_decay](const std::vector<Tensor>& params) {
+        py::dict group;
+        group["params"] = params;
+        group["lr"] = lr;
+        group["weight_decay"] = weight_decay;
+        return group;
+    };
+    py::list groups;
     if (items.empty() || !py::isinstance<py::dict>(items[0])) {
-        return {{tensor_list(items, "AdamW: parameters"), 1.0, weight_decay}};
+        groups.append(group_of(tensor_list(items, "AdamW: parameters")));
+        return groups;
     }
-    std::vector<ParameterGroup> built;
     for (const py::handle item : items) {
-        const std::string name = "AdamW: group " + std::to_string(built.size());
+        const std::string name = "AdamW: group " + std::to_string(groups.size());
         if (!py::isinstance<py::dict>(item)) throw py::type_error(name + " is not a dict");
-        ParameterGroup group{{}, 1.0, weight_decay};
+        py::dict group = group_of({});
         bool has_params = false;
         for (const auto& [key_handle, value] : item.cast<py::dict>()) {
             const std::string key = py::str(key_handle);
             if (key == "params") {
                 // one tensor alone is a group of one here, as in PyTorch
-                group.parameters = py::isinstance<Tensor>(value) ? std::vector<Tensor>{value.cast<Tensor>()}
-                                                                 : tensor_list(value, name + "'s params");
+                group["params"] = py::isinstance<Tensor>(value) ? std::vector<Tensor>{value.cast<Tensor>()}
+                                                                : tensor_list(value, name + "'s params");
                 has_params = true;
-            } else if (key == "lr_scale") {
-                group.lr_scale = value.cast<double>();
-            } else if (key == "weight_decay") {
-                group.weight_decay = value.cast<double>();
+            } else if (key == "lr" || key == "weight_decay") {
+                group[key.c_str()] = finite_non_negative(value, name + "'s " + key);
             } else {
-                throw std::invalid_argument(name + " has an unknown key '" + key +
-                                            "' (params, lr_scale, weight_decay)");
+                throw std::invalid_argument(name + " has an unknown key '" + key + "' (params, lr, weight_decay)");
             }
         }
         if (!has_params) throw std::invalid_argument(name + " has no 'params'");
-        built.push_back(std::move(group));
+        groups.append(group);
+    }
+    return groups;
+}
+
+// The C++ AdamW's groups: each group's learning rate is given at every step, so lr_scale is 1.
+std::vector<ParameterGroup> engine_groups(const py::list& groups) {
+    std::vector<ParameterGroup> built;
+    for (const py::handle group : groups) {
+        built.push_back({group["params"].cast<std::vector<Tensor>>(), 1.0, group["weight_decay"].cast<double>()});
     }
     return built;
+}
+
+// relgrad.AdamW in PyTorch's shape: the C++ AdamW, and its groups as param_groups, from which
+// step() reads each group's "lr" (a scheduler or the user may change it between steps). A group's
+// params and weight_decay are fixed when the optimizer is built: the C++ AdamW holds them, and
+// each parameter's moments.
+struct PythonAdamW {
+    PythonAdamW(py::list groups, const AdamWOptions& options)
+        : param_groups(std::move(groups)), adamw(engine_groups(param_groups), options) {}
+
+    py::list param_groups;
+    AdamW adamw;
+};
+
+bool same_tensors(const py::handle& params, const std::vector<Tensor>& tensors) {
+    if (!py::isinstance<py::list>(params) || py::len(params) != tensors.size()) return false;
+    std::size_t i = 0;
+    for (const py::handle p : params) {
+        if (!py::isinstance<Tensor>(p) || p.cast<const Tensor&>().impl() != tensors[i++].impl()) return false;
+    }
+    return true;
+}
+
+// A step's learning rates: each group's "lr" in param_groups. Groups added or taken away, or a
+// group whose params or weight_decay changed, are refused, not ignored.
+std::vector<double> step_learning_rates(const PythonAdamW& optimizer) {
+    const std::vector<ParameterGroup>& groups = optimizer.adamw.groups();
+    if (py::len(optimizer.param_groups) != groups.size()) {
+        throw std::invalid_argument("AdamW.step: param_groups has " + std::to_string(py::len(optimizer.param_groups)) +
+                                    " groups, the optimizer was built with " + std::to_string(groups.size()));
+    }
+    std::vector<double> lrs;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        const std::string at = "AdamW.step: param_groups[" + std::to_string(g) + "]";
+        const py::object group = optimizer.param_groups[g];
+        if (!same_tensors(group["params"], groups[g].parameters) ||
+            finite_non_negative(group["weight_decay"], at + "['weight_decay']") != groups[g].weight_decay) {
+            throw std::invalid_argument(at +
+                                        ": its params and weight_decay are fixed when AdamW is built (its lr "
+                                        "may change)");
+        }
+        lrs.push_back(finite_non_negative(group["lr"], at + "['lr']"));
+    }
+    return lrs;
 }
 
 }  // namespace
 
 void bind_optim(py::module_& m) {
     // optimization
-    py::class_<AdamW>(m, "AdamW", "AdamW with decoupled weight decay (engine/optim.hpp)")
-        .def(py::init([](const py::object& parameters, double beta1, double beta2, double eps, double weight_decay) {
-                 return std::make_unique<AdamW>(parameter_groups(parameters, weight_decay),
-                                                AdamWOptions{beta1, beta2, eps, weight_decay});
+    py::class_<PythonAdamW>(m, "AdamW", "AdamW with decoupled weight decay (engine/optim.hpp), as torch.optim.AdamW")
+        .def(py::init([](const py::object& params, const py::object& lr, const std::pair<double, double>& betas,
+                         double eps, const py::object& weight_decay) {
+                 const double default_lr = finite_non_negative(lr, "AdamW: lr");
+                 const double default_decay = finite_non_negative(weight_decay, "AdamW: weight_decay");
+                 return std::make_unique<PythonAdamW>(parameter_groups(params, default_lr, default_decay),
+                                                      AdamWOptions{betas.first, betas.second, eps, default_decay});
              }),
-             py::arg("parameters"), py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
-             py::arg("weight_decay") = 0.01,
-             "parameters: a list of tensors, or of groups {'params': [...], 'lr_scale': x, 'weight_decay': y}")
-        .def_property_readonly(
-            "groups",
-            [](const AdamW& adamw) {
-                py::list groups;
-                for (const ParameterGroup& g : adamw.groups()) {
-                    py::dict group;
-                    group["params"] = g.parameters;
-                    group["lr_scale"] = g.lr_scale;
-                    group["weight_decay"] = g.weight_decay;
-                    groups.append(group);
-                }
-                return groups;
-            },
-            "the groups as dicts: params, lr_scale, weight_decay")
+             py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+             py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01,
+             "params: a list of tensors, or of groups {'params': [...], 'lr': x, 'weight_decay': y}, which take "
+             "lr and weight_decay from the keywords when they leave them out")
+        .def_readonly("param_groups", &PythonAdamW::param_groups,
+                      "The groups as dicts (params, lr, weight_decay); step() reads each group's lr, which may "
+                      "change between steps")
         .def(
             "step",
-            [](AdamW& adamw, double lr) {
+            [](PythonAdamW& optimizer) {
+                const std::vector<double> lrs = step_learning_rates(optimizer);
                 py::gil_scoped_release release;
-                adamw.step(lr);
+                optimizer.adamw.step(lrs);
             },
-            py::arg("lr"))
-        .def_property_readonly("steps", &AdamW::steps);
+            "One update, each group at the lr its param_groups entry holds now")
+        .def_property_readonly(
+            "steps", [](const PythonAdamW& optimizer) { return optimizer.adamw.steps(); }, "The updates made");
     m.def(
         "clip_grad_norm",
         [](const py::object& parameters, double max_norm) {

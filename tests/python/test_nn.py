@@ -62,23 +62,39 @@ def test_adamw_parameter_groups():
     # ends where its group's learning rate and weight decay put it.
     a = relgrad.tensor(np.array([1.0]), requires_grad=True)
     b = relgrad.tensor(np.array([1.0]), requires_grad=True)
-    adam = relgrad.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "lr_scale": 10}], weight_decay=0.0)
+    adam = relgrad.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "lr": 0.1}], lr=0.01, weight_decay=0.0)
     (a + b).sum().backward()
-    adam.step(0.01)
+    adam.step()
     np.testing.assert_allclose(a.numpy(), [1.0 * (1 - 0.01 * 0.1) - 0.01 / (1 + 1e-8)], rtol=1e-15)
     np.testing.assert_allclose(b.numpy(), [1.0 - 0.1 / (1 + 1e-8)], rtol=1e-15)
-    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in adam.groups] == [(1, 1.0, 0.1),
-                                                                                          (1, 10.0, 0.0)]
-    assert len(relgrad.AdamW([a, b]).groups) == 1
-    assert len(relgrad.AdamW(p for p in (a, b)).groups[0]["params"]) == 2  # any iterable
-    assert len(relgrad.AdamW([{"params": a}]).groups[0]["params"]) == 1  # a group of one tensor, as PyTorch
+    assert [(len(g["params"]), g["lr"], g["weight_decay"]) for g in adam.param_groups] == [(1, 0.01, 0.1),
+                                                                                          (1, 0.1, 0.0)]
+    assert adam.param_groups[0]["params"][0]._id == a._id and adam.steps == 1
+    assert len(relgrad.AdamW([a, b]).param_groups) == 1
+    assert relgrad.AdamW([a, b]).param_groups[0]["lr"] == 1e-3  # PyTorch's default
+    assert len(relgrad.AdamW(p for p in (a, b)).param_groups[0]["params"]) == 2  # any iterable
+    assert len(relgrad.AdamW([{"params": a}]).param_groups[0]["params"]) == 1  # a group of one tensor, as PyTorch
+
+
+def test_a_learning_rate_written_into_param_groups_is_the_next_steps():
+    a = relgrad.tensor(np.array([1.0]), requires_grad=True)
+    adam = relgrad.AdamW([a], lr=0.01, weight_decay=0.01)
+    a.sum().backward()  # the gradient stays 1 for both steps
+    adam.param_groups[0]["lr"] = 0.0
+    adam.step()  # the moments move, the parameter does not (no decay either: it is lr times weight_decay)
+    np.testing.assert_array_equal(a.numpy(), [1.0])
+    adam.param_groups[0]["lr"] = 0.1
+    adam.step()  # m_hat = v_hat = 1 at step 2 too
+    np.testing.assert_allclose(a.numpy(), [1.0 * (1 - 0.1 * 0.01) - 0.1 / (1 + 1e-8)], rtol=1e-15)
 
 
 @pytest.mark.parametrize("groups, error, message", [
-    ([{"params": [], "lr": 0.1}], ValueError, "unknown key 'lr'"),
-    ([{"lr_scale": 2.0}], ValueError, "group 0 has no 'params'"),
-    ([{"params": [], "lr_scale": 0.0}], ValueError, "finite lr_scale > 0"),
-    ([{"params": [], "weight_decay": -1.0}], ValueError, "weight_decay >= 0"),
+    ([{"params": [], "lr_scale": 2.0}], ValueError, r"unknown key 'lr_scale' \(params, lr, weight_decay\)"),
+    ([{"lr": 2.0}], ValueError, "group 0 has no 'params'"),
+    ([{"params": [], "lr": -1.0}], ValueError, "group 0's lr must be a finite number >= 0, got -1.0"),
+    ([{"params": []}, {"params": [], "lr": float("nan")}], ValueError, "group 1's lr must be a finite .* got nan"),
+    ([{"params": [], "lr": "fast"}], TypeError, "group 0's lr must be a number"),
+    ([{"params": [], "weight_decay": -1.0}], ValueError, "group 0's weight_decay must be a finite number >= 0"),
     ([{"params": []}, []], TypeError, "group 1 is not a dict"),
     ([{"params": [1.0]}], TypeError, "group 0's params must be a list of tensors"),
     ([1.0], TypeError, "parameters must be a list of tensors"),
@@ -86,6 +102,37 @@ def test_adamw_parameter_groups():
 def test_adamw_group_errors(groups, error, message):
     with pytest.raises(error, match=message):
         relgrad.AdamW(groups)
+
+
+@pytest.mark.parametrize("keywords, message", [
+    (dict(lr=-0.1), "AdamW: lr must be a finite number >= 0, got -0.1"),
+    (dict(lr=float("nan")), "AdamW: lr must be a finite number >= 0, got nan"),
+    (dict(lr=float("inf")), "AdamW: lr must be a finite number >= 0, got inf"),
+    (dict(weight_decay=-1.0), "AdamW: weight_decay must be a finite number >= 0"),
+    (dict(betas=(0.9, 1.0)), "beta1, beta2 < 1"),
+])
+def test_adamw_bad_keywords(keywords, message):
+    a = relgrad.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(ValueError, match=message):
+        relgrad.AdamW([a], **keywords)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda groups: groups[1].update(lr=float("nan")), r"param_groups\[1\]\['lr'\] must be a finite .* got nan"),
+    (lambda groups: groups[0].update(lr=-1), r"param_groups\[0\]\['lr'\] must be a finite .* got -1.0"),
+    (lambda groups: groups[1].update(weight_decay=0.5), "params and weight_decay are fixed"),
+    (lambda groups: groups[0]["params"].pop(), "params and weight_decay are fixed"),
+    (lambda groups: groups.pop(), "param_groups has 1 groups, the optimizer was built with 2"),
+])
+def test_a_step_refuses_bad_param_groups_before_it_updates_anything(change, message):
+    a = relgrad.tensor(np.ones(2), requires_grad=True)
+    b = relgrad.tensor(np.ones(2), requires_grad=True)
+    adam = relgrad.AdamW([{"params": [a]}, {"params": [b]}], lr=0.1)
+    (a + b).sum().backward()
+    change(adam.param_groups)
+    with pytest.raises(ValueError, match=message):
+        adam.step()
+    assert adam.steps == 0 and a.numpy().tolist() == [1.0, 1.0] and b.numpy().tolist() == [1.0, 1.0]
 
 
 def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
