@@ -5,7 +5,7 @@
 //   factory_bindings.cpp  zeros, ones, full, arange, randn, rand, zeros_like, ones_like
 //   op_bindings.cpp       the ops (engine/ops.hpp), and the threads and memory they run with
 //   autograd_bindings.cpp Node, no_grad, topological_order, gradcheck
-//   optim_bindings.cpp    AdamW and clip_grad_norm
+//   optim_bindings.cpp    AdamW, LRScheduler and clip_grad_norm
 //   nn_*.cpp              relgrad.nn: the layers, masks and models (nn_bindings.hpp), their
 //                         keyword options (nn_options.hpp)
 //   run_bindings.cpp      training from a config, and the commands on a trained run

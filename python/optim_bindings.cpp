@@ -1,7 +1,8 @@
-// relgrad's Python module: the optimizer (AdamW, engine/optim.hpp, in torch.optim.AdamW's shape)
-// and gradient clipping.
+// relgrad's Python module: the optimizer and its learning-rate schedules (AdamW and LRScheduler,
+// engine/optim.hpp, in the shape of torch.optim's) and gradient clipping.
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -146,6 +147,62 @@ std::vector<double> step_learning_rates(const PythonAdamW& optimizer) {
     return lrs;
 }
 
+// relgrad.LRScheduler: the config's learning-rate schedules (engine/optim.hpp's learning_rate: a
+// linear warmup, then constant, or decaying linearly or along a cosine to 0 at total_steps) in the
+// shape of PyTorch's schedulers. Built, it sets each group's lr for step 0; each step(), after the
+// optimizer's, sets the next step's. A group's lr at step t is learning_rate(schedule, base_lr, t,
+// warmup_steps, total_steps), base_lr the group's lr when the scheduler was built (kept as its
+// "initial_lr", as PyTorch keeps it): the trainer's formula with base_lr as the peak.
+struct LRScheduler {
+    py::object optimizer;  // its param_groups are read and written
+    Schedule schedule;
+    int64_t warmup_steps, total_steps;
+    std::vector<double> base_lrs, last_lrs;
+    int64_t last_epoch = 0;  // the step whose learning rates were set last (PyTorch's name)
+
+    // Each group's lr for `step`.
+    void set_learning_rates(int64_t step) {
+        const py::list groups = optimizer.attr("param_groups");
+        if (py::len(groups) != base_lrs.size()) {
+            throw std::invalid_argument("LRScheduler: the optimizer has " + std::to_string(py::len(groups)) +
+                                        " parameter groups, " + std::to_string(base_lrs.size()) +
+                                        " when the scheduler was built");
+        }
+        last_lrs.clear();
+        for (std::size_t g = 0; g < base_lrs.size(); ++g) {
+            last_lrs.push_back(learning_rate(schedule, base_lrs[g], step, warmup_steps, total_steps));
+            groups[g]["lr"] = last_lrs.back();
+        }
+        last_epoch = step;
+    }
+};
+
+std::unique_ptr<LRScheduler> make_scheduler(const py::object& optimizer, const std::string& name, int64_t warmup_steps,
+                                            const std::optional<int64_t>& total_steps) {
+    const Schedule schedule = parse_schedule(name);
+    if (warmup_steps < 0) {
+        throw std::invalid_argument("LRScheduler: warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
+    }
+    if (total_steps && *total_steps < 1) {
+        throw std::invalid_argument("LRScheduler: total_steps must be >= 1, got " + std::to_string(*total_steps));
+    }
+    if (schedule != Schedule::constant && !total_steps) {
+        throw std::invalid_argument("LRScheduler: the " + name +
+                                    " schedule needs total_steps, the step where it reaches 0");
+    }
+    auto scheduler = std::make_unique<LRScheduler>(
+        LRScheduler{optimizer, schedule, warmup_steps, total_steps.value_or(0), {}, {}, 0});
+    const py::list groups = optimizer.attr("param_groups");
+    for (std::size_t g = 0; g < py::len(groups); ++g) {
+        py::object group = groups[g];
+        if (!group.contains("initial_lr")) group["initial_lr"] = group["lr"];
+        scheduler->base_lrs.push_back(finite_non_negative(
+            group["initial_lr"], "LRScheduler: param_groups[" + std::to_string(g) + "]['initial_lr']"));
+    }
+    scheduler->set_learning_rates(0);
+    return scheduler;
+}
+
 }  // namespace
 
 void bind_optim(py::module_& m) {
@@ -175,6 +232,22 @@ void bind_optim(py::module_& m) {
             "One update, each group at the lr its param_groups entry holds now")
         .def_property_readonly(
             "steps", [](const PythonAdamW& optimizer) { return optimizer.adamw.steps(); }, "The updates made");
+    py::class_<LRScheduler> scheduler(m, "LRScheduler",
+                                      "The config's learning-rate schedules (training.schedule, warmup_steps) for an "
+                                      "optimizer's param_groups, in the shape of torch.optim.lr_scheduler");
+    scheduler
+        .def(py::init(&make_scheduler), py::arg("optimizer"), py::arg("schedule") = "cosine",
+             py::arg("warmup_steps") = 0, py::arg("total_steps") = py::none(),
+             "schedule: one of LRScheduler.schedules; total_steps: where linear and cosine reach 0. Sets each "
+             "group's lr for step 0 (and its initial_lr, the base of its schedule, when it has none)")
+        .def(
+            "step", [](LRScheduler& s) { s.set_learning_rates(s.last_epoch + 1); },
+            "Sets each group's lr for the next step; call it after the optimizer's step()")
+        .def(
+            "get_last_lr", [](const LRScheduler& s) { return s.last_lrs; }, "The lr of each group, as last set")
+        .def_readonly("base_lrs", &LRScheduler::base_lrs)
+        .def_readonly("last_epoch", &LRScheduler::last_epoch, "The step whose learning rates were set last");
+    scheduler.attr("schedules") = py::tuple(py::cast(names_of(schedule_names)));
     m.def(
         "clip_grad_norm",
         [](const py::object& parameters, double max_norm) {

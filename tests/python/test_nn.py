@@ -1,6 +1,7 @@
 """relgrad.nn from Python: every layer built and run, parameters and state_dict, modes, devices,
 the three attention forms agreeing, greedy decoding, and the errors."""
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -144,6 +145,80 @@ def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
         relgrad.AdamW([{"params": [a]}, {"params": [a]}])
     with pytest.raises(ValueError, match="listed twice in group 0"):
         relgrad.AdamW([a, a])
+
+
+def test_adamw_and_lr_scheduler_step_as_torchs_adamw_and_lambda_lr():
+    # The independent check, in float64: torch.optim.AdamW (whose weight decay is decoupled as
+    # relgrad's: p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)) under a LambdaLR whose factor is
+    # the cosine schedule with warmup written out again, two groups, past the schedule's end.
+    import math
+
+    import torch
+    rng = np.random.default_rng(0)
+    x, y, w0, b0 = (rng.standard_normal(shape) for shape in [(6, 3), (6, 2), (3, 2), (2,)])
+    warmup, total = 3, 10
+
+    def factor(t):
+        return (t + 1) / warmup if t < warmup else 0.5 * (1 + math.cos(math.pi * min(1, (t - warmup) / (total - warmup))))
+
+    w, b = relgrad.tensor(w0, requires_grad=True), relgrad.tensor(b0, requires_grad=True)
+    tw, tb = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    ours = relgrad.AdamW([{"params": [w], "lr": 0.05}, {"params": [b], "weight_decay": 0.0}], lr=0.02,
+                         betas=(0.9, 0.98), weight_decay=0.1)
+    theirs = torch.optim.AdamW([{"params": [tw], "lr": 0.05}, {"params": [tb], "weight_decay": 0.0}], lr=0.02,
+                               betas=(0.9, 0.98), weight_decay=0.1)
+    our_schedule = relgrad.LRScheduler(ours, "cosine", warmup_steps=warmup, total_steps=total)
+    their_schedule = torch.optim.lr_scheduler.LambdaLR(theirs, factor)
+    for _ in range(total + 2):
+        np.testing.assert_allclose(our_schedule.get_last_lr(), their_schedule.get_last_lr(), rtol=1e-15, atol=0)
+        w.zero_grad()
+        b.zero_grad()
+        ((relgrad.tensor(x) @ w + b - relgrad.tensor(y)) ** 2).mean().backward()
+        ours.step()
+        our_schedule.step()
+        theirs.zero_grad()
+        ((torch.tensor(x) @ tw + tb - torch.tensor(y)) ** 2).mean().backward()
+        theirs.step()
+        their_schedule.step()
+        np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=0, atol=1e-12)
+    assert our_schedule.get_last_lr() == [0.0, 0.0] and our_schedule.last_epoch == total + 2
+    assert np.abs(w.numpy() - w0).max() > 0.1  # it trained
+    assert [g["initial_lr"] for g in ours.param_groups] == our_schedule.base_lrs == [0.05, 0.02]
+
+
+@pytest.mark.parametrize("schedule", relgrad.LRScheduler.schedules)
+def test_lr_scheduler_gives_the_trainers_learning_rates_exactly(tmp_path, schedule):
+    steps, warmup, peak = 12, 4, 3e-3
+    relgrad.train(out=str(tmp_path), set=[
+        "task.train_examples=40", "task.test_examples=8", "model.layers=1", "model.dim=8", "model.ff_dim=16",
+        "model.heads=1", f"training.steps={steps}", f"training.warmup_steps={warmup}",
+        f"training.learning_rate={peak}", f"training.schedule={schedule}", "training.log_every=1",
+        f"evaluation.every={steps}"])
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trainers = [line["learning_rate"] for line in lines if "learning_rate" in line]
+    scheduler = relgrad.LRScheduler(relgrad.AdamW([relgrad.zeros(1)], lr=peak), schedule, warmup_steps=warmup,
+                                    total_steps=steps)
+    ours = []
+    for _ in range(steps):
+        ours += scheduler.get_last_lr()
+        scheduler.step()
+    assert len(trainers) == steps and ours == trainers  # bit for bit
+
+
+def test_lr_scheduler_names_and_errors():
+    assert relgrad.LRScheduler.schedules == ("constant", "linear", "cosine")  # engine/optim.hpp's schedule_names
+    adam = relgrad.AdamW([relgrad.zeros(1)], lr=0.1)
+    constant = relgrad.LRScheduler(adam, "constant", warmup_steps=2)  # needs no total_steps
+    assert constant.get_last_lr() == [0.05] == [adam.param_groups[0]["lr"]]
+    for keywords, message in [
+        (dict(schedule="step"), r"unknown schedule 'step' \(expected constant, linear or cosine\)"),
+        (dict(schedule="cosine"), "the cosine schedule needs total_steps"),
+        (dict(schedule="linear", total_steps=0), "total_steps must be >= 1, got 0"),
+        (dict(schedule="constant", warmup_steps=-1), "warmup_steps must be >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            relgrad.LRScheduler(adam, **keywords)
 
 
 def test_clip_grad_norm():
