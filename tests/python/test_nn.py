@@ -159,7 +159,9 @@ def test_adamw_and_lr_scheduler_step_as_torchs_adamw_and_lambda_lr():
     warmup, total = 3, 10
 
     def factor(t):
-        return (t + 1) / warmup if t < warmup else 0.5 * (1 + math.cos(math.pi * min(1, (t - warmup) / (total - warmup))))
+        if t < warmup:
+            return (t + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1, (t - warmup) / (total - warmup))))
 
     w, b = relgrad.tensor(w0, requires_grad=True), relgrad.tensor(b0, requires_grad=True)
     tw, tb = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
