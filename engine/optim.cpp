@@ -93,17 +93,28 @@ AdamW::AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options)
     }
 }
 
+void AdamW::step(double lr) {
+    std::vector<double> group_lrs;
+    for (const ParameterGroup& group : groups_) group_lrs.push_back(lr * group.lr_scale);
+    step(group_lrs);
+}
+
 // The update in place, written with the engine's ops on detached tensors: the parameters are
 // leaves, and nothing here is recorded.
-void AdamW::step(double lr) {
+void AdamW::step(const std::vector<double>& group_lrs) {
+    if (group_lrs.size() != groups_.size()) {
+        throw std::invalid_argument("AdamW::step: " + std::to_string(group_lrs.size()) + " learning rates for " +
+                                    std::to_string(groups_.size()) + " parameter groups");
+    }
     NoGradGuard no_grad;
     ++step_;
     const double b1 = options_.beta1, b2 = options_.beta2;
     const double m_correction = 1.0 / (1.0 - std::pow(b1, static_cast<double>(step_)));
     const double v_correction = 1.0 / (1.0 - std::pow(b2, static_cast<double>(step_)));
     std::size_t i = 0;  // the parameter's index among all groups' parameters
-    for (const ParameterGroup& group : groups_) {
-        const double group_lr = lr * group.lr_scale;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+        const ParameterGroup& group = groups_[g];
+        const double group_lr = group_lrs[g];
         for (const Tensor& parameter : group.parameters) {
             const std::size_t at = i++;
             Tensor p = parameter.detach();

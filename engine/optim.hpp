@@ -36,8 +36,12 @@ public:
     AdamW(std::vector<Tensor> parameters, const AdamWOptions& options);
     // Groups of their own (options.weight_decay is not used).
     AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options);
-    // One update with learning rate lr; parameters without a gradient are left alone.
+    // One update with learning rate lr, each group at lr times its lr_scale; parameters without a
+    // gradient are left alone.
     void step(double lr);
+    // One update with each group at a learning rate of its own, group_lrs[g] for groups()[g]
+    // (Python's param_groups, whose "lr" a scheduler sets); the groups' lr_scale is not used.
+    void step(const std::vector<double>& group_lrs);
     int64_t steps() const { return step_; }
     const std::vector<ParameterGroup>& groups() const { return groups_; }
     // The moments, as .npy files in `dir` (m.<i>.npy, v.<i>.npy, i counting the parameters group

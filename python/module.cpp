@@ -9,6 +9,10 @@
 PYBIND11_MODULE(_relgrad, module) {
     module.doc() = "relgrad: a reverse-mode autograd engine and Transformer layers with relative positions";
     relgrad::python::bind_tensor(module);
+    relgrad::python::bind_factories(module);
+    relgrad::python::bind_ops(module);
+    relgrad::python::bind_autograd(module);
+    relgrad::python::bind_optim(module);
     relgrad::python::bind_nn(module);
     relgrad::python::bind_run(module);
 }

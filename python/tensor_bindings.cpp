@@ -1,21 +1,16 @@
-// relgrad's Python module: Tensor, NumPy in and out, the ops, autograd and gradcheck.
-#include <cmath>
+// relgrad's Python module: the Tensor class (metadata, values, autograd, views, operators), the
+// dtypes, NumPy in and out (relgrad.tensor, Tensor.numpy) and the shapes Python passes.
 #include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <omp.h>
-
 #include "engine/autograd.hpp"
-#include "engine/gradcheck.hpp"
 #include "engine/ops.hpp"
-#include "engine/optim.hpp"
 #include "python/bindings.hpp"
 
 namespace relgrad::python {
@@ -33,22 +28,6 @@ DType dtype_of_numpy(const py::dtype& dtype, bool from_python_values) {
             throw std::invalid_argument("relgrad.tensor: NumPy dtype " + dtype.attr("name").cast<std::string>() +
                                         " has no relgrad dtype (float32, float64, int64 or bool)");
     }
-}
-
-Shape shape_from(const py::handle& value) {
-    if (py::isinstance<py::int_>(value)) return {value.cast<int64_t>()};
-    return value.cast<Shape>();
-}
-
-// view(2, 3) and view((2, 3)) alike
-Shape shape_from_args(const py::args& args) {
-    if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
-    return args.cast<Shape>();
-}
-
-std::vector<int64_t> dims_from(const py::handle& value) {
-    if (value.is_none()) return {};
-    return shape_from(value);
 }
 
 // A Python number as a 0-d tensor of t's dtype and device, for t + 2 and the like.
@@ -120,69 +99,23 @@ Tensor index_tensor(const Tensor& t, const py::object& key) {
 
 py::array numpy_copy(const Tensor& t) { return to_numpy(t.detach().to(Device::cpu).clone()); }
 
-struct NoGradContext {
-    std::optional<NoGradGuard> guard;
-};
-
-// A list (or other iterable) of tensors is wanted; one tensor alone is refused, as PyTorch refuses
-// it: taken as a sequence, it would give its rows, views that never get a gradient.
-void require_list(const py::handle& items, const std::string& what) {
-    if (py::isinstance<Tensor>(items) || !py::isinstance<py::iterable>(items)) {
-        throw py::type_error(what + " must be a list of tensors, got " + std::string(py::str(py::type::of(items))));
-    }
-}
-
-std::vector<Tensor> tensor_list(const py::handle& items, const std::string& what) {
-    require_list(items, what);
-    std::vector<Tensor> tensors;
-    for (const py::handle item : items) {
-        if (!py::isinstance<Tensor>(item)) {
-            throw py::type_error(what + " must be a list of tensors, got an item of " +
-                                 std::string(py::str(py::type::of(item))));
-        }
-        tensors.push_back(item.cast<Tensor>());
-    }
-    return tensors;
-}
-
-// AdamW's parameters, as PyTorch takes them: a list of tensors (one group), or a list of groups
-// {"params": [...], "lr_scale": 5, "weight_decay": 0}; a group's lr_scale defaults to 1, its
-// weight_decay to the constructor's.
-std::vector<ParameterGroup> parameter_groups(const py::handle& parameters, double weight_decay) {
-    require_list(parameters, "AdamW: parameters");
-    const py::list items(py::reinterpret_borrow<py::object>(parameters));  // from a generator too
-    if (items.empty() || !py::isinstance<py::dict>(items[0])) {
-        return {{tensor_list(items, "AdamW: parameters"), 1.0, weight_decay}};
-    }
-    std::vector<ParameterGroup> built;
-    for (const py::handle item : items) {
-        const std::string name = "AdamW: group " + std::to_string(built.size());
-        if (!py::isinstance<py::dict>(item)) throw py::type_error(name + " is not a dict");
-        ParameterGroup group{{}, 1.0, weight_decay};
-        bool has_params = false;
-        for (const auto& [key_handle, value] : item.cast<py::dict>()) {
-            const std::string key = py::str(key_handle);
-            if (key == "params") {
-                // one tensor alone is a group of one here, as in PyTorch
-                group.parameters = py::isinstance<Tensor>(value) ? std::vector<Tensor>{value.cast<Tensor>()}
-                                                                 : tensor_list(value, name + "'s params");
-                has_params = true;
-            } else if (key == "lr_scale") {
-                group.lr_scale = value.cast<double>();
-            } else if (key == "weight_decay") {
-                group.weight_decay = value.cast<double>();
-            } else {
-                throw std::invalid_argument(name + " has an unknown key '" + key +
-                                            "' (params, lr_scale, weight_decay)");
-            }
-        }
-        if (!has_params) throw std::invalid_argument(name + " has no 'params'");
-        built.push_back(std::move(group));
-    }
-    return built;
-}
-
 }  // namespace
+
+Shape shape_from(const py::handle& value) {
+    if (py::isinstance<py::int_>(value)) return {value.cast<int64_t>()};
+    return value.cast<Shape>();
+}
+
+// view(2, 3) and view((2, 3)) alike
+Shape shape_from_args(const py::args& args) {
+    if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
+    return args.cast<Shape>();
+}
+
+std::vector<int64_t> dims_from(const py::handle& value) {
+    if (value.is_none()) return {};
+    return shape_from(value);
+}
 
 DType dtype_from(const py::handle& value) {
     if (py::isinstance<DType>(value)) return value.cast<DType>();
@@ -269,42 +202,6 @@ void bind_tensor(py::module_& m) {
         py::cpp_function([](DType d) { return std::string(dtype_name(d)); }, py::is_method(dtype_enum));
     dtype_enum.attr("__repr__") =
         py::cpp_function([](DType d) { return std::string("relgrad.") + dtype_name(d); }, py::is_method(dtype_enum));
-
-    py::class_<Node, std::shared_ptr<Node>>(m, "Node",
-                                            "The op that produced a tensor: its name, its inputs, and the backward "
-                                            "function that maps the output's gradient to theirs")
-        .def_property_readonly("name", [](const Node& n) { return n.op_name; })
-        .def_property_readonly(
-            "inputs",
-            [](const Node& n) {
-                py::list inputs;
-                for (const Tensor& input : n.inputs) inputs.append(tensor_or_none(input));
-                return inputs;
-            },
-            "The tensors the op read (empty once a backward pass has freed the graph)")
-        .def_property_readonly("released", [](const Node& n) { return n.released; })
-        .def(
-            "backward",
-            [](const Node& n, const Tensor& grad_output) {
-                if (n.released) throw std::invalid_argument("Node.backward: a backward pass already freed this node");
-                if (grad_output.shape() != n.output_shape || grad_output.dtype() != n.output_dtype ||
-                    grad_output.device() != n.output_device) {
-                    throw std::invalid_argument(
-                        "Node.backward: " + n.op_name + " made a tensor of shape " + shape_str(n.output_shape) + " (" +
-                        dtype_name(n.output_dtype) + ", " + device_name(n.output_device) + "); grad_output is " +
-                        shape_str(grad_output.shape()) + " (" + dtype_name(grad_output.dtype()) + ", " +
-                        device_name(grad_output.device()) + ")");
-                }
-                NoGradGuard no_grad;  // as in backward(): the gradient computation is not recorded
-                py::list grads;
-                for (const Tensor& g : n.backward(grad_output)) grads.append(tensor_or_none(g));
-                return grads;
-            },
-            py::arg("grad_output"),
-            "One step of the chain rule by hand: dL/d(output) -> [dL/d(input) per input] (None: no gradient)")
-        .def_property_readonly("output_shape", [](const Node& n) { return py::tuple(py::cast(n.output_shape)); })
-        .def_property_readonly("_id", [](const Node& n) { return reinterpret_cast<uintptr_t>(&n); })
-        .def("__repr__", [](const Node& n) { return "<Node " + n.op_name + ">"; });
 
     py::class_<Tensor> tensor(m, "Tensor", "A strided view of a storage, with its autograd history");
     tensor
@@ -489,252 +386,6 @@ void bind_tensor(py::module_& m) {
           py::arg("device") = py::none(),
           "A new tensor with a copy of data (a NumPy array, a list or a number). dtype: float32, float64, int64 "
           "or bool; by default NumPy's (float16 as float32), and float32 for Python floats");
-
-    // factories; requires_grad makes the new tensor a leaf that requires a gradient
-    auto leaf = [](Tensor t, bool requires_grad) { return requires_grad ? t.requires_grad_(true) : t; };
-    auto factory = [&m, leaf](const char* name, Tensor (*make)(const Shape&, DType, Device)) {
-        m.def(
-            name,
-            [make, leaf](const py::args& shape, const py::object& dtype, const std::string& device,
-                         bool requires_grad) {
-                return leaf(make(shape_from_args(shape), dtype_from(dtype), parse_device(device)), requires_grad);
-            },
-            py::arg("dtype") = "float32", py::arg("device") = "cpu", py::arg("requires_grad") = false);
-    };
-    factory("zeros", &zeros);
-    factory("ones", &ones);
-    m.def(
-        "full",
-        [leaf](const py::object& shape, double value, const py::object& dtype, const std::string& device,
-               bool requires_grad) {
-            return leaf(full(shape_from(shape), value, dtype_from(dtype), parse_device(device)), requires_grad);
-        },
-        py::arg("shape"), py::arg("value"), py::arg("dtype") = "float32", py::arg("device") = "cpu",
-        py::arg("requires_grad") = false);
-    m.def(
-        "arange",
-        [](int64_t n, const py::object& dtype, const std::string& device) {
-            return arange(n, dtype_from(dtype), parse_device(device));
-        },
-        py::arg("n"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
-    auto random_factory = [&m, leaf](const char* name, Tensor (*draw)(const Shape&, Generator&, DType, Device),
-                                     const char* doc) {
-        m.def(
-            name,
-            [draw, leaf](const py::args& shape, uint64_t seed, const py::object& dtype, const std::string& device,
-                         bool requires_grad) {
-                Generator gen(seed);
-                return leaf(draw(shape_from_args(shape), gen, dtype_from(dtype), parse_device(device)), requires_grad);
-            },
-            py::arg("seed") = 0, py::arg("dtype") = "float32", py::arg("device") = "cpu",
-            py::arg("requires_grad") = false, doc);
-    };
-    random_factory("randn", &randn, "Standard normal values drawn from the seed: the same on every machine");
-    random_factory("rand", &rand, "Uniform values in [0, 1) drawn from the seed");
-    m.def("zeros_like", &zeros_like);
-    m.def("ones_like", &ones_like);
-
-    // the ops (engine/ops.hpp)
-    m.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
-    m.def("sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); });
-    m.def("mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
-    m.def("div", [](const Tensor& a, const Tensor& b) { return div(a, b); });
-    m.def("pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
-    m.def("pow", [](const Tensor& a, double exponent) { return pow(a, exponent); });
-    m.def("neg", [](const Tensor& x) { return neg(x); });
-    m.def("exp", [](const Tensor& x) { return exp(x); });
-    m.def("log", [](const Tensor& x) { return log(x); });
-    m.def("sqrt", [](const Tensor& x) { return sqrt(x); });
-    m.def("tanh", [](const Tensor& x) { return tanh(x); });
-    m.def("sigmoid", [](const Tensor& x) { return sigmoid(x); });
-    m.def("relu", [](const Tensor& x) { return relu(x); });
-    m.def("gelu", [](const Tensor& x) { return gelu(x); });
-    m.def(
-        "clamp", [](const Tensor& x, double low, double high) { return clamp(x, low, high); }, py::arg("x"),
-        py::arg("low"), py::arg("high"));
-    m.def("where", [](const Tensor& c, const Tensor& a, const Tensor& b) { return where(c, a, b); });
-    m.def("masked_fill", [](const Tensor& x, const Tensor& mask, double value) { return masked_fill(x, mask, value); });
-    m.def("sum_to", &sum_to, py::arg("gradient"), py::arg("shape"),
-          "Sums a gradient over the dims that broadcasting added or stretched: the backward of a broadcast");
-    m.def(
-        "sum", [](const Tensor& t, const py::object& dim, bool keepdim) { return sum(t, dims_from(dim), keepdim); },
-        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
-    m.def(
-        "mean", [](const Tensor& t, const py::object& dim, bool keepdim) { return mean(t, dims_from(dim), keepdim); },
-        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
-    m.def(
-        "max", [](const Tensor& t, const py::object& dim, bool keepdim) { return max(t, dims_from(dim), keepdim); },
-        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
-    m.def("matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
-    m.def("concat", &concat, py::arg("tensors"), py::arg("dim"));
-    m.def("stack", &stack, py::arg("tensors"), py::arg("dim"));
-    m.def("gather", &gather, py::arg("x"), py::arg("dim"), py::arg("index"));
-    m.def("scatter_add", &scatter_add, py::arg("x"), py::arg("dim"), py::arg("index"), py::arg("src"));
-    m.def("index_select", &index_select, py::arg("x"), py::arg("dim"), py::arg("index"));
-    m.def("embedding", &embedding, py::arg("weight"), py::arg("ids"));
-    m.def("softmax", &softmax, py::arg("x"), py::arg("dim"));
-    m.def("log_softmax", &log_softmax, py::arg("x"), py::arg("dim"));
-    m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5);
-    m.def(
-        "dropout",
-        [](const Tensor& x, double p, bool training, uint64_t seed) {
-            Generator gen(seed);
-            return dropout(x, p, training, gen);
-        },
-        py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("seed") = 0);
-    m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100);
-    m.def(
-        "attention",
-        [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
-           const std::optional<double>& scale, const std::optional<Tensor>& table_k,
-           const std::optional<Tensor>& table_v, const std::optional<Tensor>& index) {
-            py::gil_scoped_release release;
-            const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-            return attention(
-                q, k, v, mask.value_or(Tensor()), s,
-                RelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), index.value_or(Tensor())});
-        },
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale") = py::none(),
-        py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("index") = py::none(),
-        "Scaled dot-product attention with Shaw's relative terms in the bucketed form, one op (engine/ops.hpp)");
-    m.def(
-        "fused_attention",
-        [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask, bool causal,
-           int64_t window, int64_t query_offset, const std::optional<double>& scale,
-           const std::optional<Tensor>& table_k, const std::optional<Tensor>& table_v, int64_t k_left,
-           int64_t k_right) {
-            py::gil_scoped_release release;
-            const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-            return fused_attention(
-                q, k, v, AttentionPattern{mask.value_or(Tensor()), causal, window, query_offset}, s,
-                ClippedRelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), k_left, k_right});
-        },
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("causal") = false,
-        py::arg("window") = -1, py::arg("query_offset") = 0, py::arg("scale") = py::none(),
-        py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("k_left") = 0, py::arg("k_right") = 0,
-        "The same attention in memory linear in L: no [Lq, Lk] tensor is ever made");
-
-    // autograd
-    py::class_<NoGradContext>(m, "no_grad", "with relgrad.no_grad(): ops inside build no graph")
-        .def(py::init<>())
-        .def("__enter__", [](NoGradContext& context) { context.guard.emplace(); })
-        .def("__exit__", [](NoGradContext& context, const py::args&) { context.guard.reset(); });
-    m.def("is_grad_enabled", &grad_mode_enabled);
-    m.def("topological_order", &topological_order, py::arg("root"),
-          "The tensors backward() visits, each after every tensor it depends on (root last); backward walks the "
-          "list from the end");
-
-    py::class_<GradcheckErrors>(m, "GradcheckErrors")
-        .def_readonly("max_abs_error", &GradcheckErrors::max_abs_error)
-        .def_readonly("max_rel_error", &GradcheckErrors::max_rel_error)
-        .def("__repr__", [](const GradcheckErrors& e) {
-            return "GradcheckErrors(max_abs_error=" + py::repr(py::float_(e.max_abs_error)).cast<std::string>() +
-                   ", max_rel_error=" + py::repr(py::float_(e.max_rel_error)).cast<std::string>() + ")";
-        });
-    py::class_<GradcheckResult, GradcheckErrors>(m, "GradcheckResult")
-        .def_readonly("passed", &GradcheckResult::passed)
-        .def_readonly("per_input", &GradcheckResult::per_input)
-        .def_readonly("report", &GradcheckResult::report)
-        .def("__bool__", [](const GradcheckResult& r) { return r.passed; })
-        .def("__repr__", [](const GradcheckResult& r) {
-            return std::string("GradcheckResult(passed=") + (r.passed ? "True" : "False") +
-                   ", max_abs_error=" + py::repr(py::float_(r.max_abs_error)).cast<std::string>() +
-                   ", max_rel_error=" + py::repr(py::float_(r.max_rel_error)).cast<std::string>() + ")";
-        });
-    m.def(
-        "gradcheck",
-        [](const py::function& fn, const std::vector<Tensor>& inputs, double eps, double atol, double rtol,
-           uint64_t seed, bool fast) {
-            const Function f = [&fn](const std::vector<Tensor>& xs) {
-                py::object out = fn(*py::cast(xs));
-                if (!py::isinstance<Tensor>(out)) {
-                    throw py::type_error("gradcheck: fn returned " + py::repr(out.get_type()).cast<std::string>() +
-                                         ", not a relgrad.Tensor");
-                }
-                return out.cast<Tensor>();
-            };
-            GradcheckOptions options;
-            options.eps = eps;
-            options.atol = atol;
-            options.rtol = rtol;
-            options.seed = seed;
-            options.fast = fast;
-            return gradcheck(f, inputs, options);
-        },
-        py::arg("fn"), py::arg("inputs"), py::arg("eps") = 1e-6, py::arg("atol") = 1e-5, py::arg("rtol") = 1e-3,
-        py::arg("seed") = 0, py::arg("fast") = false,
-        "Compares fn's analytic gradients (backward) with central differences, for every input that requires a "
-        "gradient (float64); fn(*inputs) returns a Tensor");
-
-    // optimization
-    py::class_<AdamW>(m, "AdamW", "AdamW with decoupled weight decay (engine/optim.hpp)")
-        .def(py::init([](const py::object& parameters, double beta1, double beta2, double eps, double weight_decay) {
-                 return std::make_unique<AdamW>(parameter_groups(parameters, weight_decay),
-                                                AdamWOptions{beta1, beta2, eps, weight_decay});
-             }),
-             py::arg("parameters"), py::arg("beta1") = 0.9, py::arg("beta2") = 0.999, py::arg("eps") = 1e-8,
-             py::arg("weight_decay") = 0.01,
-             "parameters: a list of tensors, or of groups {'params': [...], 'lr_scale': x, 'weight_decay': y}")
-        .def_property_readonly(
-            "groups",
-            [](const AdamW& adamw) {
-                py::list groups;
-                for (const ParameterGroup& g : adamw.groups()) {
-                    py::dict group;
-                    group["params"] = g.parameters;
-                    group["lr_scale"] = g.lr_scale;
-                    group["weight_decay"] = g.weight_decay;
-                    groups.append(group);
-                }
-                return groups;
-            },
-            "the groups as dicts: params, lr_scale, weight_decay")
-        .def(
-            "step",
-            [](AdamW& adamw, double lr) {
-                py::gil_scoped_release release;
-                adamw.step(lr);
-            },
-            py::arg("lr"))
-        .def_property_readonly("steps", &AdamW::steps);
-    m.def(
-        "clip_grad_norm",
-        [](const py::object& parameters, double max_norm) {
-            // one tensor alone is a list of one, as in PyTorch's clip_grad_norm_ (taken as a sequence
-            // it would give its rows, whose gradients are not the tensor's)
-            return clip_grad_norm(py::isinstance<Tensor>(parameters)
-                                      ? std::vector<Tensor>{parameters.cast<Tensor>()}
-                                      : tensor_list(parameters, "clip_grad_norm: parameters"),
-                                  max_norm);
-        },
-        py::arg("parameters"), py::arg("max_norm"));
-
-    m.def(
-        "set_threads",
-        [](int threads) {
-            if (threads < 1 || threads > 1024) {  // the bounds of training.threads
-                throw std::invalid_argument("set_threads: the thread count must be in [1, 1024], got " +
-                                            std::to_string(threads));
-            }
-            omp_set_num_threads(threads);
-        },
-        py::arg("threads"), "The threads the ops use from now on, as --threads (training sets training.threads)");
-    m.def(
-        "threads", [] { return omp_get_max_threads(); }, "The threads the ops use");
-    m.def(
-        "memory_stats",
-        [](const std::string& device) {
-            const MemoryStats stats = memory_stats(parse_device(device));
-            py::dict result;
-            result["live_bytes"] = stats.live_bytes;
-            result["peak_live_bytes"] = stats.peak_live_bytes;
-            result["cached_bytes"] = stats.cached_bytes;
-            return result;
-        },
-        py::arg("device") = "cpu", "Bytes of tensor storage alive now and at most since reset_peak_memory()");
-    m.def(
-        "reset_peak_memory", [](const std::string& device) { reset_peak_memory(parse_device(device)); },
-        py::arg("device") = "cpu");
 }
 
 }  // namespace relgrad::python

@@ -1,6 +1,7 @@
 """relgrad.nn from Python: every layer built and run, parameters and state_dict, modes, devices,
 the three attention forms agreeing, greedy decoding, and the errors."""
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -62,23 +63,39 @@ def test_adamw_parameter_groups():
     # ends where its group's learning rate and weight decay put it.
     a = relgrad.tensor(np.array([1.0]), requires_grad=True)
     b = relgrad.tensor(np.array([1.0]), requires_grad=True)
-    adam = relgrad.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "lr_scale": 10}], weight_decay=0.0)
+    adam = relgrad.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "lr": 0.1}], lr=0.01, weight_decay=0.0)
     (a + b).sum().backward()
-    adam.step(0.01)
+    adam.step()
     np.testing.assert_allclose(a.numpy(), [1.0 * (1 - 0.01 * 0.1) - 0.01 / (1 + 1e-8)], rtol=1e-15)
     np.testing.assert_allclose(b.numpy(), [1.0 - 0.1 / (1 + 1e-8)], rtol=1e-15)
-    assert [(len(g["params"]), g["lr_scale"], g["weight_decay"]) for g in adam.groups] == [(1, 1.0, 0.1),
-                                                                                          (1, 10.0, 0.0)]
-    assert len(relgrad.AdamW([a, b]).groups) == 1
-    assert len(relgrad.AdamW(p for p in (a, b)).groups[0]["params"]) == 2  # any iterable
-    assert len(relgrad.AdamW([{"params": a}]).groups[0]["params"]) == 1  # a group of one tensor, as PyTorch
+    assert [(len(g["params"]), g["lr"], g["weight_decay"]) for g in adam.param_groups] == [(1, 0.01, 0.1),
+                                                                                          (1, 0.1, 0.0)]
+    assert adam.param_groups[0]["params"][0]._id == a._id and adam.steps == 1
+    assert len(relgrad.AdamW([a, b]).param_groups) == 1
+    assert relgrad.AdamW([a, b]).param_groups[0]["lr"] == 1e-3  # PyTorch's default
+    assert len(relgrad.AdamW(p for p in (a, b)).param_groups[0]["params"]) == 2  # any iterable
+    assert len(relgrad.AdamW([{"params": a}]).param_groups[0]["params"]) == 1  # a group of one tensor, as PyTorch
+
+
+def test_a_learning_rate_written_into_param_groups_is_the_next_steps():
+    a = relgrad.tensor(np.array([1.0]), requires_grad=True)
+    adam = relgrad.AdamW([a], lr=0.01, weight_decay=0.01)
+    a.sum().backward()  # the gradient stays 1 for both steps
+    adam.param_groups[0]["lr"] = 0.0
+    adam.step()  # the moments move, the parameter does not (no decay either: it is lr times weight_decay)
+    np.testing.assert_array_equal(a.numpy(), [1.0])
+    adam.param_groups[0]["lr"] = 0.1
+    adam.step()  # m_hat = v_hat = 1 at step 2 too
+    np.testing.assert_allclose(a.numpy(), [1.0 * (1 - 0.1 * 0.01) - 0.1 / (1 + 1e-8)], rtol=1e-15)
 
 
 @pytest.mark.parametrize("groups, error, message", [
-    ([{"params": [], "lr": 0.1}], ValueError, "unknown key 'lr'"),
-    ([{"lr_scale": 2.0}], ValueError, "group 0 has no 'params'"),
-    ([{"params": [], "lr_scale": 0.0}], ValueError, "finite lr_scale > 0"),
-    ([{"params": [], "weight_decay": -1.0}], ValueError, "weight_decay >= 0"),
+    ([{"params": [], "lr_scale": 2.0}], ValueError, r"unknown key 'lr_scale' \(params, lr, weight_decay\)"),
+    ([{"lr": 2.0}], ValueError, "group 0 has no 'params'"),
+    ([{"params": [], "lr": -1.0}], ValueError, "group 0's lr must be a finite number >= 0, got -1.0"),
+    ([{"params": []}, {"params": [], "lr": float("nan")}], ValueError, "group 1's lr must be a finite .* got nan"),
+    ([{"params": [], "lr": "fast"}], TypeError, "group 0's lr must be a number"),
+    ([{"params": [], "weight_decay": -1.0}], ValueError, "group 0's weight_decay must be a finite number >= 0"),
     ([{"params": []}, []], TypeError, "group 1 is not a dict"),
     ([{"params": [1.0]}], TypeError, "group 0's params must be a list of tensors"),
     ([1.0], TypeError, "parameters must be a list of tensors"),
@@ -86,6 +103,37 @@ def test_adamw_parameter_groups():
 def test_adamw_group_errors(groups, error, message):
     with pytest.raises(error, match=message):
         relgrad.AdamW(groups)
+
+
+@pytest.mark.parametrize("keywords, message", [
+    (dict(lr=-0.1), "AdamW: lr must be a finite number >= 0, got -0.1"),
+    (dict(lr=float("nan")), "AdamW: lr must be a finite number >= 0, got nan"),
+    (dict(lr=float("inf")), "AdamW: lr must be a finite number >= 0, got inf"),
+    (dict(weight_decay=-1.0), "AdamW: weight_decay must be a finite number >= 0"),
+    (dict(betas=(0.9, 1.0)), "beta1, beta2 < 1"),
+])
+def test_adamw_bad_keywords(keywords, message):
+    a = relgrad.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(ValueError, match=message):
+        relgrad.AdamW([a], **keywords)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda groups: groups[1].update(lr=float("nan")), r"param_groups\[1\]\['lr'\] must be a finite .* got nan"),
+    (lambda groups: groups[0].update(lr=-1), r"param_groups\[0\]\['lr'\] must be a finite .* got -1.0"),
+    (lambda groups: groups[1].update(weight_decay=0.5), "params and weight_decay are fixed"),
+    (lambda groups: groups[0]["params"].pop(), "params and weight_decay are fixed"),
+    (lambda groups: groups.pop(), "param_groups has 1 groups, the optimizer was built with 2"),
+])
+def test_a_step_refuses_bad_param_groups_before_it_updates_anything(change, message):
+    a = relgrad.tensor(np.ones(2), requires_grad=True)
+    b = relgrad.tensor(np.ones(2), requires_grad=True)
+    adam = relgrad.AdamW([{"params": [a]}, {"params": [b]}], lr=0.1)
+    (a + b).sum().backward()
+    change(adam.param_groups)
+    with pytest.raises(ValueError, match=message):
+        adam.step()
+    assert adam.steps == 0 and a.numpy().tolist() == [1.0, 1.0] and b.numpy().tolist() == [1.0, 1.0]
 
 
 def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
@@ -97,6 +145,82 @@ def test_adamw_refuses_one_tensor_and_a_parameter_listed_twice():
         relgrad.AdamW([{"params": [a]}, {"params": [a]}])
     with pytest.raises(ValueError, match="listed twice in group 0"):
         relgrad.AdamW([a, a])
+
+
+def test_adamw_and_lr_scheduler_step_as_torchs_adamw_and_lambda_lr():
+    # The independent check, in float64: torch.optim.AdamW (whose weight decay is decoupled as
+    # relgrad's: p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)) under a LambdaLR whose factor is
+    # the cosine schedule with warmup written out again, two groups, past the schedule's end.
+    import math
+
+    import torch
+    rng = np.random.default_rng(0)
+    x, y, w0, b0 = (rng.standard_normal(shape) for shape in [(6, 3), (6, 2), (3, 2), (2,)])
+    warmup, total = 3, 10
+
+    def factor(t):
+        if t < warmup:
+            return (t + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1, (t - warmup) / (total - warmup))))
+
+    w, b = relgrad.tensor(w0, requires_grad=True), relgrad.tensor(b0, requires_grad=True)
+    tw, tb = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    ours = relgrad.AdamW([{"params": [w], "lr": 0.05}, {"params": [b], "weight_decay": 0.0}], lr=0.02,
+                         betas=(0.9, 0.98), weight_decay=0.1)
+    theirs = torch.optim.AdamW([{"params": [tw], "lr": 0.05}, {"params": [tb], "weight_decay": 0.0}], lr=0.02,
+                               betas=(0.9, 0.98), weight_decay=0.1)
+    our_schedule = relgrad.LRScheduler(ours, "cosine", warmup_steps=warmup, total_steps=total)
+    their_schedule = torch.optim.lr_scheduler.LambdaLR(theirs, factor)
+    for _ in range(total + 2):
+        np.testing.assert_allclose(our_schedule.get_last_lr(), their_schedule.get_last_lr(), rtol=1e-15, atol=0)
+        w.zero_grad()
+        b.zero_grad()
+        ((relgrad.tensor(x) @ w + b - relgrad.tensor(y)) ** 2).mean().backward()
+        ours.step()
+        our_schedule.step()
+        theirs.zero_grad()
+        ((torch.tensor(x) @ tw + tb - torch.tensor(y)) ** 2).mean().backward()
+        theirs.step()
+        their_schedule.step()
+        np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=0, atol=1e-12)
+    assert our_schedule.get_last_lr() == [0.0, 0.0] and our_schedule.last_epoch == total + 2
+    assert np.abs(w.numpy() - w0).max() > 0.1  # it trained
+    assert [g["initial_lr"] for g in ours.param_groups] == our_schedule.base_lrs == [0.05, 0.02]
+
+
+@pytest.mark.parametrize("schedule", relgrad.LRScheduler.schedules)
+def test_lr_scheduler_gives_the_trainers_learning_rates_exactly(tmp_path, schedule):
+    steps, warmup, peak = 12, 4, 3e-3
+    relgrad.train(out=str(tmp_path), set=[
+        "task.train_examples=40", "task.test_examples=8", "model.layers=1", "model.dim=8", "model.ff_dim=16",
+        "model.heads=1", f"training.steps={steps}", f"training.warmup_steps={warmup}",
+        f"training.learning_rate={peak}", f"training.schedule={schedule}", "training.log_every=1",
+        f"evaluation.every={steps}"])
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trainers = [line["learning_rate"] for line in lines if "learning_rate" in line]
+    scheduler = relgrad.LRScheduler(relgrad.AdamW([relgrad.zeros(1)], lr=peak), schedule, warmup_steps=warmup,
+                                    total_steps=steps)
+    ours = []
+    for _ in range(steps):
+        ours += scheduler.get_last_lr()
+        scheduler.step()
+    assert len(trainers) == steps and ours == trainers  # bit for bit
+
+
+def test_lr_scheduler_names_and_errors():
+    assert relgrad.LRScheduler.schedules == ("constant", "linear", "cosine")  # engine/optim.hpp's schedule_names
+    adam = relgrad.AdamW([relgrad.zeros(1)], lr=0.1)
+    constant = relgrad.LRScheduler(adam, "constant", warmup_steps=2)  # needs no total_steps
+    assert constant.get_last_lr() == [0.05] == [adam.param_groups[0]["lr"]]
+    for keywords, message in [
+        (dict(schedule="step"), r"unknown schedule 'step' \(expected constant, linear or cosine\)"),
+        (dict(schedule="cosine"), "the cosine schedule needs total_steps"),
+        (dict(schedule="linear", total_steps=0), "total_steps must be >= 1, got 0"),
+        (dict(schedule="constant", warmup_steps=-1), "warmup_steps must be >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            relgrad.LRScheduler(adam, **keywords)
 
 
 def test_clip_grad_norm():

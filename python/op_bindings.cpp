@@ -1,0 +1,127 @@
+// relgrad's Python module: the ops of engine/ops.hpp as relgrad.<op>, and the threads and memory
+// they run with.
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include <omp.h>
+
+#include "engine/ops.hpp"
+#include "python/bindings.hpp"
+
+namespace relgrad::python {
+
+void bind_ops(py::module_& m) {
+    // the ops (engine/ops.hpp)
+    m.def("add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
+    m.def("sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); });
+    m.def("mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
+    m.def("div", [](const Tensor& a, const Tensor& b) { return div(a, b); });
+    m.def("pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
+    m.def("pow", [](const Tensor& a, double exponent) { return pow(a, exponent); });
+    m.def("neg", [](const Tensor& x) { return neg(x); });
+    m.def("exp", [](const Tensor& x) { return exp(x); });
+    m.def("log", [](const Tensor& x) { return log(x); });
+    m.def("sqrt", [](const Tensor& x) { return sqrt(x); });
+    m.def("tanh", [](const Tensor& x) { return tanh(x); });
+    m.def("sigmoid", [](const Tensor& x) { return sigmoid(x); });
+    m.def("relu", [](const Tensor& x) { return relu(x); });
+    m.def("gelu", [](const Tensor& x) { return gelu(x); });
+    m.def(
+        "clamp", [](const Tensor& x, double low, double high) { return clamp(x, low, high); }, py::arg("x"),
+        py::arg("low"), py::arg("high"));
+    m.def("where", [](const Tensor& c, const Tensor& a, const Tensor& b) { return where(c, a, b); });
+    m.def("masked_fill", [](const Tensor& x, const Tensor& mask, double value) { return masked_fill(x, mask, value); });
+    m.def("sum_to", &sum_to, py::arg("gradient"), py::arg("shape"),
+          "Sums a gradient over the dims that broadcasting added or stretched: the backward of a broadcast");
+    m.def(
+        "sum", [](const Tensor& t, const py::object& dim, bool keepdim) { return sum(t, dims_from(dim), keepdim); },
+        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    m.def(
+        "mean", [](const Tensor& t, const py::object& dim, bool keepdim) { return mean(t, dims_from(dim), keepdim); },
+        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    m.def(
+        "max", [](const Tensor& t, const py::object& dim, bool keepdim) { return max(t, dims_from(dim), keepdim); },
+        py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false);
+    m.def("matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
+    m.def("concat", &concat, py::arg("tensors"), py::arg("dim"));
+    m.def("stack", &stack, py::arg("tensors"), py::arg("dim"));
+    m.def("gather", &gather, py::arg("x"), py::arg("dim"), py::arg("index"));
+    m.def("scatter_add", &scatter_add, py::arg("x"), py::arg("dim"), py::arg("index"), py::arg("src"));
+    m.def("index_select", &index_select, py::arg("x"), py::arg("dim"), py::arg("index"));
+    m.def("embedding", &embedding, py::arg("weight"), py::arg("ids"));
+    m.def("softmax", &softmax, py::arg("x"), py::arg("dim"));
+    m.def("log_softmax", &log_softmax, py::arg("x"), py::arg("dim"));
+    m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5);
+    m.def(
+        "dropout",
+        [](const Tensor& x, double p, bool training, uint64_t seed) {
+            Generator gen(seed);
+            return dropout(x, p, training, gen);
+        },
+        py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("seed") = 0);
+    m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100);
+    m.def(
+        "attention",
+        [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
+           const std::optional<double>& scale, const std::optional<Tensor>& table_k,
+           const std::optional<Tensor>& table_v, const std::optional<Tensor>& index) {
+            py::gil_scoped_release release;
+            const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+            return attention(
+                q, k, v, mask.value_or(Tensor()), s,
+                RelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), index.value_or(Tensor())});
+        },
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale") = py::none(),
+        py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("index") = py::none(),
+        "Scaled dot-product attention with Shaw's relative terms in the bucketed form, one op (engine/ops.hpp)");
+    m.def(
+        "fused_attention",
+        [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask, bool causal,
+           int64_t window, int64_t query_offset, const std::optional<double>& scale,
+           const std::optional<Tensor>& table_k, const std::optional<Tensor>& table_v, int64_t k_left,
+           int64_t k_right) {
+            py::gil_scoped_release release;
+            const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+            return fused_attention(
+                q, k, v, AttentionPattern{mask.value_or(Tensor()), causal, window, query_offset}, s,
+                ClippedRelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), k_left, k_right});
+        },
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("causal") = false,
+        py::arg("window") = -1, py::arg("query_offset") = 0, py::arg("scale") = py::none(),
+        py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("k_left") = 0, py::arg("k_right") = 0,
+        "The same attention in memory linear in L: no [Lq, Lk] tensor is ever made");
+
+    m.def(
+        "set_threads",
+        [](int threads) {
+            if (threads < 1 || threads > 1024) {  // the bounds of training.threads
+                throw std::invalid_argument("set_threads: the thread count must be in [1, 1024], got " +
+                                            std::to_string(threads));
+            }
+            omp_set_num_threads(threads);
+        },
+        py::arg("threads"), "The threads the ops use from now on, as --threads (training sets training.threads)");
+    m.def(
+        "threads", [] { return omp_get_max_threads(); }, "The threads the ops use");
+    m.def(
+        "memory_stats",
+        [](const std::string& device) {
+            const MemoryStats stats = memory_stats(parse_device(device));
+            py::dict result;
+            result["live_bytes"] = stats.live_bytes;
+            result["peak_live_bytes"] = stats.peak_live_bytes;
+            result["cached_bytes"] = stats.cached_bytes;
+            return result;
+        },
+        py::arg("device") = "cpu", "Bytes of tensor storage alive now and at most since reset_peak_memory()");
+    m.def(
+        "reset_peak_memory", [](const std::string& device) { reset_peak_memory(parse_device(device)); },
+        py::arg("device") = "cpu");
+}
+
+}  // namespace relgrad::python
