@@ -4,6 +4,7 @@
 //     name_of(pooling_names, Pooling::first)  -> "first"
 //     value_named(pooling_names, "mean")      -> Pooling::mean (nothing for a name not in the table)
 //     names_of(pooling_names)                 -> {"mean", "first"}, for error messages
+//     names_in_words(pooling_names)           -> "mean or first"
 //     parse_named(pooling_names, "max", "pooling")
 //         -> throws "unknown pooling 'max' (expected mean or first)"
 #pragma once
@@ -46,12 +47,17 @@ std::vector<std::string> names_of(const EnumName<Enum> (&table)[N]) {
 }
 
 template <class Enum, std::size_t N>
+std::string names_in_words(const EnumName<Enum> (&table)[N]) {
+    std::string words;
+    for (std::size_t i = 0; i < N; ++i) words += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
+    return words;
+}
+
+template <class Enum, std::size_t N>
 Enum parse_named(const EnumName<Enum> (&table)[N], const std::string& name, const char* what) {
     if (const std::optional<Enum> found = value_named(table, name)) return *found;
-    std::string expected;
-    for (std::size_t i = 0; i < N; ++i)
-        expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(table[i].name);
-    throw std::invalid_argument("unknown " + std::string(what) + " '" + name + "' (expected " + expected + ")");
+    throw std::invalid_argument("unknown " + std::string(what) + " '" + name + "' (expected " + names_in_words(table) +
+                                ")");
 }
 
 }  // namespace relgrad

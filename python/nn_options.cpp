@@ -8,7 +8,9 @@ namespace relgrad::python {
 namespace {
 
 // Python's bool is an int: True is no integer (nor number) here, as it is none in JSON
-bool is_integer(const py::handle& value) { return py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value); }
+bool is_integer(const py::handle& value) {
+    return py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value);
+}
 
 }  // namespace
 

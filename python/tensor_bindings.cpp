@@ -26,7 +26,7 @@ DType dtype_of_numpy(const py::dtype& dtype, bool from_python_values) {
         case 'b': return DType::boolean;
         default:
             throw std::invalid_argument("relgrad.tensor: NumPy dtype " + dtype.attr("name").cast<std::string>() +
-                                        " has no relgrad dtype (float32, float64, int64 or bool)");
+                                        " has no relgrad dtype (" + names_in_words(dtype_names) + ")");
     }
 }
 
@@ -125,15 +125,15 @@ DType dtype_from(const py::handle& value) {
     } else if (py::isinstance<py::dtype>(value) || py::hasattr(value, "dtype") || py::isinstance<py::type>(value)) {
         name = py::dtype::from_args(py::reinterpret_borrow<py::object>(value)).attr("name").cast<std::string>();
     } else {
-        throw std::invalid_argument("a dtype is one of relgrad.float32, float64, int64, bool (or its name), not " +
-                                    py::repr(value).cast<std::string>());
+        throw std::invalid_argument("a dtype is a relgrad.dtype or its name (" + names_in_words(dtype_names) +
+                                    "), not " + py::repr(value).cast<std::string>());
     }
     return parse_named(dtype_names, name, "dtype");
 }
 
 Device device_from(const py::handle& value) {
     if (!py::isinstance<py::str>(value)) {
-        throw std::invalid_argument("a device is named by a string: 'cpu', 'guarded_cpu' or 'cuda'");
+        throw std::invalid_argument("a device is named by a string: " + names_in_words(device_names));
     }
     return parse_device(value.cast<std::string>());
 }
@@ -192,11 +192,8 @@ py::object tensor_or_none(const Tensor& tensor) { return tensor.defined() ? py::
 void bind_tensor(py::module_& m) {
     py::enum_<DType> dtype_enum(m, "dtype",
                                 "An element type: float32 (training), float64 (gradient checks), int64, bool");
-    dtype_enum.value("float32", DType::float32)
-        .value("float64", DType::float64)
-        .value("int64", DType::int64)
-        .value("bool", DType::boolean)
-        .export_values();
+    for (const EnumName<DType>& entry : dtype_names) dtype_enum.value(entry.name, entry.value);
+    dtype_enum.export_values();
     // print(t.dtype) says float32, as NumPy and torch do (replacing the enum's own methods)
     dtype_enum.attr("__str__") =
         py::cpp_function([](DType d) { return std::string(dtype_name(d)); }, py::is_method(dtype_enum));
@@ -257,9 +254,7 @@ void bind_tensor(py::module_& m) {
             [](const Tensor& t, const py::object& where) {
                 if (py::isinstance<py::str>(where)) {
                     const std::string name = where.cast<std::string>();
-                    for (DType dtype : {DType::float32, DType::float64, DType::int64, DType::boolean}) {
-                        if (name == dtype_name(dtype)) return t.to(dtype);
-                    }
+                    if (const auto dtype = value_named(dtype_names, name)) return t.to(*dtype);
                     return t.to(parse_device(name));
                 }
                 return t.to(dtype_from(where));

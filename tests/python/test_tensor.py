@@ -59,7 +59,7 @@ def test_explicit_dtype_converts():
     (np.array([1 + 2j]), None, "complex128"),
     (np.array(["a"]), None, "relgrad dtype"),
     ([1.0], "float16", "unknown dtype"),
-    ([1.0], 3, "a dtype is one of"),
+    ([1.0], 3, "a dtype is a relgrad.dtype or its name"),
 ])
 def test_tensor_refuses_what_it_cannot_hold(data, dtype, message):
     with pytest.raises(ValueError, match=message):
