@@ -230,7 +230,9 @@ Backend& backend_for(Device device) {
 #ifdef RELGRAD_HAVE_CUDA
             return cuda::gpu_backend();
 #else
-            throw std::runtime_error("no usable CUDA device: this relgrad is built without CUDA (RELGRAD_CUDA=OFF)");
+            throw std::runtime_error(
+                "no usable CUDA device: this relgrad is built without its CUDA backend (RELGRAD_CUDA=OFF, or AUTO "
+                "where no nvcc was found)");
 #endif
     }
     throw std::invalid_argument(std::string("no backend is built for the ") + device_name(device) +
