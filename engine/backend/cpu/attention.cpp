@@ -5,9 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "engine/backend/cpu/attention_rows.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/kernels.hpp"
-#include "engine/backend/cpu/loops.hpp"
 #include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 

@@ -3,7 +3,8 @@
 // binary, where), reduce.cpp (reduce, softmax_last_dim), gemm.cpp (batched_gemm and the one BLAS
 // call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
 // attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory.
-// The CUDA backend mirrors this layout.
+// The loops they share: strided_loops.hpp (xtensor views, multi-index walks, thread chunks) and
+// attention_rows.hpp (the SIMD row loops of both attentions). The CUDA backend mirrors this layout.
 //
 // The same class serves two devices: the cpu, and guarded_cpu, the CPU's kernels on memory of
 // their own that the host API refuses to touch (Tensor::data<T>() throws there; only to(),

@@ -11,7 +11,7 @@
 #include <xtensor/xoperation.hpp>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/cpu/strided_loops.hpp"
 #include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 

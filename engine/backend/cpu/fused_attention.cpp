@@ -33,8 +33,8 @@
 
 #include <omp.h>
 
+#include "engine/backend/cpu/attention_rows.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/kernels.hpp"
 
 namespace relgrad {
 namespace cpu {

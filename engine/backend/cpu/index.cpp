@@ -1,7 +1,7 @@
 // The CPU's index kernels (engine/ops/index.cpp): reads and adds at integer positions, each index
 // checked against its dim as it is used.
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/cpu/strided_loops.hpp"
 #include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 
