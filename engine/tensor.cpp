@@ -214,6 +214,7 @@ Tensor scalar(double value, DType dtype, Device device) { return full({}, value,
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
+Tensor scalar_like(const Tensor& t, double value) { return scalar(value, t.dtype(), t.device()); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
     if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
