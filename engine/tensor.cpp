@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
@@ -111,23 +112,19 @@ bool Tensor::is_contiguous() const {
     return true;
 }
 
+// The dtype whose elements are T.
 template <class T>
-static constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-    return DType::float32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-    return DType::float64;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-    return DType::int64;
-}
-template <>
-constexpr DType dtype_of<bool>() {
-    return DType::boolean;
+static constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, float>) {
+        return DType::float32;
+    } else if constexpr (std::is_same_v<T, double>) {
+        return DType::float64;
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+        return DType::int64;
+    } else {
+        static_assert(std::is_same_v<T, bool>, "tensors hold float, double, int64_t or bool");
+        return DType::boolean;
+    }
 }
 
 template <class T>
