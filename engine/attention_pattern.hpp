@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/host_device.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {
@@ -37,5 +38,12 @@ struct ClippedRelativeTerms {
     Tensor table_k, table_v;
     int64_t k_left = 0, k_right = 0;
 };
+
+// The bucket r = clip(distance, -k_left, k_right) + k_left in [0, K) of a key `distance`
+// positions from its query (j - (query_offset + i)): the op's index and every kernel family's
+// computed buckets come from here.
+RELGRAD_HOST_DEVICE inline int64_t clipped_bucket(int64_t distance, int64_t k_left, int64_t k_right) {
+    return (distance < -k_left ? -k_left : (distance > k_right ? k_right : distance)) + k_left;
+}
 
 }  // namespace relgrad

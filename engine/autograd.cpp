@@ -13,10 +13,8 @@ namespace relgrad {
 static thread_local bool grad_mode = true;
 
 bool grad_mode_enabled() { return grad_mode; }
-NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
-NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
-EnableGradGuard::EnableGradGuard() : previous_(grad_mode) { grad_mode = true; }
-EnableGradGuard::~EnableGradGuard() { grad_mode = previous_; }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(grad_mode) { grad_mode = enabled; }
+GradModeGuard::~GradModeGuard() { grad_mode = previous_; }
 
 // Each input that only this node still holds, and whose own node only it holds, would free that
 // node inside this destructor, and so on down the chain. Those nodes are taken out first and freed

@@ -45,30 +45,26 @@ struct Node {
     }
 };
 
-// Recording switch. While a NoGradGuard lives, ops build no graph (used by backward itself, by
-// optimizers and by gradcheck's numeric evaluations).
+// Recording switch, set for a scope and restored after it. While a NoGradGuard lives, ops build no
+// graph (used by backward itself, by optimizers and by gradcheck's numeric evaluations); an
+// EnableGradGuard is the opposite, for code that must record inside a backward pass (checkpoint
+// below).
 bool grad_mode_enabled();
-class NoGradGuard {
+class GradModeGuard {
 public:
-    NoGradGuard();
-    ~NoGradGuard();
-    NoGradGuard(const NoGradGuard&) = delete;
-    NoGradGuard& operator=(const NoGradGuard&) = delete;
+    explicit GradModeGuard(bool enabled);
+    ~GradModeGuard();
+    GradModeGuard(const GradModeGuard&) = delete;
+    GradModeGuard& operator=(const GradModeGuard&) = delete;
 
 private:
     bool previous_;
 };
-
-// The opposite, for code that must record inside a backward pass (checkpoint below).
-class EnableGradGuard {
-public:
-    EnableGradGuard();
-    ~EnableGradGuard();
-    EnableGradGuard(const EnableGradGuard&) = delete;
-    EnableGradGuard& operator=(const EnableGradGuard&) = delete;
-
-private:
-    bool previous_;
+struct NoGradGuard : GradModeGuard {
+    NoGradGuard() : GradModeGuard(false) {}
+};
+struct EnableGradGuard : GradModeGuard {
+    EnableGradGuard() : GradModeGuard(true) {}
 };
 
 // Called by every op: when recording is on and an input requires a gradient, attach a Node to

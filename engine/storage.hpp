@@ -20,7 +20,8 @@ namespace relgrad {
 
 // cpu: the host. guarded_cpu: the CPU kernels on memory that the host API refuses to touch, a
 // stand-in for an accelerator that proves the ops device-clean (docs/engine.md). cuda: an NVIDIA
-// GPU (not built yet).
+// GPU, where relgrad was built with its CUDA backend; the test build's cuda device runs the same
+// kernels in an emulator.
 enum class Device { cpu, guarded_cpu, cuda };
 inline constexpr EnumName<Device> device_names[] = {
     {Device::cpu, "cpu"}, {Device::guarded_cpu, "guarded_cpu"}, {Device::cuda, "cuda"}};

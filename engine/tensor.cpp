@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
@@ -103,23 +104,19 @@ bool Tensor::is_contiguous() const {
     return true;
 }
 
+// The dtype whose elements are T.
 template <class T>
-static constexpr DType dtype_of();
-template <>
-constexpr DType dtype_of<float>() {
-    return DType::float32;
-}
-template <>
-constexpr DType dtype_of<double>() {
-    return DType::float64;
-}
-template <>
-constexpr DType dtype_of<int64_t>() {
-    return DType::int64;
-}
-template <>
-constexpr DType dtype_of<bool>() {
-    return DType::boolean;
+static constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, float>) {
+        return DType::float32;
+    } else if constexpr (std::is_same_v<T, double>) {
+        return DType::float64;
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+        return DType::int64;
+    } else {
+        static_assert(std::is_same_v<T, bool>, "tensors hold float, double, int64_t or bool");
+        return DType::boolean;
+    }
 }
 
 template <class T>
@@ -206,6 +203,7 @@ Tensor scalar(double value, DType dtype, Device device) { return full({}, value,
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
+Tensor scalar_like(const Tensor& t, double value) { return scalar(value, t.dtype(), t.device()); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
     if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {

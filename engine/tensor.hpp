@@ -138,6 +138,7 @@ Tensor arange(int64_t n, DType dtype = DType::float32, Device device = Device::c
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
+Tensor scalar_like(const Tensor& t, double value);  // a 0-d tensor
 
 // A seeded source of random tensors; the same seed gives the same tensors on every machine.
 class Generator {

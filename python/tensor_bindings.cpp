@@ -30,14 +30,15 @@ DType dtype_of_numpy(const py::dtype& dtype, bool from_python_values) {
     }
 }
 
-// A Python number as a 0-d tensor of t's dtype and device, for t + 2 and the like.
-Tensor scalar_like(const Tensor& t, double value) {
+// A Python number as a 0-d tensor of t's dtype and device, for t + 2 and the like: scalar_like,
+// refusing a number with a fraction for an integer tensor.
+Tensor checked_scalar_like(const Tensor& t, double value) {
     if (!is_floating(t.dtype()) && value != static_cast<double>(static_cast<int64_t>(value))) {
         throw std::invalid_argument(std::string("a ") + dtype_name(t.dtype()) + " tensor and the number " +
                                     py::repr(py::float_(value)).cast<std::string>() +
                                     ": convert the tensor with .to('float32') first");
     }
-    return scalar(value, t.dtype(), t.device());
+    return scalar_like(t, value);
 }
 
 // t[...]: ints, slices with a positive step, None and one Ellipsis, all as views.
@@ -344,33 +345,33 @@ void bind_tensor(py::module_& m) {
         .def(
             "__add__", [](const Tensor& a, const Tensor& b) { return a + b; }, py::is_operator())
         .def(
-            "__add__", [](const Tensor& a, double b) { return a + scalar_like(a, b); }, py::is_operator())
+            "__add__", [](const Tensor& a, double b) { return a + checked_scalar_like(a, b); }, py::is_operator())
         .def(
-            "__radd__", [](const Tensor& a, double b) { return scalar_like(a, b) + a; }, py::is_operator())
+            "__radd__", [](const Tensor& a, double b) { return checked_scalar_like(a, b) + a; }, py::is_operator())
         .def(
             "__sub__", [](const Tensor& a, const Tensor& b) { return a - b; }, py::is_operator())
         .def(
-            "__sub__", [](const Tensor& a, double b) { return a - scalar_like(a, b); }, py::is_operator())
+            "__sub__", [](const Tensor& a, double b) { return a - checked_scalar_like(a, b); }, py::is_operator())
         .def(
-            "__rsub__", [](const Tensor& a, double b) { return scalar_like(a, b) - a; }, py::is_operator())
+            "__rsub__", [](const Tensor& a, double b) { return checked_scalar_like(a, b) - a; }, py::is_operator())
         .def(
             "__mul__", [](const Tensor& a, const Tensor& b) { return a * b; }, py::is_operator())
         .def(
-            "__mul__", [](const Tensor& a, double b) { return a * scalar_like(a, b); }, py::is_operator())
+            "__mul__", [](const Tensor& a, double b) { return a * checked_scalar_like(a, b); }, py::is_operator())
         .def(
-            "__rmul__", [](const Tensor& a, double b) { return scalar_like(a, b) * a; }, py::is_operator())
+            "__rmul__", [](const Tensor& a, double b) { return checked_scalar_like(a, b) * a; }, py::is_operator())
         .def(
             "__truediv__", [](const Tensor& a, const Tensor& b) { return a / b; }, py::is_operator())
         .def(
-            "__truediv__", [](const Tensor& a, double b) { return a / scalar_like(a, b); }, py::is_operator())
+            "__truediv__", [](const Tensor& a, double b) { return a / checked_scalar_like(a, b); }, py::is_operator())
         .def(
-            "__rtruediv__", [](const Tensor& a, double b) { return scalar_like(a, b) / a; }, py::is_operator())
+            "__rtruediv__", [](const Tensor& a, double b) { return checked_scalar_like(a, b) / a; }, py::is_operator())
         .def(
             "__pow__", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, py::is_operator())
         .def(
             "__pow__", [](const Tensor& a, double b) { return pow(a, b); }, py::is_operator())
         .def(
-            "__rpow__", [](const Tensor& a, double b) { return pow(scalar_like(a, b), a); }, py::is_operator())
+            "__rpow__", [](const Tensor& a, double b) { return pow(checked_scalar_like(a, b), a); }, py::is_operator())
         .def(
             "__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); }, py::is_operator())
         .def("__neg__", [](const Tensor& a) { return -a; });

@@ -1,6 +1,7 @@
 // What every backend does alike: the checks each kernel starts with and the setup of the matrix
 // products, before the device's own kernels (the do_ list, cpu/ and cuda/); the defaults of the
-// optional kernels; and the table of backends by device.
+// optional kernels; the wording of the bad values the kernels find (kernel_checks.hpp); and the
+// table of backends by device.
 #include "engine/backend/backend.hpp"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
+#include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 
 namespace relgrad {
@@ -187,6 +189,22 @@ void Backend::do_fused_attention_backward(const Tensor&, const Tensor&, const Te
     throw std::logic_error(std::string("fused_attention_backward: the ") + name() + " backend has no fused kernel");
 }
 
+// ---------------------------------------------------------------- the bad values kernels find
+
+std::string index_out_of_range(const char* kernel, int64_t index, int64_t dim, int64_t size) {
+    return std::string(kernel) + ": index " + std::to_string(index) + " is out of range for dim " +
+           std::to_string(dim) + " of size " + std::to_string(size);
+}
+
+std::string bucket_out_of_range(int64_t bucket, int64_t buckets) {
+    return "attention: bucket " + std::to_string(bucket) + " in the relative index is outside [0, " +
+           std::to_string(buckets) + ")";
+}
+
+std::string no_int64_value(double value) {
+    return "conversion to int64: " + std::to_string(value) + " has no int64 value";
+}
+
 // ---------------------------------------------------------------- the table of backends
 
 CpuBackend& guarded_cpu_backend() {
@@ -212,7 +230,9 @@ Backend& backend_for(Device device) {
 #ifdef RELGRAD_HAVE_CUDA
             return cuda::gpu_backend();
 #else
-            throw std::runtime_error("no usable CUDA device: this relgrad is built without CUDA (RELGRAD_CUDA=OFF)");
+            throw std::runtime_error(
+                "no usable CUDA device: this relgrad is built without its CUDA backend (RELGRAD_CUDA=OFF, or AUTO "
+                "where no nvcc was found)");
 #endif
     }
     throw std::invalid_argument(std::string("no backend is built for the ") + device_name(device) +

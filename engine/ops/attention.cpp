@@ -16,7 +16,6 @@
 // gather_r(X)[i, j] = X[i, r(i, j)] and bucket_sum_r(Y)[i, r] = sum_{j: r(i,j)=r} Y[i, j] are each
 // other's adjoints; both are folded into the two backend row kernels, attention_softmax (which
 // also returns W) and attention_softmax_backward (which also returns dQE).
-#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -170,11 +169,11 @@ static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t Lq = q.size(2), Lk = k.size(2);
     RelativeTerms relative;
     if (rel.table_k.defined()) {
-        std::vector<double> bucket(Lq * Lk);  // r(i, j) = clip(j - (query_offset + i), -k_left, k_right) + k_left
+        std::vector<double> bucket(Lq * Lk);  // r(i, j)
         for (int64_t i = 0; i < Lq; ++i) {
             for (int64_t j = 0; j < Lk; ++j) {
                 const int64_t distance = j - (pattern.query_offset + i);
-                bucket[i * Lk + j] = static_cast<double>(std::clamp(distance, -rel.k_left, rel.k_right) + rel.k_left);
+                bucket[i * Lk + j] = static_cast<double>(clipped_bucket(distance, rel.k_left, rel.k_right));
             }
         }
         relative = {rel.table_k, rel.table_v, from_vector(bucket, {Lq, Lk}, DType::int64, q.device())};

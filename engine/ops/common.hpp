@@ -30,13 +30,10 @@ inline void require_same_device(const std::vector<Tensor>& tensors, const char* 
     }
 }
 
-// A 0-d tensor of t's dtype, on t's device.
-inline Tensor like_scalar(double value, const Tensor& t) { return scalar(value, t.dtype(), t.device()); }
-
 // 1 where x == value, else 0, in x's dtype (no autograd: used inside backward functions).
 inline Tensor equals(const Tensor& x, double value) {
     Tensor out = empty(x.shape(), x.dtype(), x.device());
-    backend_for(x.device()).binary(BinaryOp::equal, x, like_scalar(value, x), out);
+    backend_for(x.device()).binary(BinaryOp::equal, x, scalar_like(x, value), out);
     return out;
 }
 

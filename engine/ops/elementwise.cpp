@@ -100,8 +100,8 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
     return record(
         y, "pow", {a, b}, [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
-            const Tensor zero = like_scalar(0, g);
-            const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, like_scalar(1, b))))));
+            const Tensor zero = scalar_like(g, 0);
+            const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1))))));
             const Tensor db =
                 exponent_needs_grad ? sum_to(where(equals(a, 0), zero, mul(g, mul(y, log(a)))), b.shape()) : Tensor();
             return std::vector<Tensor>{sum_to(da, a.shape()), db};
@@ -115,7 +115,7 @@ Tensor pow(const Tensor& x, double p) {
     Tensor y = unary_kernel(UnaryOp::pow_scalar, x, p);
     return record(y, "pow_scalar", {x}, [x = x.detach(), p](const Tensor& g) {
         if (p == 0) return std::vector<Tensor>{zeros_like(g)};
-        return std::vector<Tensor>{mul(g, mul(like_scalar(p, x), pow(x, p - 1)))};
+        return std::vector<Tensor>{mul(g, mul(scalar_like(x, p), pow(x, p - 1)))};
     });
 }
 
@@ -141,14 +141,14 @@ Tensor log(const Tensor& x) {
 Tensor sqrt(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::sqrt, x);
     return record(y, "sqrt", {x},
-                  [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, mul(like_scalar(2, y), y))}; });
+                  [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, mul(scalar_like(y, 2), y))}; });
 }
 
 // y = tanh(x)        dx = g (1 - y^2)
 Tensor tanh(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::tanh, x);
     return record(y, "tanh", {x}, [y = y.detach()](const Tensor& g) {
-        return std::vector<Tensor>{mul(g, sub(like_scalar(1, y), mul(y, y)))};
+        return std::vector<Tensor>{mul(g, sub(scalar_like(y, 1), mul(y, y)))};
     });
 }
 
@@ -156,7 +156,7 @@ Tensor tanh(const Tensor& x) {
 Tensor sigmoid(const Tensor& x) {
     Tensor y = unary_kernel(UnaryOp::sigmoid, x);
     return record(y, "sigmoid", {x}, [y = y.detach()](const Tensor& g) {
-        return std::vector<Tensor>{mul(g, mul(y, sub(like_scalar(1, y), y)))};
+        return std::vector<Tensor>{mul(g, mul(y, sub(scalar_like(y, 1), y)))};
     });
 }
 
@@ -195,7 +195,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     Tensor y = empty(shape, a.dtype(), a.device());
     backend_for(a.device()).where(cond, a, b, y);
     return record(y, "where", {a, b}, [cond = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) {
-        const Tensor zero = like_scalar(0, g);
+        const Tensor zero = scalar_like(g, 0);
         return std::vector<Tensor>{sum_to(where(cond, g, zero), sa), sum_to(where(cond, zero, g), sb)};
     });
 }
@@ -204,7 +204,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
     RELGRAD_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(), "masked_fill: mask of shape ",
                   shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(x.shape()));
-    return where(mask, like_scalar(value, x), x);
+    return where(mask, scalar_like(x, value), x);
 }
 
 // ---------------------------------------------------------------- operators
@@ -214,12 +214,12 @@ Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, double b) { return add(a, like_scalar(b, a)); }
-Tensor operator-(const Tensor& a, double b) { return sub(a, like_scalar(b, a)); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, like_scalar(b, a)); }
-Tensor operator/(const Tensor& a, double b) { return div(a, like_scalar(b, a)); }
-Tensor operator*(double a, const Tensor& b) { return mul(like_scalar(a, b), b); }
-Tensor mul(const Tensor& a, double b) { return mul(a, like_scalar(b, a)); }
-Tensor add(const Tensor& a, double b) { return add(a, like_scalar(b, a)); }
+Tensor operator+(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, scalar_like(a, b)); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
+Tensor operator/(const Tensor& a, double b) { return div(a, scalar_like(a, b)); }
+Tensor operator*(double a, const Tensor& b) { return mul(scalar_like(b, a), b); }
+Tensor mul(const Tensor& a, double b) { return mul(a, scalar_like(a, b)); }
+Tensor add(const Tensor& a, double b) { return add(a, scalar_like(a, b)); }
 
 }  // namespace relgrad

@@ -40,7 +40,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
     return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
         const Tensor dx = sub(g, mul(exp(y), sum(g, {dim}, true)));
-        return std::vector<Tensor>{where(equals(y, -std::numeric_limits<double>::infinity()), like_scalar(0, g), dx)};
+        return std::vector<Tensor>{where(equals(y, -std::numeric_limits<double>::infinity()), scalar_like(g, 0), dx)};
     });
 }
 
@@ -103,7 +103,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     Tensor ignored = empty_like(column);
     backend_for(column.device()).binary(BinaryOp::equal, column, ignore.to(column.device()), ignored);
     Tensor safe_target = empty_like(column);  // 0 where ignored (the where kernel: int64 has no autograd)
-    backend_for(column.device()).where(ignored, like_scalar(0, column), column, safe_target);
+    backend_for(column.device()).where(ignored, scalar_like(column, 0), column, safe_target);
     Tensor picked;
     try {
         picked = gather(log_softmax(logits, 1), 1, safe_target);
@@ -112,7 +112,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                                     ") and is not ignore_index " + std::to_string(ignore_index) + " (" + e.what() +
                                     ")");
     }
-    const Tensor kept_picked = where(ignored, like_scalar(0, logits), picked);
+    const Tensor kept_picked = where(ignored, scalar_like(logits, 0), picked);
     // -1/n in float64 (n at least 1), then in the logits' dtype
     const Tensor count = sum(equals(ignored.to(DType::float64), 0));
     const Tensor factor =

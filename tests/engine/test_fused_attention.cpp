@@ -113,10 +113,10 @@ void check_equals_bucketed(const Case& c) {
     }
 #endif
     check_same(run(c, true, DType::float64, 11, Device::guarded_cpu), fused, 0);
-    CpuBackend& guarded = guarded_cpu_backend();
-    guarded.offers_fused_attention = false;
-    const Result fallback = run(c, true, DType::float64, 11, Device::guarded_cpu);
-    guarded.offers_fused_attention = true;
+    const Result fallback = [&] {
+        const NoFusedAttentionGuard bucketed_only(guarded_cpu_backend());
+        return run(c, true, DType::float64, 11, Device::guarded_cpu);
+    }();
     check_same(fallback, bucketed, 0);
 }
 

@@ -3,13 +3,12 @@
 // The fused kernels are in fused_attention.cpp.
 #include <algorithm>
 #include <limits>
-#include <stdexcept>
-#include <string>
 #include <vector>
 
+#include "engine/backend/cpu/attention_rows.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/kernels.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/kernel_checks.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 
@@ -42,11 +41,7 @@ struct AttentionRows {
             const int64_t* r = device_data<int64_t>(index) + i * index.strides()[0];
             const int64_t step = index.strides()[1];
             for (int64_t j = 0; j < Lk; ++j) {
-                if (r[j * step] < 0 || r[j * step] >= buckets) {
-                    throw std::invalid_argument("attention: bucket " + std::to_string(r[j * step]) +
-                                                " in the relative index is outside [0, " + std::to_string(buckets) +
-                                                ")");
-                }
+                RELGRAD_CHECK(r[j * step] >= 0 && r[j * step] < buckets, bucket_out_of_range(r[j * step], buckets));
                 if (j == 0 || r[j * step] != runs_.back().bucket) runs_.push_back({j, j, r[j * step]});
                 runs_.back().end = j + 1;
             }

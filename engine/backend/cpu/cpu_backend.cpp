@@ -13,7 +13,7 @@ CpuBackend::CpuBackend(Device device) : Backend(device), allocator_(aligned_host
 
 bool CpuBackend::supports(OptionalKernel kernel) const {
     switch (kernel) {
-        case OptionalKernel::fused_attention: return offers_fused_attention;
+        case OptionalKernel::fused_attention: return offers_fused_attention_;
     }
     return false;
 }

@@ -3,7 +3,8 @@
 // binary, where), reduce.cpp (reduce, softmax_last_dim), gemm.cpp (batched_gemm and the one BLAS
 // call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
 // attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory.
-// The CUDA backend mirrors this layout.
+// The loops they share: strided_loops.hpp (xtensor views, multi-index walks, thread chunks) and
+// attention_rows.hpp (the SIMD row loops of both attentions). The CUDA backend mirrors this layout.
 //
 // The same class serves two devices: the cpu, and guarded_cpu, the CPU's kernels on memory of
 // their own that the host API refuses to touch (Tensor::data<T>() throws there; only to(),
@@ -25,9 +26,6 @@ class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(Device device);  // Device::cpu or Device::guarded_cpu
     bool supports(OptionalKernel kernel) const override;
-    // Whether it offers the fused attention kernels (on by default); off, the fused op must fall
-    // back to the bucketed one, which the tests check on the guarded device.
-    bool offers_fused_attention = true;
 
     CachingAllocator& allocator() override { return allocator_; }
     void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
@@ -57,11 +55,31 @@ private:
                                      const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
                                      Tensor& d_table_k, Tensor& d_table_v) override;
 
+    friend class NoFusedAttentionGuard;
+    bool offers_fused_attention_ = true;  // what supports(OptionalKernel::fused_attention) says
+
     CachingAllocator allocator_;  // each device its own memory, so its own memory_stats
 };
 
+// For the tests: while a NoFusedAttentionGuard lives, its backend offers no fused attention
+// kernels, so that the fused op must fall back to the bucketed one (which the tests check on the
+// guarded device); it is restored when the guard goes, however the test leaves its scope.
+class NoFusedAttentionGuard {
+public:
+    explicit NoFusedAttentionGuard(CpuBackend& backend) : backend_(backend), offered_(backend.offers_fused_attention_) {
+        backend_.offers_fused_attention_ = false;
+    }
+    ~NoFusedAttentionGuard() { backend_.offers_fused_attention_ = offered_; }
+    NoFusedAttentionGuard(const NoFusedAttentionGuard&) = delete;
+    NoFusedAttentionGuard& operator=(const NoFusedAttentionGuard&) = delete;
+
+private:
+    CpuBackend& backend_;
+    bool offered_;
+};
+
 // The backend of the guarded_cpu device (backend_for(Device::guarded_cpu)), for the tests that
-// switch its fused kernels off.
+// switch its fused kernels off (NoFusedAttentionGuard).
 CpuBackend& guarded_cpu_backend();
 
 namespace cpu {

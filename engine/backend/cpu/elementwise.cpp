@@ -3,7 +3,6 @@
 // compiler vectorizes for the packed common cases.
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include <xtensor/xeval.hpp>
@@ -12,7 +11,9 @@
 #include <xtensor/xoperation.hpp>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/cpu/strided_loops.hpp"
+#include "engine/backend/kernel_checks.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 
@@ -106,12 +107,7 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
             using S = decltype(src_tag);
             if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
                 // a float without an int64 value (NaN, +-inf, beyond +-2^63) is an error, not undefined behaviour
-                for (S v : xt::eval(input<S>(src, dst))) {
-                    if (!(v > S(-9.2e18) && v < S(9.2e18))) {
-                        throw std::invalid_argument("conversion to int64: " + std::to_string(v) +
-                                                    " has no int64 value");
-                    }
-                }
+                for (S v : xt::eval(input<S>(src, dst))) RELGRAD_CHECK(has_int64_value(v), no_int64_value(v));
             }
             auto d = strided<D>(dst);
             xt::noalias(d) = xt::cast<D>(input<S>(src, dst));

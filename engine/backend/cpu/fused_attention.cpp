@@ -33,8 +33,8 @@
 
 #include <omp.h>
 
+#include "engine/backend/cpu/attention_rows.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/kernels.hpp"
 
 namespace relgrad {
 namespace cpu {
@@ -101,7 +101,9 @@ struct Problem {
         const int64_t left_end = std::clamp(position - k_left + 1, j0, j1);        // r = 0 before it
         const int64_t right_begin = std::clamp(position + k_right, left_end, j1);  // r = K - 1 from it
         if (left_end > j0) run(0, left_end - j0, 0);
-        if (right_begin > left_end) diagonal(left_end - j0, right_begin - j0, left_end - position + k_left);
+        if (right_begin > left_end) {
+            diagonal(left_end - j0, right_begin - j0, clipped_bucket(left_end - position, k_left, k_right));
+        }
         if (right_begin < j1) run(right_begin - j0, j1 - j0, K - 1);
     }
     // s <- c (s + QE[i, r]) over the keys [j0, j1) of query i, the keys it may not see to -inf;

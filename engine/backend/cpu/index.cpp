@@ -1,7 +1,9 @@
 // The CPU's index kernels (engine/ops/index.cpp): reads and adds at integer positions, each index
 // checked against its dim as it is used.
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/cpu/strided_loops.hpp"
+#include "engine/backend/kernel_checks.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 
@@ -21,10 +23,7 @@ Shape only_at(int64_t rank, int64_t dim, int64_t stride) {
 }
 
 int64_t checked_index(int64_t i, int64_t size, const char* kernel, int64_t dim) {
-    if (i < 0 || i >= size) {
-        throw std::invalid_argument(std::string(kernel) + ": index " + std::to_string(i) + " is out of range for dim " +
-                                    std::to_string(dim) + " of size " + std::to_string(size));
-    }
+    RELGRAD_CHECK(i >= 0 && i < size, index_out_of_range(kernel, i, dim, size));
     return i;
 }
 

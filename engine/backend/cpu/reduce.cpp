@@ -10,7 +10,7 @@
 #include <xtensor/xreducer.hpp>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/cpu/loops.hpp"
+#include "engine/backend/cpu/strided_loops.hpp"
 
 namespace relgrad {
 

@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
+#include "engine/backend/kernel_checks.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -111,10 +113,7 @@ RelativeIndex relative_index(const Tensor& index, int64_t buckets) {
 
 void throw_if_bucket_error(const ErrorSlot& error, int64_t buckets) {
     const DeviceError bad = error.read();
-    if (bad.found) {
-        throw std::invalid_argument("attention: bucket " + std::to_string(bad.index) +
-                                    " in the relative index is outside [0, " + std::to_string(buckets) + ")");
-    }
+    RELGRAD_CHECK(!bad.found, bucket_out_of_range(bad.index, buckets));
 }
 
 }  // namespace

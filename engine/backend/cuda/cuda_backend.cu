@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 
 namespace relgrad {
@@ -161,11 +162,7 @@ DeviceError ErrorSlot::read() const {
 
 void ErrorSlot::throw_if_index_error(const char* kernel, int64_t dim) const {
     const DeviceError error = read();
-    if (error.found) {
-        throw std::invalid_argument(std::string(kernel) + ": index " + std::to_string(error.index) +
-                                    " is out of range for dim " + std::to_string(dim) + " of size " +
-                                    std::to_string(error.size));
-    }
+    RELGRAD_CHECK(!error.found, index_out_of_range(kernel, error.index, dim, error.size));
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE

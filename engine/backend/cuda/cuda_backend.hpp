@@ -144,7 +144,7 @@ struct Max {  // max of two; NaN when either is NaN
 
 // Bad input found by a kernel (an index out of range, a float without an int64 value): the kernel
 // stores it in device memory, the host reads it after the kernel and throws the same
-// std::invalid_argument as the CPU backend.
+// std::invalid_argument as the CPU backend, worded by kernel_checks.hpp.
 struct DeviceError {
     int64_t found = 0;            // 1 once a thread stored one (any of them: each stores the same kind)
     int64_t index = 0, size = 0;  // the index and the size of its dim (or the number of buckets)

@@ -3,10 +3,11 @@
 // (strided, broadcast with stride 0), so any view works without a copy.
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
+#include "engine/backend/kernel_checks.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -24,7 +25,7 @@ __global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_
     RELGRAD_FOR_EACH_INDEX(i, n) {
         const S v = src[offset_of(src_layout, i)];
         if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
-            if (!(v > S(-9.2e18) && v < S(9.2e18))) {
+            if (!has_int64_value(v)) {
                 report(error, i, n, static_cast<double>(v));
                 continue;
             }
@@ -130,9 +131,7 @@ void CudaBackend::do_copy(const Tensor& src, Tensor& dst) {
     });
     if (checked) {
         const DeviceError bad = error->read();
-        if (bad.found) {
-            throw std::invalid_argument("conversion to int64: " + std::to_string(bad.value) + " has no int64 value");
-        }
+        RELGRAD_CHECK(!bad.found, no_int64_value(bad.value));
     }
 }
 

@@ -28,6 +28,7 @@
 #include <limits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -77,8 +78,7 @@ struct Problem {
         return mask[b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2] + j * mask_strides[3]];
     }
     __device__ int64_t bucket(int64_t i, int64_t j) const {
-        const int64_t distance = j - (query_offset + i);
-        return (distance < -k_left ? -k_left : (distance > k_right ? k_right : distance)) + k_left;
+        return clipped_bucket(j - (query_offset + i), k_left, k_right);
     }
 };
 
@@ -264,10 +264,8 @@ Problem problem_of(const Tensor& q, const Tensor& k, const AttentionPattern& pat
     p.Lq = q.size(2);
     p.Lk = k.size(2);
     p.Dh = q.size(3);
-    if (p.Dh > kMaxHeadDim) {
-        throw std::invalid_argument(std::string(kernel) + ": head dim " + std::to_string(p.Dh) +
-                                    " (the cuda kernels take at most " + std::to_string(kMaxHeadDim) + ")");
-    }
+    RELGRAD_CHECK(p.Dh <= kMaxHeadDim, kernel, ": head dim ", p.Dh, " (the cuda kernels take at most ", kMaxHeadDim,
+                  ")");
     p.K = relative.table_k.defined() ? relative.table_k.size(1) : 0;
     p.k_left = relative.k_left;
     p.k_right = relative.k_right;
@@ -321,10 +319,8 @@ void table_gradient(bool per_head, int64_t B, int64_t H, int64_t Lq, int64_t K, 
 }
 
 dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel) {
-    if (batch_heads > 65535) {
-        throw std::invalid_argument(std::string(kernel) + ": " + std::to_string(batch_heads) +
-                                    " (batch, head) pairs; the cuda kernels take at most 65535");
-    }
+    RELGRAD_CHECK(batch_heads <= 65535, kernel, ": ", batch_heads,
+                  " (batch, head) pairs; the cuda kernels take at most 65535");
     return dim3(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows), static_cast<unsigned>(batch_heads));
 }
 

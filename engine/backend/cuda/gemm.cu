@@ -79,33 +79,49 @@ template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, co
 template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
                                  const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
 
+namespace {
+
+// A run of batch entries whose offsets step evenly: entries [first, first + count), each `step`
+// elements on from the one before in a, b and out. One strided batched call does a run.
+struct EvenRun {
+    std::size_t first, count;
+    std::array<int64_t, 3> step;
+};
+
+// The batch cut into runs from the front, each as long as the offsets keep its step.
+std::vector<EvenRun> even_runs(const std::vector<std::array<int64_t, 3>>& offsets) {
+    std::vector<EvenRun> runs;
+    std::size_t first = 0;
+    while (first < offsets.size()) {
+        std::size_t last = first + 1;
+        std::array<int64_t, 3> step{0, 0, 0};
+        if (last < offsets.size()) {
+            for (int k = 0; k < 3; ++k) step[k] = offsets[last][k] - offsets[first][k];
+            auto steps_evenly = [&](std::size_t i) {
+                for (int k = 0; k < 3; ++k)
+                    if (offsets[i][k] - offsets[i - 1][k] != step[k]) return false;
+                return true;
+            };
+            while (last < offsets.size() && steps_evenly(last)) ++last;
+        }
+        runs.push_back({first, last - first, step});
+        first = last;
+    }
+    return runs;
+}
+
+}  // namespace
+
 void CudaBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
-    const int64_t M = products.M, N = products.N, K = products.K;
     const BlasOperand &la = products.a_operand, &lb = products.b_operand;
-    const std::vector<std::array<int64_t, 3>>& offsets = products.offsets;
     dispatch_floating(products.a.dtype(), "matmul", [&](auto tag) {
         using T = decltype(tag);
-        const T* pa = device_data<T>(products.a);
-        const T* pb = device_data<T>(products.b);
-        T* pc = device_data<T>(out);
-        // runs of entries whose offsets step evenly go to one strided batched call each
-        std::size_t first = 0;
-        while (first < offsets.size()) {
-            std::size_t last = first + 1;
-            std::array<int64_t, 3> step{0, 0, 0};
-            if (last < offsets.size()) {
-                for (int k = 0; k < 3; ++k) step[k] = offsets[last][k] - offsets[first][k];
-                auto steps_evenly = [&](std::size_t i) {
-                    for (int k = 0; k < 3; ++k)
-                        if (offsets[i][k] - offsets[i - 1][k] != step[k]) return false;
-                    return true;
-                };
-                while (last < offsets.size() && steps_evenly(last)) ++last;
-            }
-            const auto& o = offsets[first];
-            gemm_batch<T>(la.transposed, lb.transposed, M, N, K, T(1), pa + o[0], la.leading_dim, step[0], pb + o[1],
-                          lb.leading_dim, step[1], T(0), pc + o[2], N, step[2], static_cast<int64_t>(last - first));
-            first = last;
+        for (const EvenRun& run : even_runs(products.offsets)) {
+            const auto& o = products.offsets[run.first];
+            gemm_batch<T>(la.transposed, lb.transposed, products.M, products.N, products.K, T(1),
+                          device_data<T>(products.a) + o[0], la.leading_dim, run.step[0],
+                          device_data<T>(products.b) + o[1], lb.leading_dim, run.step[1], T(0),
+                          device_data<T>(out) + o[2], products.N, run.step[2], static_cast<int64_t>(run.count));
         }
     });
 }

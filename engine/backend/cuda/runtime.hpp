@@ -3,9 +3,12 @@
 // Every file of engine/backend/cuda/ is compiled twice: by nvcc for the GPU (namespace
 // relgrad::cuda, into the engine when RELGRAD_CUDA is on), and by the host compiler with
 // RELGRAD_CUDA_EMULATION for the emulated device of the test build (namespace
-// relgrad::cuda_emulated, emulator.hpp). This header is the one place the two differ: kernel
-// launches, device memory, the device's size, and the matrix products (cuBLAS on a GPU, the CPU's
-// BLAS in the emulator).
+// relgrad::cuda_emulated, emulator.hpp). The kernels are one source; the two builds differ in
+// this header (kernel launches, shared memory, the math functions, the block size) and in the two
+// definitions of what it declares below: the device's memory and size (cuda_backend.cu: the CUDA
+// runtime, or host memory) and the matrix products (gemm.cu: cuBLAS on a GPU, the CPU's BLAS in
+// the emulator). RELGRAD_HOST_DEVICE (engine/host_device.hpp) is __host__ __device__ for nvcc
+// alone.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
-// Helpers shared by the CPU kernel files: xtensor views of a tensor's strided memory, a walk over
-// every multi-index, and the split of flat work between threads.
+// The CPU kernels' loops over strided tensors: xtensor views of a tensor's strided memory (strided,
+// input), a walk over every multi-index with its offsets under several strides (walk), and the
+// split of flat work between threads (in_chunks).
 #pragma once
 
 #include <array>
@@ -44,7 +45,7 @@ auto input(const Tensor& t, const Tensor& out) {
 }
 
 // Visits every multi-index of `shape` in C order and calls fn(offsets), where offsets[k] is the
-// element offset of that multi-index under strides[k]. Used by the index kernels.
+// element offset of that multi-index under strides[k]. Used by the index kernels and copy.
 template <std::size_t N, class F>
 void walk(const Shape& shape, const std::array<Shape, N>& strides, F&& fn) {
     const int64_t total = shape_numel(shape);
