@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/attention_pattern.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
@@ -95,8 +96,7 @@ Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int6
     std::vector<double> r(query_len * key_len);
     for (int64_t i = 0; i < query_len; ++i) {
         for (int64_t j = 0; j < key_len; ++j) {
-            const int64_t distance = j - (i + query_offset);
-            r[i * key_len + j] = static_cast<double>(std::clamp(distance, -k_left, k_right) + k_left);
+            r[i * key_len + j] = static_cast<double>(clipped_bucket(j - (i + query_offset), k_left, k_right));
         }
     }
     return from_vector(r, {query_len, key_len}, DType::int64, (rank == 0 ? weight : weight_a).device());
