@@ -109,6 +109,7 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, x, mask); };
         run.module = std::move(attention);
         run.model_dim = dim;
+        run.takes_mask = true;
     } else if (type == "sinusoidal") {
         const int64_t dim = spec.size("dim");
         run = run_of(std::make_unique<SinusoidalPositionalEncoding>(dim), dim, -1);
@@ -141,13 +142,12 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, mask); };
         run.module = std::move(layer);
         run.model_dim = o.dim;
+        run.takes_mask = true;
     } else {
         r.fail("type",
                "a layer type: attention, relative_attention, gated_attention, sinusoidal, learned_positions, "
                "linear, layer_norm, feed_forward or encoder_layer");
     }
-    run.takes_mask = type == "attention" || type == "relative_attention" || type == "gated_attention" ||
-                     type == "encoder_layer";
     run.dtype = dtype;
     run.module->eval();
     return run;

@@ -1,6 +1,5 @@
 #include "layers/position.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>

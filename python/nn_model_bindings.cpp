@@ -51,19 +51,26 @@ py::dict options_dict(const TransformerOptions& options, Scope scope) {
     return fields.dict;
 }
 
+// A block's constructor from keyword options, and its .options, the same for both blocks.
+template <class Block>
+void bind_block_options(LayerClass<Block>& block, const char* summary) {
+    block
+        .def(py::init([](const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 return std::make_unique<Block>(transformer_options(b.fields, Scope::block), b.init());
+             }),
+             transformer_doc(summary, Scope::block))
+        .def_property_readonly(
+            "options", [](const Block& layer) { return options_dict(layer.options, Scope::block); },
+            "the options it was built with, every default filled in");
+}
+
 }  // namespace
 
 void bind_models(py::module_& nn) {
     LayerClass<EncoderLayer> encoder_layer(nn, "EncoderLayer", "x + attention(norm1(x)), then x + ff(norm2(x))");
+    bind_block_options(encoder_layer, "x + attention(norm1(x)), then x + ff(norm2(x))");
     encoder_layer
-        .def(py::init([](const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<EncoderLayer>(transformer_options(b.fields, Scope::block), b.init());
-             }),
-             transformer_doc("x + attention(norm1(x)), then x + ff(norm2(x))", Scope::block))
-        .def_property_readonly(
-            "options", [](const EncoderLayer& layer) { return options_dict(layer.options, Scope::block); },
-            "the options it was built with, every default filled in")
         .def(
             "__call__",
             [](EncoderLayer& layer, const Tensor& x, const std::optional<Tensor>& mask, int64_t query_offset) {
@@ -78,15 +85,8 @@ void bind_models(py::module_& nn) {
     child(encoder_layer, "feed_forward", &EncoderLayer::feed_forward);
 
     LayerClass<DecoderLayer> decoder_layer(nn, "DecoderLayer", "causal self-attention, cross-attention, feed-forward");
+    bind_block_options(decoder_layer, "causal self-attention, cross-attention, feed-forward");
     decoder_layer
-        .def(py::init([](const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<DecoderLayer>(transformer_options(b.fields, Scope::block), b.init());
-             }),
-             transformer_doc("causal self-attention, cross-attention, feed-forward", Scope::block))
-        .def_property_readonly(
-            "options", [](const DecoderLayer& layer) { return options_dict(layer.options, Scope::block); },
-            "the options it was built with, every default filled in")
         .def(
             "__call__",
             [](DecoderLayer& layer, const Tensor& x, const Tensor& memory, const std::optional<Tensor>& self_mask,
