@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
         ->check(whole_number_in(1, 1024));
     std::string device_choice;
     app.add_option("--device", device_choice,
-                   "where every command computes: cpu (default), guarded_cpu (the CPU kernels as a device) or cuda "
-                   "(train: overrides training.device)");
+                   "where every command computes: " + relgrad::names_in_words(relgrad::device_names) +
+                       " (default cpu; docs/engine.md#devices; train: overrides training.device)");
     std::string filter;
     std::string config_path, out_dir_override;
     std::vector<std::string> overrides;

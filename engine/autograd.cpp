@@ -6,6 +6,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
@@ -110,17 +111,12 @@ static Tensor owned(const Tensor& g) {
 }
 
 void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph) {
-    if (!root.requires_grad()) {
-        throw std::invalid_argument("backward: the tensor of shape " + shape_str(root.shape()) +
-                                    " does not require a gradient (no input of it did)");
-    }
+    RELGRAD_CHECK(root.requires_grad(), "backward: the tensor of shape ", shape_str(root.shape()),
+                  " does not require a gradient (no input of it did)");
     Tensor seed = gradient;
     if (!seed.defined()) {
-        if (root.numel() != 1) {
-            throw std::invalid_argument("backward: the tensor has shape " + shape_str(root.shape()) +
-                                        "; only a single-element tensor gets the implicit gradient 1, so pass a "
-                                        "gradient of that shape");
-        }
+        RELGRAD_CHECK(root.numel() == 1, "backward: the tensor has shape ", shape_str(root.shape()),
+                      "; only a single-element tensor gets the implicit gradient 1, so pass a gradient of that shape");
         seed = ones(root.shape(), root.dtype(), root.device());
     } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype() || seed.device() != root.device()) {
         throw std::invalid_argument("backward: the gradient has shape " + shape_str(seed.shape()) + " (" +

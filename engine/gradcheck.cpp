@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
@@ -40,7 +41,7 @@ std::vector<Tensor> analytic_gradients(const Function& f, const std::vector<Tens
         if (checked[i]) Tensor(leaves[i]).zero_grad();
     }
     const Tensor y = f(leaves);
-    if (!y.requires_grad()) throw std::invalid_argument("gradcheck: the output does not depend on any checked input");
+    RELGRAD_CHECK(y.requires_grad(), "gradcheck: the output does not depend on any checked input");
     y.backward(cotangent);
     std::vector<Tensor> grads;
     for (std::size_t i = 0; i < leaves.size(); ++i) {
@@ -106,10 +107,8 @@ GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, 
     std::vector<bool> checked;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
         const bool wants_grad = inputs[i].requires_grad();
-        if (wants_grad && inputs[i].dtype() != DType::float64) {
-            throw std::invalid_argument("gradcheck: input " + std::to_string(i) + " is " +
-                                        dtype_name(inputs[i].dtype()) + "; gradient checks need float64");
-        }
+        RELGRAD_CHECK(!wants_grad || inputs[i].dtype() == DType::float64, "gradcheck: input ", i, " is ",
+                      dtype_name(inputs[i].dtype()), "; gradient checks need float64");
         checked.push_back(wants_grad);
         if (!wants_grad) {
             leaves.push_back(inputs[i]);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 
@@ -68,25 +69,20 @@ AdamW::AdamW(std::vector<Tensor> parameters, const AdamWOptions& options)
 
 AdamW::AdamW(std::vector<ParameterGroup> groups, const AdamWOptions& options)
     : groups_(std::move(groups)), options_(options) {
-    if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1) ||
-        !(options.eps > 0) || !(options.weight_decay >= 0)) {
-        throw std::invalid_argument("AdamW: needs 0 <= beta1, beta2 < 1, eps > 0 and weight_decay >= 0");
-    }
+    RELGRAD_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1 &&
+                      options.eps > 0 && options.weight_decay >= 0,
+                  "AdamW: needs 0 <= beta1, beta2 < 1, eps > 0 and weight_decay >= 0");
     std::map<const TensorImpl*, std::size_t> group_of;  // a parameter listed twice would be updated twice a step
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-        if (!(groups_[g].lr_scale > 0) || !std::isfinite(groups_[g].lr_scale) || !(groups_[g].weight_decay >= 0) ||
-            !std::isfinite(groups_[g].weight_decay)) {
-            throw std::invalid_argument("AdamW: group " + std::to_string(g) +
-                                        " needs a finite lr_scale > 0 and a finite weight_decay >= 0");
-        }
+        RELGRAD_CHECK(groups_[g].lr_scale > 0 && std::isfinite(groups_[g].lr_scale) && groups_[g].weight_decay >= 0 &&
+                          std::isfinite(groups_[g].weight_decay),
+                      "AdamW: group ", g, " needs a finite lr_scale > 0 and a finite weight_decay >= 0");
         for (const Tensor& p : groups_[g].parameters) {
             const auto [listed, first_time] = group_of.emplace(p.impl(), g);
-            if (!first_time) {
-                throw std::invalid_argument(listed->second == g
-                                                ? "AdamW: a parameter is listed twice in group " + std::to_string(g)
-                                                : "AdamW: a parameter is in groups " + std::to_string(listed->second) +
-                                                      " and " + std::to_string(g));
-            }
+            RELGRAD_CHECK(first_time, "AdamW: a parameter is ",
+                          listed->second == g
+                              ? "listed twice in group " + std::to_string(g)
+                              : "in groups " + std::to_string(listed->second) + " and " + std::to_string(g));
             m_.push_back(zeros_like(p));
             v_.push_back(zeros_like(p));
         }
@@ -102,10 +98,8 @@ void AdamW::step(double lr) {
 // The update in place, written with the engine's ops on detached tensors: the parameters are
 // leaves, and nothing here is recorded.
 void AdamW::step(const std::vector<double>& group_lrs) {
-    if (group_lrs.size() != groups_.size()) {
-        throw std::invalid_argument("AdamW::step: " + std::to_string(group_lrs.size()) + " learning rates for " +
-                                    std::to_string(groups_.size()) + " parameter groups");
-    }
+    RELGRAD_CHECK(group_lrs.size() == groups_.size(), "AdamW::step: ", group_lrs.size(), " learning rates for ",
+                  groups_.size(), " parameter groups");
     NoGradGuard no_grad;
     ++step_;
     const double b1 = options_.beta1, b2 = options_.beta2;
@@ -197,7 +191,7 @@ double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmu
 }
 
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
-    if (!(max_norm > 0)) throw std::invalid_argument("clip_grad_norm: max_norm must be positive");
+    RELGRAD_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive");
     NoGradGuard no_grad;
     double total = 0;
     for (const Tensor& p : parameters) {

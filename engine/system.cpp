@@ -6,6 +6,8 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "engine/check.hpp"
+
 namespace relgrad {
 
 namespace fs = std::filesystem;
@@ -19,14 +21,13 @@ fs::path with_suffix(const fs::path& dir, const char* suffix) { return dir.strin
 std::string read_file(const fs::path& path, const std::string& what) {
     std::error_code error;
     const fs::file_status status = fs::status(path, error);
-    if (!fs::exists(status)) throw std::invalid_argument(path.string() + ": missing, expected " + what);
-    if (fs::is_directory(status)) throw std::invalid_argument(path.string() + ": is a directory, expected " + what);
-    if (!fs::is_regular_file(status))
-        throw std::invalid_argument(path.string() + ": not a regular file, expected " + what);
+    RELGRAD_CHECK(fs::exists(status), path.string(), ": missing, expected ", what);
+    RELGRAD_CHECK(!fs::is_directory(status), path.string(), ": is a directory, expected ", what);
+    RELGRAD_CHECK(fs::is_regular_file(status), path.string(), ": not a regular file, expected ", what);
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::invalid_argument(path.string() + ": cannot open, expected " + what);
+    RELGRAD_CHECK(in, path.string(), ": cannot open, expected ", what);
     std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad()) throw std::invalid_argument(path.string() + ": read failed, expected " + what);
+    RELGRAD_CHECK(!in.bad(), path.string(), ": read failed, expected ", what);
     return text;
 }
 

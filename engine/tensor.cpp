@@ -10,6 +10,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 
 namespace relgrad {
 
@@ -41,10 +42,8 @@ int64_t shape_numel(const Shape& shape) {
     constexpr int64_t kMaxElements = int64_t{1} << 56;  // so that a byte count cannot overflow either
     int64_t count = 1;
     for (int64_t s : shape) {
-        if (s < 0) throw std::invalid_argument("shape " + shape_str(shape) + " has a negative size");
-        if (s != 0 && count > kMaxElements / s) {
-            throw std::invalid_argument("shape " + shape_str(shape) + " has too many elements");
-        }
+        RELGRAD_CHECK(s >= 0, "shape ", shape_str(shape), " has a negative size");
+        RELGRAD_CHECK(s == 0 || count <= kMaxElements / s, "shape ", shape_str(shape), " has too many elements");
         count *= s;
     }
     return count;
@@ -59,9 +58,8 @@ Shape contiguous_strides(const Shape& shape) {
         strides[i] = stride;
         if (i == 0) break;  // the stride past the first dim is never used
         const int64_t size = std::max<int64_t>(shape[i], 1);
-        if (stride > std::numeric_limits<int64_t>::max() / size) {
-            throw std::invalid_argument("shape " + shape_str(shape) + " is too large: its strides overflow int64");
-        }
+        RELGRAD_CHECK(stride <= std::numeric_limits<int64_t>::max() / size, "shape ", shape_str(shape),
+                      " is too large: its strides overflow int64");
         stride *= size;
     }
     return strides;
@@ -69,10 +67,7 @@ Shape contiguous_strides(const Shape& shape) {
 
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* op) {
     const int64_t wrapped = dim < 0 ? dim + rank : dim;
-    if (wrapped < 0 || wrapped >= rank) {
-        throw std::invalid_argument(std::string(op) + ": dim " + std::to_string(dim) +
-                                    " is out of range for a tensor of rank " + std::to_string(rank));
-    }
+    RELGRAD_CHECK(wrapped >= 0 && wrapped < rank, op, ": dim ", dim, " is out of range for a tensor of rank ", rank);
     return wrapped;
 }
 
@@ -142,15 +137,9 @@ template bool* Tensor::data<bool>() const;
 bool Tensor::requires_grad() const { return checked().requires_grad; }
 
 Tensor& Tensor::requires_grad_(bool value) {
-    if (!is_leaf()) {
-        throw std::invalid_argument(
-            "requires_grad_: only a leaf tensor's flag can be set; use "
-            "detach() to make a leaf");
-    }
-    if (value && !is_floating(dtype())) {
-        throw std::invalid_argument(std::string("requires_grad_: a ") + dtype_name(dtype()) +
-                                    " tensor cannot require a gradient");
-    }
+    RELGRAD_CHECK(is_leaf(), "requires_grad_: only a leaf tensor's flag can be set; use detach() to make a leaf");
+    RELGRAD_CHECK(!value || is_floating(dtype()), "requires_grad_: a ", dtype_name(dtype()),
+                  " tensor cannot require a gradient");
     impl_->requires_grad = value;
     return *this;
 }
@@ -206,16 +195,12 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()
 Tensor scalar_like(const Tensor& t, double value) { return scalar(value, t.dtype(), t.device()); }
 
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype, Device device) {
-    if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
-        throw std::invalid_argument("from_vector: " + std::to_string(values.size()) + " values given for shape " +
-                                    shape_str(shape) + " (" + std::to_string(shape_numel(shape)) + " elements)");
-    }
+    RELGRAD_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ", values.size(),
+                  " values given for shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
     if (dtype == DType::int64) {
         // a float without an int64 value (NaN, +-inf, beyond +-2^63) is an error, not undefined behaviour
         for (double v : values) {
-            if (!(v > -9.2e18 && v < 9.2e18)) {
-                throw std::invalid_argument("from_vector: " + std::to_string(v) + " has no int64 value");
-            }
+            RELGRAD_CHECK(v > -9.2e18 && v < 9.2e18, "from_vector: ", std::to_string(v), " has no int64 value");
         }
     }
     Tensor source = empty(shape, DType::float64);
@@ -224,7 +209,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType 
 }
 
 Tensor arange(int64_t n, DType dtype, Device device) {
-    if (n < 0) throw std::invalid_argument("arange: negative length " + std::to_string(n));
+    RELGRAD_CHECK(n >= 0, "arange: negative length ", n);
     std::vector<double> values(n);
     std::iota(values.begin(), values.end(), 0.0);
     return from_vector(values, {n}, dtype, device);

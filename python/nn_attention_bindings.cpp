@@ -18,35 +18,23 @@ struct RelativeLayerOptions {
     bool token_gate = false;
 };
 
-template <class Fields>
-void describe(Fields& f, RelativeLayerOptions& o, bool gated) {
-    relative_option_fields(f, o.relative);
-    attention_form_field(f, o.impl);
-    if (gated) token_gate_field(f, o.token_gate);
-}
-
-RelativeLayerOptions relative_layer_options(KwargsFields& fields, bool gated) {
-    RelativeLayerOptions o;
-    describe(fields, o, gated);
-    fields.finish();
-    return o;
-}
-
-const char* relative_layer_doc(const std::string& summary, bool gated) {
-    return options_doc(summary, [gated](OptionDocs& docs) {
-        RelativeLayerOptions o;
-        describe(docs, o, gated);
-    });
-}
+// Their description; the gated layer's has the token gate too.
+struct RelativeLayerDescription {
+    bool gated;
+    template <class Fields>
+    void operator()(Fields& f, RelativeLayerOptions& o) const {
+        relative_option_fields(f, o.relative);
+        attention_form_field(f, o.impl);
+        if (gated) token_gate_field(f, o.token_gate);
+    }
+};
 
 }  // namespace
 
 void bind_attention(py::module_& nn) {
     LayerClass<MultiHeadAttention> mha(nn, "MultiHeadAttention", "Scaled dot-product attention over H heads");
     mha.def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                LayerKwargs b(kwargs);
-                 b.fields.finish();
-                return std::make_unique<MultiHeadAttention>(dim, heads, b.init());
+                return std::make_unique<MultiHeadAttention>(dim, heads, seed_and_dtype(kwargs).init());
             }),
             py::arg("dim"), py::arg("heads"))
         .def(
@@ -75,10 +63,12 @@ void bind_attention(py::module_& nn) {
     relative_mha
         .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
                  LayerKwargs b(kwargs);
-                 const RelativeLayerOptions o = relative_layer_options(b.fields, false);
+                 const RelativeLayerOptions o =
+                     read_options<RelativeLayerOptions>(b.fields, RelativeLayerDescription{false});
                  return std::make_unique<RelativeMultiHeadAttention>(dim, heads, o.relative, o.impl, b.init());
              }),
-             py::arg("dim"), py::arg("heads"), relative_layer_doc("Shaw's relative attention", false))
+             py::arg("dim"), py::arg("heads"),
+             options_doc<RelativeLayerOptions>("Shaw's relative attention", RelativeLayerDescription{false}))
         .def_property(
             "impl",
             [](const RelativeMultiHeadAttention& layer) { return std::string(attention_impl_name(layer.impl)); },
@@ -95,11 +85,14 @@ void bind_attention(py::module_& nn) {
     gated
         .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
                  LayerKwargs b(kwargs);
-                 const RelativeLayerOptions o = relative_layer_options(b.fields, true);
+                 const RelativeLayerOptions o =
+                     read_options<RelativeLayerOptions>(b.fields, RelativeLayerDescription{true});
                  return std::make_unique<GatedPositionAttention>(dim, heads, o.relative, o.impl, o.token_gate,
                                                                  b.init());
              }),
-             py::arg("dim"), py::arg("heads"), relative_layer_doc("Relative and absolute terms mixed by a gate", true))
+             py::arg("dim"), py::arg("heads"),
+             options_doc<RelativeLayerOptions>("Relative and absolute terms mixed by a gate",
+                                               RelativeLayerDescription{true}))
         .def("gate_values", &GatedPositionAttention::gate_values, "g per head: 1 = relative, 0 = absolute")
         .def_property_readonly(
             "gate", [](const GatedPositionAttention& l) { return l.gate; }, "lambda [H]")

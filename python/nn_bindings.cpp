@@ -60,6 +60,9 @@ void load_state_dict(Module& module, const py::dict& state) {
     for (std::size_t i = 0; i < values.size(); ++i) Tensor(parameters[i].second).copy_(values[i]);
 }
 
+// RelativePositionEmbedding's keyword options: Shaw's, as their description has them
+constexpr auto describe_relative = [](auto& fields, RelativeOptions& o) { relative_option_fields(fields, o); };
+
 }  // namespace
 
 void bind_nn(py::module_& m) {
@@ -116,9 +119,7 @@ void bind_nn(py::module_& m) {
     LayerClass<Linear> linear(nn, "Linear", "y = x W^T + b, W [out, in], b [out]");
     linear
         .def(py::init([](int64_t in_features, int64_t out_features, bool bias, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 b.fields.finish();
-                 return std::make_unique<Linear>(in_features, out_features, b.init(), bias);
+                 return std::make_unique<Linear>(in_features, out_features, seed_and_dtype(kwargs).init(), bias);
              }),
              py::arg("in_features"), py::arg("out_features"), py::arg("bias") = true)
         .def("__call__", &Linear::forward, py::arg("x"))
@@ -130,9 +131,7 @@ void bind_nn(py::module_& m) {
     LayerClass<Embedding> embedding_layer(nn, "Embedding", "y = weight[ids], weight [V, D]");
     embedding_layer
         .def(py::init([](int64_t num_embeddings, int64_t dim, double init_std, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 b.fields.finish();
-                 return std::make_unique<Embedding>(num_embeddings, dim, b.init(), init_std);
+                 return std::make_unique<Embedding>(num_embeddings, dim, seed_and_dtype(kwargs).init(), init_std);
              }),
              py::arg("num_embeddings"), py::arg("dim"), py::arg("init_std") = 0.02)
         .def("__call__", &Embedding::forward, py::arg("ids"));
@@ -142,9 +141,7 @@ void bind_nn(py::module_& m) {
                                            "(x - mean) / sqrt(var + eps) * weight + bias, over the last dim");
     layer_norm_layer
         .def(py::init([](int64_t dim, double eps, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 b.fields.finish();
-                 return std::make_unique<LayerNorm>(dim, b.init(), eps);
+                 return std::make_unique<LayerNorm>(dim, seed_and_dtype(kwargs).init(), eps);
              }),
              py::arg("dim"), py::arg("eps") = 1e-5)
         .def("__call__", &LayerNorm::forward, py::arg("x"));
@@ -159,9 +156,7 @@ void bind_nn(py::module_& m) {
     LayerClass<FeedForward> feed_forward(nn, "FeedForward", "fc2(dropout(gelu(fc1(x)))), D -> ff_dim -> D");
     feed_forward
         .def(py::init([](int64_t dim, int64_t ff_dim, double dropout_p, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 b.fields.finish();
-                 return std::make_unique<FeedForward>(dim, ff_dim, dropout_p, b.init());
+                 return std::make_unique<FeedForward>(dim, ff_dim, dropout_p, seed_and_dtype(kwargs).init());
              }),
              py::arg("dim"), py::arg("ff_dim"), py::arg("dropout") = 0.0)
         .def("__call__", &FeedForward::forward, py::arg("x"));
@@ -184,9 +179,7 @@ void bind_nn(py::module_& m) {
     LayerClass<LearnedPositionalEmbedding> learned(nn, "LearnedPositionalEmbedding", "x + weight[offset : offset + L]");
     learned
         .def(py::init([](int64_t max_positions, int64_t dim, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 b.fields.finish();
-                 return std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, b.init());
+                 return std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, seed_and_dtype(kwargs).init());
              }),
              py::arg("max_positions"), py::arg("dim"))
         .def("__call__", &LearnedPositionalEmbedding::forward, py::arg("x"), py::arg("offset") = 0);
@@ -198,15 +191,11 @@ void bind_nn(py::module_& m) {
     relative
         .def(py::init([](int64_t head_dim, int64_t heads, const py::kwargs& kwargs) {
                  LayerKwargs b(kwargs);
-                 RelativeOptions options;
-                 relative_option_fields(b.fields, options);
-                 b.fields.finish();
+                 const auto options = read_options<RelativeOptions>(b.fields, describe_relative);
                  return std::make_unique<RelativePositionEmbedding>(head_dim, heads, options, b.init());
              }),
-             py::arg("head_dim"), py::arg("heads") = 1, options_doc("Shaw's table E", [](OptionDocs& docs) {
-                 RelativeOptions o;
-                 relative_option_fields(docs, o);
-             }))
+             py::arg("head_dim"), py::arg("heads") = 1,
+             options_doc<RelativeOptions>("Shaw's table E", describe_relative))
         .def("index", &RelativePositionEmbedding::index, py::arg("query_len"), py::arg("key_len"),
              py::arg("query_offset") = 0, "r(i, j): int64 [Lq, Lk]")
         .def("table", &RelativePositionEmbedding::table, "[H or 1, K, Dh]")

@@ -22,46 +22,45 @@ std::vector<int64_t> lengths_or_full(const Lengths& lengths, const Tensor& ids) 
 
 enum class Scope { block, stack };  // what a block takes, or a whole stack (with the two extras)
 
-template <class Fields>
-void describe(Fields& f, TransformerOptions& o, Scope scope) {
-    if (scope == Scope::block) return block_option_fields(f, o);
-    transformer_option_fields(f, o);
-    gradient_checkpointing_field(f, o);
-    max_positions_field(f, o);
-}
+// The options a block or a stack takes, as their descriptions have them.
+struct TransformerDescription {
+    Scope scope;
+    template <class Fields>
+    void operator()(Fields& f, TransformerOptions& o) const {
+        if (scope == Scope::block) return block_option_fields(f, o);
+        transformer_option_fields(f, o);
+        gradient_checkpointing_field(f, o);
+        max_positions_field(f, o);
+    }
+};
 
-TransformerOptions transformer_options(KwargsFields& fields, Scope scope) {
-    TransformerOptions o;
-    describe(fields, o, scope);
-    fields.finish();
-    return o;
-}
-
-const char* transformer_doc(const std::string& summary, Scope scope) {
-    return options_doc(summary, [scope](OptionDocs& docs) {
-        TransformerOptions o;
-        describe(docs, o, scope);
+// The constructor of a layer or model built from its arguments, then TransformerOptions read from
+// keywords, then the Init: Model(args..., options, init).
+template <class Model, class... Args>
+auto init_with_options(Scope scope) {
+    return py::init([scope](Args... args, const py::kwargs& kwargs) {
+        LayerKwargs b(kwargs);
+        const auto options = read_options<TransformerOptions>(b.fields, TransformerDescription{scope});
+        return std::make_unique<Model>(args..., options, b.init());
     });
 }
 
-py::dict options_dict(const TransformerOptions& options, Scope scope) {
-    DictFields fields;
-    TransformerOptions copy = options;
-    describe(fields, copy, scope);
-    return fields.dict;
+const char* transformer_doc(const std::string& summary, Scope scope) {
+    return options_doc<TransformerOptions>(summary, TransformerDescription{scope});
 }
 
 // A block's constructor from keyword options, and its .options, the same for both blocks.
 template <class Block>
 void bind_block_options(LayerClass<Block>& block, const char* summary) {
-    block
-        .def(py::init([](const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<Block>(transformer_options(b.fields, Scope::block), b.init());
-             }),
-             transformer_doc(summary, Scope::block))
+    block.def(init_with_options<Block>(Scope::block), transformer_doc(summary, Scope::block))
         .def_property_readonly(
-            "options", [](const Block& layer) { return options_dict(layer.options, Scope::block); },
+            "options",
+            [](const Block& layer) {
+                DictFields fields;
+                TransformerOptions options = layer.options;
+                TransformerDescription{Scope::block}(fields, options);
+                return fields.dict;
+            },
             "the options it was built with, every default filled in");
 }
 
@@ -106,11 +105,8 @@ void bind_models(py::module_& nn) {
     LayerClass<TokenEmbedding> token_embedding(nn, "TokenEmbedding",
                                                "tokens(ids) sqrt(D) + absolute positions, dropout");
     token_embedding
-        .def(py::init([](int64_t vocab, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<TokenEmbedding>(vocab, transformer_options(b.fields, Scope::stack), b.init());
-             }),
-             py::arg("vocab"), transformer_doc("tokens(ids) sqrt(D) + absolute positions, dropout", Scope::stack))
+        .def(init_with_options<TokenEmbedding, int64_t>(Scope::stack), py::arg("vocab"),
+             transformer_doc("tokens(ids) sqrt(D) + absolute positions, dropout", Scope::stack))
         .def("__call__", &TokenEmbedding::forward, py::arg("ids"), py::arg("offset") = 0);
     child(token_embedding, "tokens", &TokenEmbedding::tokens);
 
@@ -122,10 +118,7 @@ void bind_models(py::module_& nn) {
     };
     LayerClass<Encoder> encoder(nn, "Encoder", "A stack of encoder layers with a final LayerNorm");
     encoder
-        .def(py::init([](const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<Encoder>(transformer_options(b.fields, Scope::stack), b.init());
-             }),
+        .def(init_with_options<Encoder>(Scope::stack),
              transformer_doc("A stack of encoder layers with a final LayerNorm", Scope::stack))
         .def(
             "__call__",
@@ -143,7 +136,7 @@ void bind_models(py::module_& nn) {
                  LayerKwargs b(kwargs);
                  Pooling pooling = Pooling::mean;
                  b.fields.named("pooling", pooling, pooling_names, Pooling::mean);  // as a config's model.pooling
-                 const TransformerOptions options = transformer_options(b.fields, Scope::stack);
+                 const auto options = read_options<TransformerOptions>(b.fields, TransformerDescription{Scope::stack});
                  return std::make_unique<SequenceClassifier>(vocab, classes, options, pooling, b.init());
              }),
              py::arg("vocab"), py::arg("classes"),
@@ -163,12 +156,8 @@ void bind_models(py::module_& nn) {
     LayerClass<CausalLanguageModel> language_model(nn, "CausalLanguageModel",
                                                    "ids [B, L] -> next-token logits [B, L, vocab]");
     language_model
-        .def(py::init([](int64_t vocab, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<CausalLanguageModel>(vocab, transformer_options(b.fields, Scope::stack),
-                                                              b.init());
-             }),
-             py::arg("vocab"), transformer_doc("ids [B, L] -> next-token logits [B, L, vocab]", Scope::stack))
+        .def(init_with_options<CausalLanguageModel, int64_t>(Scope::stack), py::arg("vocab"),
+             transformer_doc("ids [B, L] -> next-token logits [B, L, vocab]", Scope::stack))
         .def(
             "__call__",
             [](CausalLanguageModel& model, const Tensor& ids, const Lengths& lengths) {
@@ -186,12 +175,8 @@ void bind_models(py::module_& nn) {
     LayerClass<EncoderDecoder> encoder_decoder(nn, "EncoderDecoder",
                                                "source [B, Ls], target input [B, Lt] -> logits [B, Lt, target_vocab]");
     encoder_decoder
-        .def(py::init([](int64_t source_vocab, int64_t target_vocab, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 return std::make_unique<EncoderDecoder>(source_vocab, target_vocab,
-                                                         transformer_options(b.fields, Scope::stack), b.init());
-             }),
-             py::arg("source_vocab"), py::arg("target_vocab"),
+        .def(init_with_options<EncoderDecoder, int64_t, int64_t>(Scope::stack), py::arg("source_vocab"),
+             py::arg("target_vocab"),
              transformer_doc("source [B, Ls], target input [B, Lt] -> logits [B, Lt, target_vocab]", Scope::stack))
         .def(
             "__call__",

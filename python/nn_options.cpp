@@ -19,8 +19,7 @@ py::object KwargsFields::take(const char* key) {
     return kwargs_.contains(key) ? py::reinterpret_borrow<py::object>(kwargs_[key]) : py::none();
 }
 
-void KwargsFields::integer(const char* key, int64_t& value, int64_t low, int64_t high, int64_t fallback,
-                           const char*) {
+void KwargsFields::integer(const char* key, int64_t& value, int64_t low, int64_t high, int64_t fallback, const char*) {
     const std::string expected = integer_range_text(low, high);
     value = fallback;
     const py::object given = take(key);
@@ -74,6 +73,12 @@ const char* options_doc(const std::string& summary, const std::function<void(Opt
 LayerKwargs::LayerKwargs(const py::kwargs& kwargs) : fields(kwargs) {
     if (const py::object seed = fields.take("seed"); !seed.is_none()) gen = Generator(seed.cast<uint64_t>());
     if (const py::object given = fields.take("dtype"); !given.is_none()) dtype = dtype_from(given);
+}
+
+LayerKwargs seed_and_dtype(const py::kwargs& kwargs) {
+    LayerKwargs b(kwargs);
+    b.fields.finish();
+    return b;
 }
 
 }  // namespace relgrad::python

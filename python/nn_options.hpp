@@ -71,10 +71,32 @@ struct LayerKwargs {
     DType dtype = DType::float32;
 };
 
+// The keywords of a layer that takes no others than seed and dtype (any other is a TypeError), for
+// use within one expression, as its Init refers to the generator: Linear(..., seed_and_dtype(kwargs).init())
+LayerKwargs seed_and_dtype(const py::kwargs& kwargs);
+
 // A description's rows as a docstring, kept for the life of the module (pybind11 keeps the pointer):
 //     options_doc("summary", [](OptionDocs& d) { RelativeOptions o; relative_option_fields(d, o); })
 //     -> "summary\n\nKeyword options ...:\n  k: an integer in [0, 4096] (default 8): ..."
 const char* options_doc(const std::string& summary, const std::function<void(OptionDocs&)>& describe);
+
+// The same for a whole options struct, and the struct read from keywords (any keyword left over a
+// TypeError), where describe(fields, options) visits its options for any kind of fields, as the
+// descriptions in layers/ do: a generic lambda, or a struct with a template operator().
+template <class Options, class Describe>
+const char* options_doc(const std::string& summary, const Describe& describe) {
+    return options_doc(summary, [describe](OptionDocs& docs) {
+        Options options;
+        describe(docs, options);
+    });
+}
+template <class Options, class Describe>
+Options read_options(KwargsFields& fields, const Describe& describe) {
+    Options options;
+    describe(fields, options);
+    fields.finish();
+    return options;
+}
 
 // Writes options as a dict, as a description visits them (the layer's .options).
 class DictFields {

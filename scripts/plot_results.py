@@ -35,6 +35,14 @@ OUT = "docs/results"
 DATA = os.path.join(OUT, "data")
 
 
+def save(name, fig=None, dpi=120):
+    """Lays the figure out (the current one unless given) and writes it to OUT/name."""
+    fig = fig or plt.gcf()
+    fig.tight_layout()
+    fig.savefig(os.path.join(OUT, name), dpi=dpi)
+    plt.close(fig)
+
+
 def load(experiment):
     path = os.path.join(DATA, experiment, "results.json")
     if not os.path.exists(path):
@@ -60,9 +68,7 @@ def loss_curves(experiment, results):
     plt.ylabel("training loss")
     plt.title(f"{experiment}: training loss (seed {next(iter(results.values()))['seeds'][0]})")
     plt.legend(fontsize=7)
-    plt.tight_layout()
-    plt.savefig(os.path.join(OUT, f"{experiment}_loss.png"), dpi=120)
-    plt.close()
+    save(f"{experiment}_loss.png")
 
 
 # The values a metric can take: mean ± std may leave them (a seed at 1.0 and one at chance give a
@@ -93,9 +99,7 @@ def by_length(experiment, results):
     cut = f", cut to [{METRIC_RANGE[metric][0]:g}, {METRIC_RANGE[metric][1]:g}]" if metric in METRIC_RANGE else ""
     plt.title(f"{experiment}: by length (mean ± std over seeds{cut})", fontsize=10)
     plt.legend(fontsize=7)
-    plt.tight_layout()
-    plt.savefig(os.path.join(OUT, f"{experiment}_by_length.png"), dpi=120)
-    plt.close()
+    save(f"{experiment}_by_length.png")
 
 
 def bleu_vs_k(results):
@@ -117,9 +121,7 @@ def bleu_vs_k(results):
     plt.xlabel("clipping distance k")
     plt.ylabel("BLEU (mean ± std over seeds)")
     plt.legend(fontsize=8)
-    plt.tight_layout()
-    plt.savefig(os.path.join(OUT, "translation_bleu_vs_k.png"), dpi=120)
-    plt.close()
+    save("translation_bleu_vs_k.png")
 
 
 def bleu_over_training(experiment, results):
@@ -135,9 +137,7 @@ def bleu_over_training(experiment, results):
     plt.ylabel("test BLEU")
     plt.title(f"{experiment}: BLEU over training (every seed)", fontsize=10)
     plt.legend(fontsize=7)
-    plt.tight_layout()
-    plt.savefig(os.path.join(OUT, f"{experiment}_bleu_over_training.png"), dpi=120)
-    plt.close()
+    save(f"{experiment}_bleu_over_training.png")
 
 
 def gates(all_results):
@@ -157,9 +157,7 @@ def gates(all_results):
     plt.xlabel("head")
     plt.colorbar(label="g (1 = relative, 0 = absolute)")
     plt.title("learned gates (first seed)")
-    plt.tight_layout()
-    plt.savefig(os.path.join(OUT, "gates.png"), dpi=120)
-    plt.close()
+    save("gates.png")
 
 
 def gates_over_training(results):
@@ -193,9 +191,7 @@ def gates_over_training(results):
                 ax.set_xlabel("step", fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.suptitle("gates per layer and head over training (every head of every seed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(OUT, "gates_over_training.png"), dpi=110)
-    plt.close(fig)
+    save("gates_over_training.png", fig, dpi=110)
 
 
 def sequence_by_length(results):
@@ -219,9 +215,7 @@ def sequence_by_length(results):
     axes[1][0].set_ylabel("token accuracy")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle("sequence tasks by length (mean ± std over seeds, cut to [0, 1])", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(OUT, "sequence_by_length.png"), dpi=110)
-    plt.close(fig)
+    save("sequence_by_length.png", fig, dpi=110)
 
 
 def relative_table(experiment, results):
@@ -241,9 +235,7 @@ def relative_table(experiment, results):
             fig.colorbar(image, ax=ax)
             ax.set_title(f"{experiment}/{variant}: E_K of layer 0" + (f" ({name})" if len(tables) > 1 else ""),
                          fontsize=10)
-        fig.tight_layout()
-        fig.savefig(os.path.join(OUT, f"{experiment}_relative_table.png"), dpi=120)
-        plt.close(fig)
+        save(f"{experiment}_relative_table.png", fig)
         return
 
 
@@ -271,9 +263,7 @@ def draw_attention(maps, labels, title, filename):
             if row == 0:
                 ax.set_title(f"head {head}", fontsize=9)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(os.path.join(OUT, filename), dpi=110)
-    plt.close(fig)
+    save(filename, fig, dpi=110)
 
 
 def length_attention(results):

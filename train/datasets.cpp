@@ -167,19 +167,33 @@ std::vector<int64_t> random_symbols(Generator& gen, int64_t length, int64_t firs
     return symbols;
 }
 
+// count examples, each made by make(gen) in turn from one generator seeded with seed
+template <class Example, class Make>
+std::vector<Example> draw_examples(int64_t count, uint64_t seed, Make&& make) {
+    Generator gen(seed);
+    std::vector<Example> examples;
+    for (int64_t i = 0; i < count; ++i) examples.push_back(make(gen));
+    return examples;
+}
+
 std::vector<TokenPair> make_sequence_task(const std::string& task, int64_t count, int64_t min_length,
                                           int64_t max_length, int64_t vocab, uint64_t seed, bool reversed) {
     check_sizes(task, count, min_length, max_length, 1, "1");
     require_at_least(task, "vocab", vocab, first_symbol + 1, "5 (ids 0..3 are reserved, symbols are 4 .. vocab-1)");
-    Generator gen(seed);
-    std::vector<TokenPair> examples;
-    for (int64_t i = 0; i < count; ++i) {
+    return draw_examples<TokenPair>(count, seed, [&](Generator& gen) {
         TokenPair pair;
         pair.source = random_symbols(gen, uniform_int(gen, min_length, max_length), first_symbol, vocab);
         pair.target = pair.source;
         if (reversed) std::reverse(pair.target.begin(), pair.target.end());
-        examples.push_back(std::move(pair));
-    }
+        return pair;
+    });
+}
+
+// The two fields of every example of the file, in the order of `fields`.
+std::vector<std::array<std::string, 2>> read_examples(const std::string& path, const std::array<Field, 2>& fields) {
+    const Format format = format_of(path);
+    std::vector<std::array<std::string, 2>> examples;
+    for (const Line& line : read_lines(path)) examples.push_back(parse_example(format, line, fields));
     return examples;
 }
 
@@ -188,22 +202,16 @@ std::vector<TokenPair> make_sequence_task(const std::string& task, int64_t count
 // ---- files -------------------------------------------------------------------------------------
 
 std::vector<LabeledText> read_classification(const std::string& path) {
-    const Format format = format_of(path);
     std::vector<LabeledText> examples;
-    for (const Line& line : read_lines(path)) {
-        const auto [label, text] = parse_example(format, line, {Field{"label", true}, Field{"text", false}});
-        examples.push_back({text, label});
-    }
+    for (auto& [label, text] : read_examples(path, {Field{"label", true}, Field{"text", false}}))
+        examples.push_back({std::move(text), std::move(label)});
     return examples;
 }
 
 std::vector<TextPair> read_pairs(const std::string& path) {
-    const Format format = format_of(path);
     std::vector<TextPair> examples;
-    for (const Line& line : read_lines(path)) {
-        const auto [source, target] = parse_example(format, line, {Field{"source", false}, Field{"target", false}});
-        examples.push_back({source, target});
-    }
+    for (auto& [source, target] : read_examples(path, {Field{"source", false}, Field{"target", false}}))
+        examples.push_back({std::move(source), std::move(target)});
     return examples;
 }
 
@@ -266,9 +274,7 @@ std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64
     const std::string task = "make_dedupe_task";
     check_sizes(task, count, min_length, max_length, 1, "1");
     require_at_least(task, "vocab", vocab, first_symbol + 2, "6 (ids 0..3 are reserved, runs need two symbols)");
-    Generator gen(seed);
-    std::vector<TokenPair> examples;
-    for (int64_t i = 0; i < count; ++i) {
+    return draw_examples<TokenPair>(count, seed, [&](Generator& gen) {
         TokenPair pair;
         const auto length = static_cast<std::size_t>(uniform_int(gen, min_length, max_length));
         while (pair.source.size() < length) {
@@ -281,9 +287,8 @@ std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64
             const auto run = static_cast<std::size_t>(uniform_int(gen, 1, 3));
             pair.source.insert(pair.source.end(), std::min(run, length - pair.source.size()), symbol);
         }
-        examples.push_back(std::move(pair));
-    }
-    return examples;
+        return pair;
+    });
 }
 
 std::vector<LabeledTokens> make_symbol_at_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
@@ -294,15 +299,12 @@ std::vector<LabeledTokens> make_symbol_at_task(int64_t count, int64_t min_length
     require_at_least(task, "position", position, 0, "0");
     require_at_least(task, "min_length", min_length, position + 1,
                      "position + 1 = " + std::to_string(position + 1) + " (every input has a symbol there)");
-    Generator gen(seed);
-    std::vector<LabeledTokens> examples;
-    for (int64_t i = 0; i < count; ++i) {
+    return draw_examples<LabeledTokens>(count, seed, [&](Generator& gen) {
         std::vector<int64_t> tokens =
             random_symbols(gen, uniform_int(gen, min_length, max_length), first_filler, vocab);
         const int64_t label = tokens[static_cast<std::size_t>(position)] - first_filler;
-        examples.push_back({std::move(tokens), label});
-    }
-    return examples;
+        return LabeledTokens{std::move(tokens), label};
+    });
 }
 
 std::vector<LabeledTokens> make_relative_order_task(int64_t count, int64_t min_length, int64_t max_length,

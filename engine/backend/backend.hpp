@@ -63,6 +63,12 @@ T* device_data(const Tensor& t) {
     return static_cast<T*>(t.storage()->data()) + t.offset();
 }
 
+// The same, or null for an undefined tensor (an operand a kernel may go without).
+template <class T>
+T* device_data_or_null(const Tensor& t) {
+    return t.defined() ? device_data<T>(t) : nullptr;
+}
+
 // Calls f(T{}) with T the C++ type of a dtype, for kernels written once as templates; the floating
 // and numeric forms refuse other dtypes naming the kernel.
 template <class F>

@@ -77,8 +77,8 @@ void CpuBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_score
         const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
         const AttentionRows rows(scores, index, mask, K);
         T* s_all = device_data<T>(scores);
-        const T* buckets_all = bucket_scores.defined() ? device_data<T>(bucket_scores) : nullptr;
-        T* weights_all = bucket_weights.defined() ? device_data<T>(bucket_weights) : nullptr;
+        const T* buckets_all = device_data_or_null<T>(bucket_scores);
+        T* weights_all = device_data_or_null<T>(bucket_weights);
         const T neg_inf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < rows.count; ++n) {
@@ -121,8 +121,8 @@ void CpuBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weigh
         const AttentionRows rows(grad, index, Tensor(), K);
         T* g_all = device_data<T>(grad);
         const T* a_all = device_data<T>(weights);
-        const T* db_all = d_buckets.defined() ? device_data<T>(d_buckets) : nullptr;
-        T* d_scores_all = d_bucket_scores.defined() ? device_data<T>(d_bucket_scores) : nullptr;
+        const T* db_all = device_data_or_null<T>(d_buckets);
+        T* d_scores_all = device_data_or_null<T>(d_bucket_scores);
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < rows.count; ++n) {
             T* g = g_all + n * rows.Lk;

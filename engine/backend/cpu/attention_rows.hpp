@@ -23,56 +23,90 @@ void simd_loop(int64_t n, Step&& step, Tail&& tail) {
     for (; j < n; ++j) tail(j);
 }
 
-// s <- scale (s + bias) over [0, n); returns the max
-template <class T>
-T shift_scale_max(T* s, int64_t n, T bias, T scale, T running_max) {
+// s_j <- new_batch(j) a batch at a time, new_tail(j) for the elements left over, over [0, n); the
+// two give the same value, one as an xsimd batch and one as a T. Returns the largest new s_j and
+// running_max.
+template <class T, class NewBatch, class NewTail>
+T store_max(T* s, int64_t n, T running_max, NewBatch&& new_batch, NewTail&& new_tail) {
     using Batch = xsimd::batch<T>;
     Batch batch_max(running_max);
     simd_loop<T>(
         n,
         [&](int64_t j) {
-            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch(bias));
+            const Batch v = new_batch(j);
             v.store_unaligned(s + j);
             batch_max = xsimd::max(batch_max, v);
         },
-        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias)); });
+        [&](int64_t j) { running_max = std::max(running_max, s[j] = new_tail(j)); });
     alignas(64) T lanes[Batch::size];
     batch_max.store_aligned(lanes);
     return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
+}
+
+// The same, returning the sum of the new s_j.
+template <class T, class NewBatch, class NewTail>
+T store_sum(T* s, int64_t n, NewBatch&& new_batch, NewTail&& new_tail) {
+    using Batch = xsimd::batch<T>;
+    Batch total(T(0));
+    T tail_total(0);
+    simd_loop<T>(
+        n,
+        [&](int64_t j) {
+            const Batch v = new_batch(j);
+            v.store_unaligned(s + j);
+            total += v;
+        },
+        [&](int64_t j) { tail_total += (s[j] = new_tail(j)); });
+    return xsimd::hadd(total) + tail_total;
+}
+
+// s <- scale (s + bias) over [0, n); returns the max
+template <class T>
+T shift_scale_max(T* s, int64_t n, T bias, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    return store_max(
+        s, n, running_max, [&](int64_t j) { return Batch(scale) * (Batch::load_unaligned(s + j) + Batch(bias)); },
+        [&](int64_t j) { return scale * (s[j] + bias); });
+}
+
+// s <- scale (s + bias) over [0, n) with a bias per element; returns the max
+template <class T>
+T add_scale_max(T* s, const T* bias, int64_t n, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    return store_max(
+        s, n, running_max,
+        [&](int64_t j) { return Batch(scale) * (Batch::load_unaligned(s + j) + Batch::load_unaligned(bias + j)); },
+        [&](int64_t j) { return scale * (s[j] + bias[j]); });
 }
 
 // s <- exp(s - max) over [0, n); returns the sum
 template <class T>
 T exp_sum(T* s, int64_t n, T max) {
     using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch e = xsimd::exp(Batch::load_unaligned(s + j) - Batch(max));
-            e.store_unaligned(s + j);
-            total += e;
-        },
-        [&](int64_t j) { tail_total += (s[j] = std::exp(s[j] - max)); });
-    return xsimd::hadd(total) + tail_total;
+    return store_sum(
+        s, n, [&](int64_t j) { return xsimd::exp(Batch::load_unaligned(s + j) - Batch(max)); },
+        [&](int64_t j) { return std::exp(s[j] - max); });
 }
 
 // s <- factor s over [0, n); returns the sum of the new s
 template <class T>
 T scale_sum(T* s, int64_t n, T factor) {
     using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
+    return store_sum(
+        s, n, [&](int64_t j) { return Batch::load_unaligned(s + j) * Batch(factor); },
+        [&](int64_t j) { return s[j] * factor; });
+}
+
+// g <- scale a (g - dot) over [0, n); returns the sum of the new g
+template <class T>
+T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
+    using Batch = xsimd::batch<T>;
+    return store_sum(
+        g, n,
         [&](int64_t j) {
-            const Batch v = Batch::load_unaligned(s + j) * Batch(factor);
-            v.store_unaligned(s + j);
-            total += v;
+            return Batch(scale) * Batch::load_unaligned(a + j) * (Batch::load_unaligned(g + j) - Batch(dot));
         },
-        [&](int64_t j) { tail_total += (s[j] *= factor); });
-    return xsimd::hadd(total) + tail_total;
+        [&](int64_t j) { return scale * a[j] * (g[j] - dot); });
 }
 
 // g <- g + shift over [0, n); returns sum_j g_j a_j of the new g
@@ -90,41 +124,6 @@ T shift_dot(T* g, const T* a, int64_t n, T shift) {
         },
         [&](int64_t j) { tail_total += (g[j] += shift) * a[j]; });
     return xsimd::hadd(total) + tail_total;
-}
-
-// g <- scale a (g - dot) over [0, n); returns the sum of the new g
-template <class T>
-T softmax_grad_sum(T* g, const T* a, int64_t n, T dot, T scale) {
-    using Batch = xsimd::batch<T>;
-    Batch total(T(0));
-    T tail_total(0);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch(scale) * Batch::load_unaligned(a + j) * (Batch::load_unaligned(g + j) - Batch(dot));
-            v.store_unaligned(g + j);
-            total += v;
-        },
-        [&](int64_t j) { tail_total += (g[j] = scale * a[j] * (g[j] - dot)); });
-    return xsimd::hadd(total) + tail_total;
-}
-
-// s <- scale (s + bias) over [0, n) with a bias per element; returns the max
-template <class T>
-T add_scale_max(T* s, const T* bias, int64_t n, T scale, T running_max) {
-    using Batch = xsimd::batch<T>;
-    Batch batch_max(running_max);
-    simd_loop<T>(
-        n,
-        [&](int64_t j) {
-            const Batch v = Batch(scale) * (Batch::load_unaligned(s + j) + Batch::load_unaligned(bias + j));
-            v.store_unaligned(s + j);
-            batch_max = xsimd::max(batch_max, v);
-        },
-        [&](int64_t j) { running_max = std::max(running_max, s[j] = scale * (s[j] + bias[j])); });
-    alignas(64) T lanes[Batch::size];
-    batch_max.store_aligned(lanes);
-    return std::max(running_max, *std::max_element(lanes, lanes + Batch::size));
 }
 
 // dst <- dst + src over [0, n)

@@ -46,7 +46,7 @@ constexpr int64_t kKeyTile = 256;   // columns of a tile: a [64, 256] score tile
 // The sizes, the rules of the pattern and where each (batch, head) finds its operands.
 template <class T>
 struct Problem {
-    Problem(const Tensor& q, const Tensor& k, const AttentionPattern& pattern, double scale,
+    Problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern, double scale,
             const ClippedRelativeTerms& relative)
         : B(q.size(0)),
           H(q.size(1)),
@@ -62,7 +62,12 @@ struct Problem {
           causal(pattern.causal),
           window(pattern.window),
           query_offset(pattern.query_offset),
-          mask(pattern.mask.defined() ? device_data<bool>(pattern.mask) : nullptr) {
+          mask(device_data_or_null<bool>(pattern.mask)),
+          q_all(device_data<T>(q)),
+          k_all(device_data<T>(k)),
+          v_all(device_data<T>(v)),
+          table_k(device_data_or_null<T>(relative.table_k)),
+          table_v(device_data_or_null<T>(relative.table_v)) {
         if (mask) mask_strides = pattern.mask.strides();
     }
     int64_t B, H, Lq, Lk, Dh;
@@ -74,6 +79,15 @@ struct Problem {
     int64_t window, query_offset;
     const bool* mask;
     Shape mask_strides;
+    const T *q_all, *k_all, *v_all, *table_k, *table_v;
+
+    // where (batch, head) bh finds its queries, keys and values, and head h its tables E_K and E_V
+    // (null without relative terms)
+    const T* queries(int64_t bh) const { return q_all + bh * Lq * Dh; }
+    const T* keys(int64_t bh) const { return k_all + bh * Lk * Dh; }
+    const T* values(int64_t bh) const { return v_all + bh * Lk * Dh; }
+    const T* head_table_k(int64_t h) const { return table_k ? table_k + (tables_per_head ? h : 0) * K * Dh : nullptr; }
+    const T* head_table_v(int64_t h) const { return table_v ? table_v + (tables_per_head ? h : 0) * K * Dh : nullptr; }
 
     // the keys [lo, hi) that the causal and window rules leave to query i
     int64_t visible_begin(int64_t i) const { return window >= 0 ? std::max<int64_t>(0, query_offset + i - window) : 0; }
@@ -138,13 +152,8 @@ struct Problem {
 template <class T>
 void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern, double scale,
              const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
-    const Problem<T> P(q_in, k_in, pattern, scale, relative);
+    const Problem<T> P(q_in, k_in, v_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K;
-    const T* q_all = device_data<T>(q_in);
-    const T* k_all = device_data<T>(k_in);
-    const T* v_all = device_data<T>(v_in);
-    const T* ek_all = P.relative ? device_data<T>(relative.table_k) : nullptr;
-    const T* ev_all = P.relative ? device_data<T>(relative.table_v) : nullptr;
     T* z_all = device_data<T>(z_out);
     T* lse_all = device_data<T>(lse_out);
     const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -166,11 +175,8 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
         for (int64_t task = 0; task < P.B * P.H * tiles; ++task) {
             const int64_t bh = task / tiles, b = bh / P.H, h = bh % P.H;
             const int64_t i0 = (task % tiles) * kQueryTile, i1 = std::min(Lq, i0 + kQueryTile), rows = i1 - i0;
-            const T* q = q_all + (bh * Lq + i0) * Dh;
-            const T* k = k_all + bh * Lk * Dh;
-            const T* v = v_all + bh * Lk * Dh;
-            const T* ek = ek_all ? ek_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
-            const T* ev = ev_all ? ev_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            const T* q = P.queries(bh) + i0 * Dh;
+            const T *k = P.keys(bh), *v = P.values(bh), *ek = P.head_table_k(h), *ev = P.head_table_v(h);
             std::fill(acc.begin(), acc.end(), T(0));
             std::fill(w.begin(), w.end(), T(0));
             std::fill(m.begin(), m.end(), neg_inf);
@@ -225,17 +231,12 @@ template <class T>
 void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& z_in, const Tensor& lse_in,
               const Tensor& dz_in, const AttentionPattern& pattern, double scale, const ClippedRelativeTerms& relative,
               Tensor& dq_out, Tensor& dk_out, Tensor& dv_out, Tensor& d_table_k, Tensor& d_table_v) {
-    const Problem<T> P(q_in, k_in, pattern, scale, relative);
+    const Problem<T> P(q_in, k_in, v_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
     const T c = P.scale;
-    const T* q_all = device_data<T>(q_in);
-    const T* k_all = device_data<T>(k_in);
-    const T* v_all = device_data<T>(v_in);
     const T* z_all = device_data<T>(z_in);
     const T* lse_all = device_data<T>(lse_in);
     const T* dz_all = device_data<T>(dz_in);
-    const T* ek_all = P.relative ? device_data<T>(relative.table_k) : nullptr;
-    const T* ev_all = P.relative ? device_data<T>(relative.table_v) : nullptr;
     T* dq_all = device_data<T>(dq_out);
     T* dk_all = device_data<T>(dk_out);
     T* dv_all = device_data<T>(dv_out);
@@ -269,9 +270,8 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     // after the last key tile: dq += c S E_K, and the (batch, head)'s c S^T Q and P^T dz
     auto finish = [&](int64_t bh, const T* p_sums, const T* ds_sums) {
         const int64_t h = bh % P.H;
-        const T* ek = ek_all + (P.tables_per_head ? h : 0) * K * Dh;
-        gemm(false, false, Lq, Dh, K, c, ds_sums, K, ek, Dh, T(1), dq_all + bh * Lq * Dh, Dh);
-        gemm(true, false, K, Dh, Lq, c, ds_sums, K, q_all + bh * Lq * Dh, Dh, T(0), dek_parts.data() + bh * K * Dh, Dh);
+        gemm(false, false, Lq, Dh, K, c, ds_sums, K, P.head_table_k(h), Dh, T(1), dq_all + bh * Lq * Dh, Dh);
+        gemm(true, false, K, Dh, Lq, c, ds_sums, K, P.queries(bh), Dh, T(0), dek_parts.data() + bh * K * Dh, Dh);
         gemm(true, false, K, Dh, Lq, T(1), p_sums, K, dz_all + bh * Lq * Dh, Dh, T(0), dev_parts.data() + bh * K * Dh,
              Dh);
     };
@@ -282,9 +282,7 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < BH * groups; ++task) {
             const int64_t bh = task / groups, group = task % groups, b = bh / P.H, h = bh % P.H;
-            const T* q = q_all + bh * Lq * Dh;
-            const T* k = k_all + bh * Lk * Dh;
-            const T* v = v_all + bh * Lk * Dh;
+            const T *q = P.queries(bh), *k = P.keys(bh), *v = P.values(bh);
             const T* z = z_all + bh * Lq * Dh;
             const T* dz = dz_all + bh * Lq * Dh;
             const T* lse = lse_all + bh * Lq;
@@ -293,8 +291,7 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
             T* ds_buckets = groups > 1 ? ds_shares.data() + task * Lq * K : mine.ds_buckets.data();
             T* dk = dk_all + bh * Lk * Dh;
             T* dv = dv_all + bh * Lk * Dh;
-            const T* ek = ek_all ? ek_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
-            const T* ev = ev_all ? ev_all + (P.tables_per_head ? h : 0) * K * Dh : nullptr;
+            const T *ek = P.head_table_k(h), *ev = P.head_table_v(h);
             // this group's keys: whole tiles [key_begin, key_end)
             const int64_t key_begin = std::min(Lk, key_tiles * group / groups * kKeyTile);
             const int64_t key_end = std::min(Lk, key_tiles * (group + 1) / groups * kKeyTile);

@@ -111,42 +111,51 @@ RelativeIndex relative_index(const Tensor& index, int64_t buckets) {
     return {device_data<int64_t>(index), index.strides()[0], index.strides()[1], buckets};
 }
 
-void throw_if_bucket_error(const ErrorSlot& error, int64_t buckets) {
+// The rows of a [B, H, Lq, Lk] score tensor (one block each), and K, the buckets of its relative
+// terms (0 without them).
+struct ScoreRows {
+    ScoreRows(const Tensor& scores, const Tensor& buckets)
+        : K(buckets.defined() ? buckets.size(-1) : 0),
+          Lq(scores.size(2)),
+          Lk(scores.size(3)),
+          count(scores.size(0) * scores.size(1) * Lq) {}
+    int64_t K, Lq, Lk, count;
+};
+
+// Calls launch_rows(T{}, error) for the scores' dtype, then throws if a kernel found a bucket index
+// outside [0, K).
+template <class LaunchRows>
+void launch_checked(const char* kernel, const Tensor& scores, int64_t K, LaunchRows&& launch_rows) {
+    const ErrorSlot error;
+    dispatch_floating(scores.dtype(), kernel, [&](auto tag) { launch_rows(tag, error.device()); });
     const DeviceError bad = error.read();
-    RELGRAD_CHECK(!bad.found, bucket_out_of_range(bad.index, buckets));
+    RELGRAD_CHECK(!bad.found, bucket_out_of_range(bad.index, K));
 }
 
 }  // namespace
 
 void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                        const Tensor& mask, double scale, Tensor& bucket_weights) {
-    const int64_t K = bucket_scores.defined() ? bucket_scores.size(-1) : 0;
-    const int64_t Lq = scores.size(2), Lk = scores.size(3), rows = scores.size(0) * scores.size(1) * Lq;
-    const ErrorSlot error;
-    dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {
+    const ScoreRows rows(scores, bucket_scores);
+    launch_checked("attention_softmax", scores, rows.K, [&](auto tag, DeviceError* error) {
         using T = decltype(tag);
-        launch("attention_softmax", attention_softmax_kernel<T>, grid_for(rows, 1), row_threads(Lk), 0,
-               device_data<T>(scores), bucket_scores.defined() ? device_data<T>(bucket_scores) : nullptr,
-               relative_index(index, K), mask.defined() ? device_data<bool>(mask) : nullptr,
-               mask.defined() ? layout_of(mask, "attention_softmax") : Layout(), T(scale),
-               bucket_weights.defined() ? device_data<T>(bucket_weights) : nullptr, Lq, Lk, rows, error.device());
+        launch("attention_softmax", attention_softmax_kernel<T>, grid_for(rows.count, 1), row_threads(rows.Lk), 0,
+               device_data<T>(scores), device_data_or_null<T>(bucket_scores), relative_index(index, rows.K),
+               device_data_or_null<bool>(mask), mask.defined() ? layout_of(mask, "attention_softmax") : Layout(),
+               T(scale), device_data_or_null<T>(bucket_weights), rows.Lq, rows.Lk, rows.count, error);
     });
-    throw_if_bucket_error(error, K);
 }
 
 void CudaBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                                 const Tensor& index, double scale, Tensor& d_bucket_scores) {
-    const int64_t K = d_buckets.defined() ? d_buckets.size(-1) : 0;
-    const int64_t Lq = grad.size(2), Lk = grad.size(3), rows = grad.size(0) * grad.size(1) * Lq;
-    const ErrorSlot error;
-    dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
+    const ScoreRows rows(grad, d_buckets);
+    launch_checked("attention_softmax_backward", grad, rows.K, [&](auto tag, DeviceError* error) {
         using T = decltype(tag);
-        launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows, 1), row_threads(Lk),
-               0, device_data<T>(grad), device_data<T>(weights),
-               d_buckets.defined() ? device_data<T>(d_buckets) : nullptr, relative_index(index, K), T(scale),
-               d_bucket_scores.defined() ? device_data<T>(d_bucket_scores) : nullptr, Lq, Lk, rows, error.device());
+        launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows.count, 1),
+               row_threads(rows.Lk), 0, device_data<T>(grad), device_data<T>(weights),
+               device_data_or_null<T>(d_buckets), relative_index(index, rows.K), T(scale),
+               device_data_or_null<T>(d_bucket_scores), rows.Lq, rows.Lk, rows.count, error);
     });
-    throw_if_bucket_error(error, K);
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE

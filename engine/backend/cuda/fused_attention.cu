@@ -272,7 +272,7 @@ Problem problem_of(const Tensor& q, const Tensor& k, const AttentionPattern& pat
     p.causal = pattern.causal;
     p.window = pattern.window;
     p.query_offset = pattern.query_offset;
-    p.mask = pattern.mask.defined() ? device_data<bool>(pattern.mask) : nullptr;
+    p.mask = device_data_or_null<bool>(pattern.mask);
     for (int d = 0; d < 4 && p.mask; ++d) p.mask_strides[d] = pattern.mask.strides()[d];
     return p;
 }
@@ -324,11 +324,6 @@ dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel) {
     return dim3(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows), static_cast<unsigned>(batch_heads));
 }
 
-template <class T>
-const T* data_or_null(const Tensor& t) {
-    return t.defined() ? device_data<T>(t) : nullptr;
-}
-
 }  // namespace
 
 bool CudaBackend::supports(OptionalKernel kernel) const {
@@ -356,7 +351,7 @@ void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Ten
         const int64_t key_tile = tile_rows<T>(p.Dh);
         launch("fused_attention", forward_kernel<T>, grid_of(p.Lq, B * p.H, "fused_attention"), kTileRows,
                2 * key_tile * p.Dh * sizeof(T), p, device_data<T>(q), device_data<T>(k), device_data<T>(v),
-               data_or_null<T>(qe), data_or_null<T>(relative.table_v), table_stride, T(scale), key_tile,
+               device_data_or_null<T>(qe), device_data_or_null<T>(relative.table_v), table_stride, T(scale), key_tile,
                p.K ? device_data<T>(w) : nullptr, device_data<T>(z), device_data<T>(lse));
     });
 }
@@ -385,12 +380,13 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
                grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
-               data_or_null<T>(qe), data_or_null<T>(g), T(scale), tile, device_data<T>(dq),
+               device_data_or_null<T>(qe), device_data_or_null<T>(g), T(scale), tile, device_data<T>(dq),
                p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr, device_data<T>(d_rows));
         launch("fused_attention_backward (keys)", key_gradients_kernel<T>,
                grid_of(p.Lk, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
-               device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz), data_or_null<T>(qe),
-               data_or_null<T>(g), device_data<T>(d_rows), T(scale), tile, device_data<T>(dk), device_data<T>(dv));
+               device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
+               device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows), T(scale), tile,
+               device_data<T>(dk), device_data<T>(dv));
         if (!p.K) return;
         // dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q
         per_head_product<T>(false, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums),
