@@ -156,7 +156,8 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
 Tensor load_floating(const fs::path& path, DType dtype) {
     const Tensor t = load_npy(path.string());
     if (!is_floating(t.dtype())) {
-        throw std::invalid_argument(path.string() + ": expected float32 or float64 data, got " + dtype_name(t.dtype()));
+        throw std::invalid_argument(path.string() + ": expected " + names_in_words(floating_dtype_names) +
+                                    " data, got " + dtype_name(t.dtype()));
     }
     return t.to(dtype);
 }

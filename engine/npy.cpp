@@ -79,10 +79,10 @@ std::string type_name(const ElementType& type) {
     return (type.kind == 'i' ? "int" : type.kind == 'u' ? "uint" : "float") + std::to_string(8 * type.size);
 }
 
-// What the engine holds: bool stays bool, every integer becomes int64, float16 becomes float32.
+// What the engine holds: bool stays bool, every integer becomes int64, the floats stay.
 DType engine_dtype(const ElementType& type) {
     if (type.kind == 'b') return DType::boolean;
-    if (type.kind == 'f') return type.size == 8 ? DType::float64 : DType::float32;
+    if (type.kind == 'f') return type.size == 8 ? DType::float64 : type.size == 4 ? DType::float32 : DType::float16;
     return DType::int64;
 }
 
@@ -92,6 +92,8 @@ const char* descr_of(DType dtype) {
         case DType::float64: return "<f8";
         case DType::int64: return "<i8";
         case DType::boolean: return "|b1";
+        case DType::float16: return "<f2";
+        case DType::bfloat16: return "<f4";  // NumPy has no bfloat16: written as float32 (exactly)
     }
     return "";
 }
@@ -273,27 +275,13 @@ int64_t signed_value(uint64_t bits, int size) {
 // float16: 1 sign bit, 5 exponent bits e (bias 15), 10 mantissa bits m. Every float16 is exactly
 // a float32: e = 0 is m * 2^-24 (zero and the subnormals), e = 31 is inf (m = 0) or NaN, and
 // otherwise the value is (1024 + m) * 2^(e - 25) = (1 + m/1024) * 2^(e - 15).
-float half_to_float(uint64_t bits) {
-    const int exponent = static_cast<int>(bits >> 10) & 0x1f;
-    const int mantissa = static_cast<int>(bits) & 0x3ff;
-    float magnitude = 0;
-    if (exponent == 0) {
-        magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-    } else if (exponent == 31) {
-        magnitude = mantissa == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
-    } else {
-        magnitude = std::ldexp(static_cast<float>(1024 + mantissa), exponent - 25);
-    }
-    return std::copysign(magnitude, (bits & 0x8000) ? -1.0f : 1.0f);
-}
-
 // Reads the tensor's elements from the file, converting each from the file's type to the
 // tensor's dtype (engine_dtype). A chunk at a time, so a big file is never held twice.
 void read_elements(std::ifstream& in, const ElementType& type, Tensor& tensor, const std::string& path) {
     constexpr int64_t kChunkElements = 1 << 16;
     const int64_t count = tensor.numel();
     void* out = tensor.storage()->data();
-    // little-endian float32, float64 and int64 are already what the engine holds: read them
+    // little-endian float16, float32, float64 and int64 are already what the engine holds: read them
     // straight into the tensor, ten times as fast as converting
     const bool engine_layout = !type.big_endian && (type.kind == 'f' || type.kind == 'i') &&
                                type.size == static_cast<int>(dtype_size(tensor.dtype()));
@@ -324,7 +312,7 @@ void read_elements(std::ifstream& in, const ElementType& type, Tensor& tensor, c
                 }
                 static_cast<int64_t*>(out)[at] = static_cast<int64_t>(bits);
             } else if (type.size == 2) {
-                static_cast<float*>(out)[at] = half_to_float(bits);
+                static_cast<uint16_t*>(out)[at] = static_cast<uint16_t>(bits);  // float16 as it is
             } else if (type.size == 4) {
                 const auto bits32 = static_cast<uint32_t>(bits);
                 std::memcpy(static_cast<float*>(out) + at, &bits32, 4);
@@ -404,8 +392,9 @@ Tensor load_npy(const std::string& path) {
 }
 
 void save_npy(const Tensor& tensor, const std::string& path) {
-    const Tensor packed = tensor.detach().to(Device::cpu).contiguous();  // a host copy of a device tensor
-    std::string shape;                                                   // a Python tuple: (), (3,), (2, 3)
+    Tensor packed = tensor.detach().to(Device::cpu).contiguous();  // a host copy of a device tensor
+    if (packed.dtype() == DType::bfloat16) packed = packed.to(DType::float32);
+    std::string shape;  // a Python tuple: (), (3,), (2, 3)
     for (int64_t s : packed.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(s);
     shape = "(" + shape + (packed.dim() == 1 ? ",)" : ")");
     std::string header =
@@ -432,8 +421,8 @@ void save_npy(const Tensor& tensor, const std::string& path) {
 Tensor load_saved_state(const std::string& path) {
     const Tensor tensor = load_npy(path);
     if (!is_floating(tensor.dtype())) {
-        throw npy_error(path, std::string("a corrupt state: ") + dtype_name(tensor.dtype()) +
-                                  " values, expected float32 or float64");
+        throw npy_error(path, std::string("a corrupt state: ") + dtype_name(tensor.dtype()) + " values, expected " +
+                                  names_in_words(floating_dtype_names));
     }
     for (const double value : tensor.to_vector()) {
         if (!std::isfinite(value)) throw npy_error(path, "a corrupt state: it holds " + std::to_string(value));

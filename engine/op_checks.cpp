@@ -1,5 +1,6 @@
 #include "engine/op_checks.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -39,17 +40,57 @@ AttentionPattern on(AttentionPattern pattern, const std::vector<Tensor>& x) {
     return pattern;
 }
 
+// max |a - reference| / max |reference| (0 for an all-zero reference that a matches; infinite
+// where one holds a NaN and the other does not)
+double scaled_error(const Tensor& a, const Tensor& reference) {
+    const std::vector<double> x = a.to_vector(), r = reference.to_vector();
+    double largest = 0, worst = 0;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+        largest = std::max(largest, std::fabs(r[i]));
+        if (std::isnan(x[i]) != std::isnan(r[i])) return std::numeric_limits<double>::infinity();
+        worst = std::max(worst, x[i] == r[i] || std::isnan(r[i]) ? 0.0 : std::fabs(x[i] - r[i]));  // inf == inf
+    }
+    return worst == 0 ? 0 : largest == 0 ? std::numeric_limits<double>::infinity() : worst / largest;
+}
+
+PrecisionResult in_precision(const Function& f, const std::vector<Tensor>& drawn, DType dtype, uint64_t seed) {
+    std::vector<Tensor> narrow, wide;
+    for (const Tensor& x : drawn) {
+        narrow.push_back(x.detach().to(dtype).requires_grad_(true));
+        wide.push_back(narrow.back().detach().to(DType::float64).requires_grad_(true));
+    }
+    const Tensor y_narrow = f(narrow), y_wide = f(wide);
+    Generator gen(seed + 1000);
+    const Tensor cotangent = randn(y_wide.shape(), gen, dtype, y_wide.device());
+    y_narrow.backward(cotangent);
+    y_wide.backward(cotangent.to(DType::float64));
+    PrecisionResult result;
+    result.output_error = scaled_error(y_narrow, y_wide);
+    for (std::size_t i = 0; i < wide.size(); ++i) {
+        if (!wide[i].grad().defined()) continue;
+        result.gradient_error = std::max(result.gradient_error, scaled_error(narrow[i].grad(), wide[i].grad()));
+    }
+    return result;
+}
+
 class Registry {
 public:
     void add(const std::string& name, std::vector<Shape> shapes, Function f, Values values = {}) {
         const uint64_t seed = checks_.size() + 1;
-        checks_.push_back({name, [shapes = std::move(shapes), f = std::move(f), values, seed](Device device) {
-                               Generator gen(seed);
-                               std::vector<Tensor> inputs;
-                               for (const Shape& s : shapes) inputs.push_back(make_input(s, values, gen, device));
+        auto inputs_on = [shapes = std::move(shapes), values, seed](Device device) {
+            Generator gen(seed);
+            std::vector<Tensor> inputs;
+            for (const Shape& s : shapes) inputs.push_back(make_input(s, values, gen, device));
+            return inputs;
+        };
+        checks_.push_back({name,
+                           [inputs_on, f, seed](Device device) {
                                GradcheckOptions options;
                                options.seed = seed;
-                               return gradcheck(f, inputs, options);
+                               return gradcheck(f, inputs_on(device), options);
+                           },
+                           [inputs_on, f, seed](DType dtype, Device device) {
+                               return in_precision(f, inputs_on(device), dtype, seed);
                            }});
     }
 

@@ -1,6 +1,11 @@
 // relgrad: the differentiable ops. Each is defined, forward and backward side by side, in one
 // file of engine/ops/ (named in the section headers below). Binary ops broadcast as NumPy does;
 // inputs of a binary op must share a dtype. Negative dims count from the end.
+//
+// 16 bits (bfloat16, float16): every op takes them, and its output keeps its inputs' dtype. The
+// kernels compute in float32 and round each result once (backend.cpp); the ops whose statistics
+// must stay float32 (softmax, log_softmax, layer_norm, attention) compute on float32 copies, so
+// that their backward does too, and round their output; fused_attention keeps lse in float32.
 #pragma once
 
 #include <cstdint>

@@ -22,13 +22,16 @@ std::size_t dtype_size(DType dtype) {
         case DType::float64: return 8;
         case DType::int64: return 8;
         case DType::boolean: return 1;
+        case DType::bfloat16: return 2;
+        case DType::float16: return 2;
     }
     throw std::logic_error("unknown dtype");
 }
 
 const char* dtype_name(DType dtype) { return name_of(dtype_names, dtype); }
 
-bool is_floating(DType dtype) { return dtype == DType::float32 || dtype == DType::float64; }
+bool is_floating(DType dtype) { return dtype == DType::float32 || dtype == DType::float64 || is_16_bit(dtype); }
+bool is_16_bit(DType dtype) { return dtype == DType::bfloat16 || dtype == DType::float16; }
 
 std::string shape_str(const Shape& shape) {
     std::ostringstream out;

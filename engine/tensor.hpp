@@ -24,17 +24,21 @@
 
 namespace relgrad {
 
-// Element types. float32 is the working type, float64 is for gradient checks; int64 holds indices
-// (gather, embedding, targets) and boolean holds masks.
-enum class DType { float32, float64, int64, boolean };
+// Element types. float32 is the working type, float64 is for gradient checks; bfloat16 and
+// float16 store values in 16 bits (engine/half.hpp) that every kernel computes with in float32;
+// int64 holds indices (gather, embedding, targets) and boolean holds masks.
+enum class DType { float32, float64, int64, boolean, bfloat16, float16 };
 inline constexpr EnumName<DType> dtype_names[] = {
-    {DType::float32, "float32"}, {DType::float64, "float64"}, {DType::int64, "int64"}, {DType::boolean, "bool"}};
+    {DType::float32, "float32"}, {DType::float64, "float64"}, {DType::bfloat16, "bfloat16"},
+    {DType::float16, "float16"}, {DType::int64, "int64"},     {DType::boolean, "bool"}};
 // the dtypes a layer computes in (a layer spec's and a module's dtype)
-inline constexpr EnumName<DType> floating_dtype_names[] = {{DType::float32, "float32"}, {DType::float64, "float64"}};
+inline constexpr EnumName<DType> floating_dtype_names[] = {
+    {DType::float32, "float32"}, {DType::float64, "float64"}, {DType::bfloat16, "bfloat16"}, {DType::float16, "float16"}};
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
-bool is_floating(DType dtype);
+bool is_floating(DType dtype);  // float32, float64, bfloat16, float16
+bool is_16_bit(DType dtype);    // bfloat16, float16
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[2, 3]"

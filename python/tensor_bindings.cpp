@@ -20,7 +20,9 @@ namespace {
 // The relgrad dtype a NumPy dtype's values go to when none is asked for.
 DType dtype_of_numpy(const py::dtype& dtype, bool from_python_values) {
     switch (dtype.kind()) {
-        case 'f': return dtype.itemsize() == 8 && !from_python_values ? DType::float64 : DType::float32;
+        case 'f':
+            if (from_python_values) return DType::float32;
+            return dtype.itemsize() == 8 ? DType::float64 : dtype.itemsize() == 2 ? DType::float16 : DType::float32;
         case 'i':
         case 'u': return DType::int64;
         case 'b': return DType::boolean;
@@ -98,7 +100,11 @@ Tensor index_tensor(const Tensor& t, const py::object& key) {
     return result;
 }
 
-py::array numpy_copy(const Tensor& t) { return to_numpy(t.detach().to(Device::cpu).clone()); }
+// A copy on the host; bfloat16 as float32, which holds its values exactly (NumPy has no bfloat16).
+py::array numpy_copy(const Tensor& t) {
+    const Tensor host = t.detach().to(Device::cpu);
+    return to_numpy(host.dtype() == DType::bfloat16 ? host.to(DType::float32) : host.clone());
+}
 
 }  // namespace
 
@@ -156,10 +162,16 @@ Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool require
                                         dtype_name(target));
         }
     }
-    py::array packed = numpy.attr("asarray")(values, py::arg("dtype") = dtype_name(target), py::arg("order") = "C");
+    // NumPy has no bfloat16: its values come as float64 and are rounded by relgrad (engine/half.hpp)
+    const DType packed_dtype = target == DType::bfloat16 ? DType::float64 : target;
+    py::array packed =
+        numpy.attr("asarray")(values, py::arg("dtype") = dtype_name(packed_dtype), py::arg("order") = "C");
     Shape shape(packed.shape(), packed.shape() + packed.ndim());
-    Tensor tensor = empty(shape, target);
-    if (tensor.numel() > 0) std::memcpy(tensor.storage()->data(), packed.data(), tensor.numel() * dtype_size(target));
+    Tensor tensor = empty(shape, packed_dtype);
+    if (tensor.numel() > 0) {
+        std::memcpy(tensor.storage()->data(), packed.data(), tensor.numel() * dtype_size(packed_dtype));
+    }
+    tensor = tensor.to(target);
     if (!device.is_none()) tensor = tensor.to(device_from(device));
     if (requires_grad) tensor.requires_grad_(true);
     return tensor;
@@ -169,6 +181,11 @@ py::array to_numpy(const Tensor& t) {
     if (!host_can_read(t.device())) {
         throw std::invalid_argument(std::string("numpy(): the tensor is on the ") + device_name(t.device()) +
                                     " device, which the host cannot read; copy it with .to('cpu') first");
+    }
+    if (t.dtype() == DType::bfloat16) {
+        throw std::invalid_argument(
+            "numpy(): NumPy has no bfloat16, so no array can share a bfloat16 tensor's memory; "
+            ".to('float32').numpy() is a float32 copy that holds its values exactly");
     }
     const auto itemsize = static_cast<py::ssize_t>(dtype_size(t.dtype()));
     std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
@@ -380,8 +397,8 @@ void bind_tensor(py::module_& m) {
 
     m.def("tensor", &tensor_from, py::arg("data"), py::arg("dtype") = py::none(), py::arg("requires_grad") = false,
           py::arg("device") = py::none(),
-          "A new tensor with a copy of data (a NumPy array, a list or a number). dtype: float32, float64, int64 "
-          "or bool; by default NumPy's (float16 as float32), and float32 for Python floats");
+          "A new tensor with a copy of data (a NumPy array, a list or a number). dtype: float32, float64, bfloat16, "
+          "float16, int64 or bool; by default NumPy's, and float32 for Python floats");
 }
 
 }  // namespace relgrad::python

@@ -39,7 +39,7 @@ bool recovered_checkpoint(const std::filesystem::path& run);
 std::filesystem::path readable_checkpoint(const std::filesystem::path& run);
 // Loads the checkpoint `dir` into model and optimizer and returns its step count. Every file is
 // checked before use: state.json is {"step": N} with the optimizer's own count equal to N, and the
-// weights and moments are float32 or float64, finite, with no negative second moment.
+// weights and moments are floating (float32 or float64 as relgrad saves them), finite, with no negative second moment.
 int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer);
 
 }  // namespace relgrad

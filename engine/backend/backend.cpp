@@ -5,6 +5,7 @@
 #include "engine/backend/backend.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +35,49 @@ void Backend::require_on_device(const char* kernel, std::initializer_list<const 
     }
 }
 
+// ---------------------------------------------------------------- 16-bit operands
+
+namespace {
+
+// The device kernels compute in float32 or float64 only. A bfloat16 or float16 operand reaches
+// them as a float32 copy, and a 16-bit output is computed into a float32 buffer that finish()
+// rounds into it once, after the kernel. These are the values of a kernel that reads and writes
+// 16 bits and forms every product, sum and exponential in float32, as mixed precision asks
+// (docs/precision.md); what it costs is the copies. fill and copy take 16-bit tensors themselves.
+class InFloat32 {
+public:
+    explicit InFloat32(Backend& backend) : backend_(backend) {}
+
+    // an input: itself, or a float32 copy of a 16-bit one
+    Tensor in(const Tensor& t) {
+        if (!t.defined() || !is_16_bit(t.dtype())) return t;
+        Tensor wide = empty(t.shape(), DType::float32, t.device());
+        backend_.copy(t, wide);
+        return wide;
+    }
+    // an output: itself, or a float32 buffer for a 16-bit one (holding its values when the kernel
+    // reads them too: an accumulating or in-place kernel)
+    Tensor& out(Tensor& t, bool read_too = false) {
+        if (!t.defined() || !is_16_bit(t.dtype())) return t;
+        outputs_.push_back({&t, read_too ? in(t) : empty(t.shape(), DType::float32, t.device())});
+        return outputs_.back().wide;
+    }
+    // rounds every float32 buffer into its 16-bit output
+    void finish() {
+        for (Output& o : outputs_) backend_.copy(o.wide, *o.narrow);
+    }
+
+private:
+    struct Output {
+        Tensor* narrow;
+        Tensor wide;
+    };
+    Backend& backend_;
+    std::deque<Output> outputs_;  // a deque: out() hands out references that must stay put
+};
+
+}  // namespace
+
 // ---------------------------------------------------------------- the kernels
 
 void Backend::fill(Tensor& out, double value) {
@@ -50,17 +94,23 @@ void Backend::copy(const Tensor& src, Tensor& dst) {
 
 void Backend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
     require_on_device("unary", {&x, &out});
-    do_unary(op, x, out, a, b);
+    InFloat32 f32(*this);
+    do_unary(op, f32.in(x), f32.out(out), a, b);
+    f32.finish();
 }
 
 void Backend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     require_on_device("binary", {&a, &b, &out});
-    do_binary(op, a, b, out);
+    InFloat32 f32(*this);
+    do_binary(op, f32.in(a), f32.in(b), f32.out(out));
+    f32.finish();
 }
 
 void Backend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
     require_on_device("where", {&cond, &a, &b, &out});
-    do_where(cond, a, b, out);
+    InFloat32 f32(*this);
+    do_where(f32.in(cond), f32.in(a), f32.in(b), f32.out(out));
+    f32.finish();
 }
 
 void Backend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
@@ -69,7 +119,9 @@ void Backend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& d
         copy(x, out);
         return;
     }
-    do_reduce(op, x, dims, out);
+    InFloat32 f32(*this);
+    do_reduce(op, f32.in(x), dims, f32.out(out));
+    f32.finish();
 }
 
 // How a BLAS can read a rows x cols matrix stored with (row_stride, col_stride).
@@ -83,14 +135,17 @@ static BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, 
     return {false, false, 0};
 }
 
-void Backend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) {
-    require_on_device("batched_gemm", {&a_in, &b_in, &out});
+void Backend::batched_gemm(const Tensor& a_narrow, const Tensor& b_narrow, Tensor& out_narrow) {
+    require_on_device("batched_gemm", {&a_narrow, &b_narrow, &out_narrow});
+    InFloat32 f32(*this);
+    const Tensor a_in = f32.in(a_narrow), b_in = f32.in(b_narrow);
+    Tensor& out = f32.out(out_narrow);
     const int64_t rank = a_in.dim();
     const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
     const int64_t N = b_in.shape()[rank - 1];
     if (M == 0 || N == 0) return;
     if (K == 0) {
-        fill(out, 0.0);
+        fill(out_narrow, 0.0);
         return;
     }
     // Operands BLAS cannot read in place (e.g. an expanded matrix) are packed first.
@@ -122,51 +177,71 @@ void Backend::batched_gemm(const Tensor& a_in, const Tensor& b_in, Tensor& out) 
         products.offsets = std::move(wider);
     }
     do_batched_gemm(products, out);
+    f32.finish();
 }
 
 void Backend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     require_on_device("gather", {&x, &index, &out});
-    do_gather(x, dim, index, out);
+    InFloat32 f32(*this);
+    do_gather(f32.in(x), dim, index, f32.out(out));
+    f32.finish();
 }
 
 void Backend::scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     require_on_device("scatter_add", {&out, &index, &src});
-    do_scatter_add(out, dim, index, src);
+    InFloat32 f32(*this);
+    do_scatter_add(f32.out(out, true), dim, index, f32.in(src));
+    f32.finish();
 }
 
 void Backend::index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {
     require_on_device("index_select", {&x, &index, &out});
-    do_index_select(x, dim, index, out);
+    InFloat32 f32(*this);
+    do_index_select(f32.in(x), dim, index, f32.out(out));
+    f32.finish();
 }
 
 void Backend::index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
     require_on_device("index_add", {&out, &index, &src});
-    do_index_add(out, dim, index, src);
+    InFloat32 f32(*this);
+    do_index_add(f32.out(out, true), dim, index, f32.in(src));
+    f32.finish();
 }
 
 void Backend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
     require_on_device("softmax_last_dim", {&x, &out});
     const int64_t columns = x.dim() == 0 ? 1 : x.shape().back();
     if (columns == 0) return;
-    do_softmax_last_dim(x, x.numel() / columns, columns, log, out);
+    InFloat32 f32(*this);
+    do_softmax_last_dim(f32.in(x), x.numel() / columns, columns, log, f32.out(out));
+    f32.finish();
 }
 
 void Backend::attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
                                 double scale, Tensor& bucket_weights) {
     require_on_device("attention_softmax", {&scores, &bucket_scores, &index, &mask, &bucket_weights});
-    do_attention_softmax(scores, bucket_scores, index, mask, scale, bucket_weights);
+    InFloat32 f32(*this);
+    do_attention_softmax(f32.out(scores, true), f32.in(bucket_scores), index, mask, scale, f32.out(bucket_weights));
+    f32.finish();
 }
 
 void Backend::attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                          const Tensor& index, double scale, Tensor& d_bucket_scores) {
     require_on_device("attention_softmax_backward", {&grad, &weights, &d_buckets, &index, &d_bucket_scores});
-    do_attention_softmax_backward(grad, weights, d_buckets, index, scale, d_bucket_scores);
+    InFloat32 f32(*this);
+    do_attention_softmax_backward(f32.out(grad, true), f32.in(weights), f32.in(d_buckets), index, scale,
+                                  f32.out(d_bucket_scores));
+    f32.finish();
 }
 
 void Backend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                               double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     require_on_device("fused_attention", {&q, &k, &v, &pattern.mask, &relative.table_k, &relative.table_v, &z, &lse});
-    do_fused_attention(q, k, v, pattern, scale, relative, z, lse);
+    InFloat32 f32(*this);
+    const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
+                                          relative.k_right};
+    do_fused_attention(f32.in(q), f32.in(k), f32.in(v), pattern, scale, relative32, f32.out(z), f32.out(lse));
+    f32.finish();
 }
 
 void Backend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
@@ -175,7 +250,13 @@ void Backend::fused_attention_backward(const Tensor& q, const Tensor& k, const T
                                        Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
     require_on_device("fused_attention_backward", {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k,
                                                    &relative.table_v, &dq, &dk, &dv, &d_table_k, &d_table_v});
-    do_fused_attention_backward(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+    InFloat32 f32(*this);
+    const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
+                                          relative.k_right};
+    do_fused_attention_backward(f32.in(q), f32.in(k), f32.in(v), f32.in(z), f32.in(lse), f32.in(dz), pattern, scale,
+                                relative32, f32.out(dq), f32.out(dk), f32.out(dv), f32.out(d_table_k),
+                                f32.out(d_table_v));
+    f32.finish();
 }
 
 // The optional kernels a backend leaves out: reaching one is a bug in the op that called it.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/attention_pattern.hpp"
+#include "engine/half.hpp"
 #include "engine/storage.hpp"
 #include "engine/tensor.hpp"
 
@@ -92,7 +93,7 @@ void dispatch_numeric(DType dtype, const char* kernel, F&& f) {
     }
 }
 
-// any dtype
+// any dtype (only fill and copy see the 16-bit ones: the other kernels get float32 copies)
 template <class F>
 void dispatch_any(DType dtype, F&& f) {
     switch (dtype) {
@@ -100,6 +101,8 @@ void dispatch_any(DType dtype, F&& f) {
         case DType::float64: f(double{}); return;
         case DType::int64: f(int64_t{}); return;
         case DType::boolean: f(bool{}); return;
+        case DType::bfloat16: f(BFloat16{}); return;
+        case DType::float16: f(Float16{}); return;
     }
 }
 

@@ -63,6 +63,18 @@ static Tensor expanded_bool_mask(const Tensor& mask, const Shape& shape, const s
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& rel, Tensor* weights) {
     check_attention_inputs(q, k, v, mask, rel, "attention");
+    if (is_16_bit(q.dtype())) {
+        // see ops.hpp, 16 bits: the scores, their softmax and the bucket sums in float32 (the
+        // weights kept for the backward too), the output rounded once
+        const DType f32 = DType::float32;
+        const RelativeTerms wide{rel.table_k.defined() ? rel.table_k.to(f32) : Tensor(),
+                                 rel.table_v.defined() ? rel.table_v.to(f32) : Tensor(), rel.index};
+        Tensor wide_weights;
+        const Tensor z =
+            attention(q.to(f32), k.to(f32), v.to(f32), mask, scale, wide, weights ? &wide_weights : nullptr);
+        if (weights) *weights = wide_weights.to(q.dtype());
+        return z.to(q.dtype());
+    }
     const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), Lk = k.size(2);
     const bool relative = rel.index.defined();
     Backend& backend = backend_for(q.device());
@@ -199,7 +211,9 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
         rel.table_v = rel_in.table_v.detach().contiguous();
     }
     const bool empty_problem = q.numel() == 0 || Dh == 0;
-    Tensor z = zeros({B, H, Lq, Dh}, q.dtype(), q.device()), lse = empty({B, H, Lq}, q.dtype(), q.device());
+    // lse is a statistic: float32 for 16-bit inputs, as the kernels compute it
+    const DType lse_dtype = is_16_bit(q.dtype()) ? DType::float32 : q.dtype();
+    Tensor z = zeros({B, H, Lq, Dh}, q.dtype(), q.device()), lse = empty({B, H, Lq}, lse_dtype, q.device());
     if (!empty_problem) backend_for(q.device()).fused_attention(q, k, v, pattern, scale, rel, z, lse);
     std::vector<Tensor> inputs = {q_in, k_in, v_in};
     if (relative) inputs.insert(inputs.end(), {rel_in.table_k, rel_in.table_v});

@@ -9,9 +9,10 @@
 
 namespace relgrad {
 
-// Throws "<op>: needs a float32 or float64 tensor, got int64".
+// Throws "<op>: needs a floating tensor (float32, float64, bfloat16 or float16), got int64".
 inline void require_floating(const Tensor& x, const char* op) {
-    RELGRAD_CHECK(is_floating(x.dtype()), op, ": needs a float32 or float64 tensor, got ", dtype_name(x.dtype()));
+    RELGRAD_CHECK(is_floating(x.dtype()), op, ": needs a floating tensor (", names_in_words(floating_dtype_names),
+                  "), got ", dtype_name(x.dtype()));
 }
 
 // Every op computes on its inputs' device: throws "<op>: operands on different devices: cpu [2, 3]

@@ -25,6 +25,7 @@ static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char*
 // y_i = exp(x_i - m) / sum_j exp(x_j - m), m = max_j x_j (stable; an all -inf row gives 0)
 // dx = y (g - sum_j g_j y_j)
 Tensor softmax(const Tensor& x, int64_t dim) {
+    if (is_16_bit(x.dtype())) return softmax(x.to(DType::float32), dim).to(x.dtype());  // see ops.hpp, 16 bits
     dim = wrap_dim(dim, x.dim(), "softmax");
     Tensor y = softmax_kernel(x, dim, false, "softmax");
     return record(y, "softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
@@ -36,6 +37,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 // dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j, and 0 where y = -inf (a masked entry gets
 // no gradient, as in softmax)
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+    if (is_16_bit(x.dtype())) return log_softmax(x.to(DType::float32), dim).to(x.dtype());
     dim = wrap_dim(dim, x.dim(), "log_softmax");
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
     return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
@@ -56,6 +58,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   shape_str(param_shape), " for an input of shape ", shape_str(x.shape()));
     RELGRAD_CHECK(eps > 0, "layer_norm: eps must be positive, got ", std::to_string(eps));
     require_same_device({x, weight, bias}, "layer_norm");
+    if (is_16_bit(x.dtype())) {  // see ops.hpp, 16 bits
+        const DType f32 = DType::float32;
+        return layer_norm(x.to(f32), weight.to(f32), bias.to(f32), eps).to(x.dtype());
+    }
     Tensor xhat, rstd, y;
     {
         NoGradGuard forward_only;

@@ -121,8 +121,9 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     CHECK(w.error().find(spec + ": /type: got \"rotary\", expected a layer type: attention,") == 0);
     w.write_spec(R"({"dim": 4})");
     CHECK(w.error() == spec + ": /type: got nothing, expected a string");
-    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "dtype": "float16"})");
-    CHECK(w.error() == spec + ": /dtype: got \"float16\", expected one of \"float32\", \"float64\"");
+    w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "dtype": "float8"})");
+    CHECK(w.error() ==
+          spec + ": /dtype: got \"float8\", expected one of \"float32\", \"float64\", \"bfloat16\", \"float16\"");
     w.write_spec("{not json");
     CHECK(w.error().find(spec + ": not valid JSON") == 0);
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "heads": 4})");

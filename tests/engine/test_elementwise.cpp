@@ -57,7 +57,7 @@ TEST_CASE("mismatches name the op and both shapes") {
     CHECK_THROWS_WITH_AS(mul(a, zeros({2, 3}, DType::float32)), "mul: dtype mismatch, float64 [2, 3] vs float32 [2, 3]",
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(add(zeros({2}, DType::int64), zeros({2}, DType::int64)),
-                         "add: needs a float32 or float64 tensor, got int64", std::invalid_argument);
+                         "add: needs a floating tensor (float32, float64, bfloat16 or float16), got int64", std::invalid_argument);
     CHECK_THROWS_WITH_AS(masked_fill(a, zeros({3, 3}, DType::boolean), 0),
                          doctest::Contains("masked_fill: shapes [2, 3] and [3, 3] cannot be broadcast"),
                          std::invalid_argument);

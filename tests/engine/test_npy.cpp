@@ -306,7 +306,7 @@ TEST_CASE("bools load as bool, from bytes 0 and 1 only") {
     std::remove(path.c_str());
 }
 
-TEST_CASE("float16 becomes float32 exactly, with subnormals, infinities and NaN") {
+TEST_CASE("float16 stays float16, bit for bit, with subnormals, infinities and NaN") {
     const std::string path = temp_path("float16.npy");
     // bits: 1.0, -2.5, 65504 (the largest), 2^-24 (the smallest subnormal), 1023 * 2^-24 (the largest
     // subnormal), 2^-14 (the smallest normal), 1 + 2^-10, inf, -inf, -0, NaN
@@ -327,8 +327,9 @@ TEST_CASE("float16 becomes float32 exactly, with subnormals, infinities and NaN"
     const std::string shape = "(" + std::to_string(bits.size()) + ",)";
     for (const std::string& file :
          {npy_file(dict("<f2", shape), bytes_of(bits)), npy_file(dict(">f2", shape), big_endian)}) {
-        const Tensor t = load_bytes(path, file);
-        CHECK(t.dtype() == DType::float32);
+        const Tensor loaded = load_bytes(path, file);
+        CHECK(loaded.dtype() == DType::float16);
+        const Tensor t = loaded.to(DType::float32);
         const float* values = t.data<float>();
         for (std::size_t i = 0; i < expected.size(); ++i) {
             CAPTURE(i);
@@ -339,6 +340,26 @@ TEST_CASE("float16 becomes float32 exactly, with subnormals, infinities and NaN"
     }
     CHECK(load_error(path, npy_file(dict("<f2", "(3,)"), std::string(2, '\0'))) ==
           path + ": truncated data: shape [3] float16 needs 6 bytes, the file has 2");
+    std::remove(path.c_str());
+}
+
+TEST_CASE("float16 saves as <f2 and bfloat16 as <f4, each read back exactly") {
+    const std::string path = temp_path("sixteen.npy");
+    const std::vector<double> values = {1.0, -2.5, 65504.0, std::ldexp(1.0, -24), 0.1, -0.0};
+    const Tensor half = from_vector(values, {2, 3}, DType::float16);
+    save_npy(half, path);
+    CHECK(read_bytes(path).find("'descr': '<f2'") != std::string::npos);
+    const Tensor half_back = load_npy(path);
+    CHECK(half_back.dtype() == DType::float16);
+    CHECK(half_back.shape() == Shape{2, 3});
+    CHECK(half_back.to_vector() == half.to_vector());
+    const Tensor brain = from_vector(values, {6}, DType::bfloat16);
+    save_npy(brain, path);
+    CHECK(read_bytes(path).find("'descr': '<f4'") != std::string::npos);
+    const Tensor brain_back = load_npy(path);
+    CHECK(brain_back.dtype() == DType::float32);
+    CHECK(brain_back.to_vector() == brain.to_vector());  // 0.1 as bfloat16 holds it, 0.10009765625
+    CHECK(brain_back.to_vector()[4] == 0.10009765625);
     std::remove(path.c_str());
 }
 

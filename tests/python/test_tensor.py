@@ -16,7 +16,7 @@ import relgrad
 
 
 @pytest.mark.parametrize("numpy_dtype, expected", [
-    ("float16", relgrad.float32), ("float32", relgrad.float32), ("float64", relgrad.float64),
+    ("float16", relgrad.float16), ("float32", relgrad.float32), ("float64", relgrad.float64),
     ("int8", relgrad.int64), ("int16", relgrad.int64), ("int32", relgrad.int64), ("int64", relgrad.int64),
     ("uint8", relgrad.int64), ("uint16", relgrad.int64), ("uint32", relgrad.int64), ("uint64", relgrad.int64),
     ("bool", relgrad.bool),
@@ -29,6 +29,32 @@ def test_dtype_round_trip(numpy_dtype, expected):
     back = t.numpy()
     assert back.dtype == np.dtype(str(expected))
     np.testing.assert_array_equal(back, values.astype(back.dtype))
+
+
+def test_16_bit_dtypes_round_as_torch_does():
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.standard_normal(4000), rng.standard_normal(4000) * 1e4,
+                             [65504.0, 65520.0, 1e5, 2.0 ** -24, 2.0 ** -25, 0.1, -0.0]]).astype(np.float32)
+    for name, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        t = relgrad.tensor(values, dtype=name)
+        assert t.dtype == getattr(relgrad, name) and str(t.dtype) == name
+        expected = torch.tensor(values).to(torch_dtype).float().numpy()
+        np.testing.assert_array_equal(t.to("float32").numpy(), expected)
+
+
+def test_float16_numpy_shares_memory_and_bfloat16_refuses():
+    t = relgrad.tensor(np.array([1.5, -2.0, 0.25], dtype=np.float16))
+    view = t.numpy()
+    assert view.dtype == np.float16
+    view[0] = 3.0
+    assert t.tolist() == [3.0, -2.0, 0.25]
+    b = t.to("bfloat16")
+    with pytest.raises(ValueError, match="NumPy has no bfloat16"):
+        b.numpy()
+    assert b.tolist() == [3.0, -2.0, 0.25]
+    assert "dtype=bfloat16" in repr(b)
+    assert np.asarray(b).dtype == np.float32  # a copy, float32 holding the values exactly
+
 
 
 def test_python_values_follow_torch_defaults():
@@ -58,7 +84,7 @@ def test_explicit_dtype_converts():
     (np.array([0.5]), "int64", "fractional"),
     (np.array([1 + 2j]), None, "complex128"),
     (np.array(["a"]), None, "relgrad dtype"),
-    ([1.0], "float16", "unknown dtype"),
+    ([1.0], "float8", "unknown dtype"),
     ([1.0], 3, "a dtype is a relgrad.dtype or its name"),
 ])
 def test_tensor_refuses_what_it_cannot_hold(data, dtype, message):
@@ -131,7 +157,7 @@ def test_operators_match_numpy(rng):
 def test_integer_tensor_refuses_fractional_number():
     with pytest.raises(ValueError, match="int64 tensor and the number 2.5"):
         relgrad.tensor([1, 2]) + 2.5
-    with pytest.raises(ValueError, match="add: needs a float32 or float64 tensor"):
+    with pytest.raises(ValueError, match=r"add: needs a floating tensor \(float32, float64, bfloat16 or float16\)"):
         relgrad.tensor([1, 2]) + 2  # the engine's arithmetic is floating-point
 
 
@@ -216,7 +242,7 @@ def test_detach_and_requires_grad():
     (lambda: relgrad.ones(2).backward(), ValueError, "does not require a gradient"),
     (lambda: relgrad.ones(6).view(4, 2), ValueError, "view"),
     (lambda: relgrad.ones(2).to("tpu"), ValueError, "tpu"),
-    (lambda: relgrad.zeros(2, dtype="float16"), ValueError, "unknown dtype"),
+    (lambda: relgrad.zeros(2, dtype="float8"), ValueError, "unknown dtype"),
     (lambda: relgrad.ones(2, 2).transpose(0, 5), ValueError, "dim"),
     (lambda: relgrad.ones(2, dtype="float32") + relgrad.ones(2, dtype="float64"), ValueError, "dtype"),
     (lambda: relgrad.softmax(relgrad.ones(2), 3), ValueError, "dim"),

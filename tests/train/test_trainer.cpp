@@ -442,15 +442,15 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
               write(run / "checkpoint" / "optimizer" / "groups.txt", "1 0 30\n");
           }) == named(checkpoint / "optimizer" / "groups.txt") + ": 1 parameter groups, the optimizer has 4");
 
-    // the tensors: float32 or float64, finite, no negative second moment
+    // the tensors: floating, finite, no negative second moment
     const std::string weight = "encoder.layers.0.feed_forward.fc1.weight.npy";
     REQUIRE(fs::exists(stopped / "checkpoint" / "model" / weight));
     CHECK(resume_error([&](const fs::path& run) {
               save_npy(zeros({32, 16}, DType::int64), (run / "checkpoint" / "model" / weight).string());
-          }) == named(checkpoint / "model" / weight) + ": a corrupt state: int64 values, expected float32 or float64");
+          }) == named(checkpoint / "model" / weight) + ": a corrupt state: int64 values, expected float32, float64, bfloat16 or float16");
     CHECK(resume_error([&](const fs::path& run) {
               save_npy(zeros({32, 16}, DType::boolean), (run / "checkpoint" / "optimizer" / "m.0.npy").string());
-          }).find(": a corrupt state: bool values, expected float32 or float64") != std::string::npos);
+          }).find(": a corrupt state: bool values, expected float32, float64, bfloat16 or float16") != std::string::npos);
     CHECK(resume_error([&](const fs::path& run) {
               const fs::path file = run / "checkpoint" / "model" / weight;
               std::vector<double> values = load_npy(file.string()).to_vector();

@@ -86,7 +86,7 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
     }
     if (src.dtype() == dst.dtype() && is_floating(src.dtype()) && dst.dim() > 0) {
         // same type, any strides (a transpose made contiguous, a slice filled): row by row
-        dispatch_floating(src.dtype(), "copy", [&](auto tag) {
+        dispatch_any(src.dtype(), [&](auto tag) {
             using T = decltype(tag);
             const Shape outer(dst.shape().begin(), dst.shape().end() - 1);
             const int64_t inner = dst.shape().back(), step = src.strides().back(), dst_step = dst.strides().back();
@@ -105,7 +105,7 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
         using D = decltype(dst_tag);
         dispatch_any(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
-            if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
+            if constexpr (std::is_same_v<D, int64_t> && is_real_v<S>) {
                 // a float without an int64 value (NaN, +-inf, beyond +-2^63) is an error, not undefined behaviour
                 for (S v : xt::eval(input<S>(src, dst))) RELGRAD_CHECK(has_int64_value(v), no_int64_value(v));
             }

@@ -24,7 +24,7 @@ template <class S, class D>
 __global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n, DeviceError* error) {
     RELGRAD_FOR_EACH_INDEX(i, n) {
         const S v = src[offset_of(src_layout, i)];
-        if constexpr (std::is_same_v<D, int64_t> && std::is_floating_point_v<S>) {
+        if constexpr (std::is_same_v<D, int64_t> && is_real_v<S>) {
             if (!has_int64_value(v)) {
                 report(error, i, n, static_cast<double>(v));
                 continue;
