@@ -185,3 +185,30 @@ TEST_CASE("every op in bfloat16 and float16 against float64, on every device") {
         }
     }
 }
+
+TEST_CASE("in 16 bits a mask is still a wall: a fully masked row gets zero weights, never NaN") {
+    // row 0 of each sequence sees keys 0 and 1; row 1 sees none; scores far apart in size
+    const Tensor mask = from_vector({1, 1, 0, 0, 0, 0}, {2, 3}, DType::boolean).view({1, 1, 2, 3});
+    Generator gen(11);
+    for (DType dtype : {DType::bfloat16, DType::float16}) {
+        const Tensor q = randn({1, 1, 2, 4}, gen, dtype), k = randn({1, 1, 3, 4}, gen, dtype) * 100.0;
+        const Tensor v = randn({1, 1, 3, 4}, gen, dtype);
+        Tensor weights;
+        const Tensor z = attention(q, k, v, mask, 0.5, {}, &weights);
+        AttentionPattern pattern;
+        pattern.mask = mask;
+        const Tensor fused = fused_attention(q, k, v, pattern, 0.5);
+        const std::vector<double> a = weights.to_vector(), zs = z.to_vector(), fs = fused.to_vector();
+        CHECK(a[0] + a[1] == doctest::Approx(1).epsilon(0.01));
+        CHECK(a[2] == 0);
+        for (int j = 3; j < 6; ++j) CHECK(a[j] == 0);
+        for (int d = 4; d < 8; ++d) {
+            CHECK(zs[d] == 0);
+            CHECK(fs[d] == 0);
+        }
+        const Tensor scores = masked_fill(q.view({2, 4}), from_vector({0, 0, 0, 0, 1, 1, 1, 1}, {2, 4}, DType::boolean),
+                                          -std::numeric_limits<double>::infinity());
+        const std::vector<double> s = softmax(scores, -1).to_vector();
+        for (int j = 4; j < 8; ++j) CHECK(s[j] == 0);
+    }
+}
