@@ -39,6 +39,8 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
     run.task->model().load((checkpoint / "model").string());
     run.task->model().to(device);
+    // in the precision it trained in: the same values as casting the float32 weights at each use
+    if (run.config.training.precision != DType::float32) run.task->model().to(run.config.training.precision);
     run.task->model().eval();
     return run;
 }

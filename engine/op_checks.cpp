@@ -61,7 +61,8 @@ PrecisionResult in_precision(const Function& f, const std::vector<Tensor>& drawn
     }
     const Tensor y_narrow = f(narrow), y_wide = f(wide);
     Generator gen(seed + 1000);
-    const Tensor cotangent = randn(y_wide.shape(), gen, dtype, y_wide.device());
+    // rounded to dtype, in the output's own dtype (a loss is float32)
+    const Tensor cotangent = randn(y_wide.shape(), gen, dtype, y_wide.device()).to(y_narrow.dtype());
     y_narrow.backward(cotangent);
     y_wide.backward(cotangent.to(DType::float64));
     PrecisionResult result;

@@ -5,7 +5,8 @@
 // 16 bits (bfloat16, float16): every op takes them, and its output keeps its inputs' dtype. The
 // kernels compute in float32 and round each result once (backend.cpp); the ops whose statistics
 // must stay float32 (softmax, log_softmax, layer_norm, attention) compute on float32 copies, so
-// that their backward does too, and round their output; fused_attention keeps lse in float32.
+// that their backward does too, and round their output; fused_attention keeps lse in float32,
+// and cross_entropy returns its loss in float32.
 #pragma once
 
 #include <cstdint>

@@ -209,4 +209,45 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     return norm;
 }
 
+LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), scale_(options.initial_scale) {
+    RELGRAD_CHECK(options.initial_scale > 0 && std::isfinite(options.initial_scale) && options.growth_factor > 1 &&
+                      options.backoff_factor > 0 && options.backoff_factor < 1 && options.growth_interval > 0,
+                  "LossScaler: needs a finite initial_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                  "growth_interval > 0");
+}
+
+bool LossScaler::unscale(const std::vector<Tensor>& parameters) {
+    NoGradGuard no_grad;
+    bool finite = true;  // 0 g is 0 for every finite g, NaN for inf and NaN: one sum per gradient tells
+    for (const Tensor& p : parameters) {
+        if (p.grad().defined() && std::isnan(sum(mul(p.grad(), 0.0)).to(DType::float64).item())) finite = false;
+    }
+    if (!finite) {
+        scale_ *= options_.backoff_factor;
+        clean_steps_ = 0;
+        ++skipped_steps_;
+        return false;
+    }
+    for (const Tensor& p : parameters) {
+        if (!p.grad().defined()) continue;
+        Tensor g = p.grad();
+        g.copy_(mul(g, 1.0 / scale_));
+    }
+    if (++clean_steps_ == options_.growth_interval) {
+        scale_ *= options_.growth_factor;
+        clean_steps_ = 0;
+    }
+    return true;
+}
+
+void LossScaler::restore(double scale, int64_t clean_steps, int64_t skipped_steps) {
+    RELGRAD_CHECK(scale > 0 && std::isfinite(scale) && clean_steps >= 0 && clean_steps < options_.growth_interval &&
+                      skipped_steps >= 0,
+                  "LossScaler: a scale > 0 and finite, 0 <= clean steps < ", options_.growth_interval,
+                  " and skipped steps >= 0, got ", scale, ", ", clean_steps, ", ", skipped_steps);
+    scale_ = scale;
+    clean_steps_ = clean_steps;
+    skipped_steps_ = skipped_steps;
+}
+
 }  // namespace relgrad

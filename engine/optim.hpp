@@ -1,4 +1,4 @@
-// relgrad: AdamW, its learning-rate schedule, and gradient clipping.
+// relgrad: AdamW, its learning-rate schedule, gradient clipping and float16's loss scaling.
 //
 // AdamW (Loshchilov & Hutter 2019), for each parameter p with gradient g at step t = 1, 2, ...:
 //     m = beta1 m + (1 - beta1) g              v = beta2 v + (1 - beta2) g^2
@@ -70,5 +70,38 @@ double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmu
 // Scales all gradients by min(1, max_norm / ||g||) with ||g|| the norm of all of them together;
 // returns ||g|| before clipping. A NaN or infinite norm is returned and nothing is scaled.
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm);
+
+// Dynamic loss scaling for float16 training, with PyTorch's GradScaler semantics. float16's
+// smallest value is 6e-8, and many gradients are smaller: they would become 0. So the loss is
+// multiplied by scale() before the backward, which multiplies every gradient by the same factor,
+// and unscale() divides them again before the step. A scale too large overflows a gradient to
+// inf: that step is skipped and the scale halved; after growth_interval clean steps in a row it
+// doubles, to find the largest scale that does not overflow. (bfloat16 has float32's range and
+// needs none of this.)
+struct LossScalerOptions {
+    double initial_scale = 65536;  // 2^16
+    double growth_factor = 2;
+    double backoff_factor = 0.5;
+    int64_t growth_interval = 2000;
+};
+
+class LossScaler {
+public:
+    explicit LossScaler(const LossScalerOptions& options = {});
+    double scale() const { return scale_; }
+    // After the backward of loss * scale(): when every gradient is finite, divides each by the
+    // scale and returns true; when one holds an inf or a NaN, returns false (skip this step: the
+    // gradients are left as they are). Then updates the scale as described above.
+    bool unscale(const std::vector<Tensor>& parameters);
+    int64_t clean_steps() const { return clean_steps_; }      // since the scale last changed
+    int64_t skipped_steps() const { return skipped_steps_; }  // in all
+    // Where a checkpoint left it: a scale > 0 and finite, counts >= 0 (std::invalid_argument else).
+    void restore(double scale, int64_t clean_steps, int64_t skipped_steps);
+
+private:
+    LossScalerOptions options_;
+    double scale_;
+    int64_t clean_steps_ = 0, skipped_steps_ = 0;
+};
 
 }  // namespace relgrad

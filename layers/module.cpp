@@ -121,6 +121,18 @@ void Module::assign_parameters(const std::vector<Tensor>& values) {
     }
 }
 
+ComputeIn::ComputeIn(Module& module, DType dtype) : module_(module) {
+    if (dtype == DType::float32) return;
+    masters_ = module.parameters();
+    std::vector<Tensor> casts;
+    for (const Tensor& master : masters_) casts.push_back(master.dtype() == DType::float32 ? master.to(dtype) : master);
+    module.assign_parameters(casts);
+}
+
+ComputeIn::~ComputeIn() {
+    if (!masters_.empty()) module_.assign_parameters(masters_);  // same shapes: cannot throw
+}
+
 void Module::to(DType dtype) {
     std::vector<std::pair<std::string, Tensor*>> slots;
     collect("", slots);

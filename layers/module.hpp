@@ -82,4 +82,20 @@ private:
     bool training_ = true;
 };
 
+// Mixed precision (docs/precision.md): while a ComputeIn lives, the module computes in `dtype`.
+// Each float32 parameter is replaced by its cast to dtype (a recorded to(), so a backward run
+// while it lives brings every gradient to the float32 parameter, the master copy, in float32),
+// and the parameters are put back when it goes. For float32 it changes nothing.
+class ComputeIn {
+public:
+    ComputeIn(Module& module, DType dtype);
+    ~ComputeIn();
+    ComputeIn(const ComputeIn&) = delete;
+    ComputeIn& operator=(const ComputeIn&) = delete;
+
+private:
+    Module& module_;
+    std::vector<Tensor> masters_;  // empty when nothing was cast
+};
+
 }  // namespace relgrad

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(g++ cmake make libxtensor-dev libxtensor-blas-dev libxsimd-dev libopenblas-dev doctest-dev
           nlohmann-json3-dev libcli11-dev python3-torch python3-numpy
           pybind11-dev python3-dev python3-pytest graphviz jupyter-nbconvert python3-nbclient python3-ipykernel
-          python3-matplotlib
+          python3-matplotlib libdnnl-dev
           clang-14 libclang-rt-14-dev libomp-14-dev)
 
 missing=()

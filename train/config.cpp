@@ -196,6 +196,7 @@ void config_fields(Fields& f, Config& c) {
     f.integer("seed", tr.seed, 0, int64_t{1} << 53, 1);
     f.integer("threads", tr.threads, 1, 1024, 2);
     f.named("device", tr.device, device_names, Device::cpu);
+    f.named("precision", tr.precision, precision_names, DType::float32);
     gradient_checkpointing_field(f, t);
     f.flag("length_bucketing", tr.length_bucketing, false);
     f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
@@ -243,7 +244,7 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     TransformerOptions& t = c.model.transformer;
     // learned positions need a vector for the longest input (+2: bos/eos)
     t.max_positions = reads_files(c.task.kind) ? c.data.max_length + 2
-                                         : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
+                                               : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
     // a run by steps gets its default warmup now; a run by epochs, from its data in train()
     if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);
     return c;

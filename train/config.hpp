@@ -52,15 +52,18 @@ struct DataConfig {
     std::string test;   // or, when empty, a held-out part of train
     double held_out = 0.1;
     Tokenizer::Kind tokenizer = Tokenizer::Kind::character;  // "char" | "word"
-    int64_t min_frequency = 1;       // rarer tokens (characters or words) become <unk>
-    bool lowercase = false;          // the tokenizer's TextOptions (train/tokenizer.hpp)
-    bool split_punctuation = false;  // word tokenizer only
-    int64_t max_length = 128;        // tokens kept per text (language_model: the context length)
+    int64_t min_frequency = 1;                               // rarer tokens (characters or words) become <unk>
+    bool lowercase = false;                                  // the tokenizer's TextOptions (train/tokenizer.hpp)
+    bool split_punctuation = false;                          // word tokenizer only
+    int64_t max_length = 128;  // tokens kept per text (language_model: the context length)
     // classification and pairs: training examples whose text (source) has more tokens are left
     // out (0: keep all); for length generalization, or with test_max_tokens for short pairs only
     int64_t train_max_tokens = 0;
     int64_t test_max_tokens = 0;  // the same for the test examples
 };
+
+inline constexpr EnumName<DType> precision_names[] = {
+    {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}, {DType::float16, "float16"}};
 
 struct TrainingConfig {
     int64_t steps = 400;
@@ -82,6 +85,9 @@ struct TrainingConfig {
     // kernels as a device whose memory the host may not read; the same numbers, a check that
     // training is device-clean)
     Device device = Device::cpu;
+    // what the model computes in (docs/precision.md): float32, or bfloat16 or float16 with float32
+    // master weights, float32 loss and optimizer; float16 with dynamic loss scaling
+    DType precision = DType::float32;
     int64_t log_every = 20;
     bool length_bucketing = false;  // draw each batch from examples of about the same length
 };

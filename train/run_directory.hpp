@@ -30,7 +30,9 @@ void write_json_file(const std::filesystem::path& path, const nlohmann::json& va
 std::optional<Tokenizer> saved_tokenizer(const std::filesystem::path& run, TaskKind kind);
 
 // Replaces the checkpoint directory `dir` with the model, the optimizer and the step count.
-void save_checkpoint(const std::filesystem::path& dir, const Module& model, const AdamW& optimizer, int64_t step);
+// state.json holds the step, and for a float16 run the loss scaler (its scale and counts).
+void save_checkpoint(const std::filesystem::path& dir, const Module& model, const AdamW& optimizer,
+                     const LossScaler* scaler, int64_t step);
 // Whether the run directory `run` holds a checkpoint; one left as checkpoint.previous/ by a run
 // stopped between save_checkpoint's two renames is first renamed back to checkpoint/.
 bool recovered_checkpoint(const std::filesystem::path& run);
@@ -40,6 +42,6 @@ std::filesystem::path readable_checkpoint(const std::filesystem::path& run);
 // Loads the checkpoint `dir` into model and optimizer and returns its step count. Every file is
 // checked before use: state.json is {"step": N} with the optimizer's own count equal to N, and the
 // weights and moments are floating (float32 or float64 as relgrad saves them), finite, with no negative second moment.
-int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer);
+int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler);
 
 }  // namespace relgrad

@@ -78,7 +78,8 @@ std::optional<Tokenizer> checked_output_directory(const fs::path& out, const jso
 // checkpoint's step (the run went on before it stopped, and the resumed run writes them again) and
 // a last line cut short are dropped; anything else means the metrics are not this checkpoint's.
 // Returns the evaluations kept, in order.
-std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const Config& config, int64_t total_steps) {
+std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const Config& config, int64_t total_steps,
+                                     int64_t skipped_steps) {
     const std::string text = read_file(path, "the run's metrics (metrics.jsonl)");
     const int64_t log_every = config.training.log_every, eval_every = config.evaluation.every;
     auto expect = [&](bool condition, int64_t line, const std::string& what) {
@@ -90,7 +91,7 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
     };
     std::string kept;
     std::vector<json> evaluations;
-    int64_t line_number = 0, previous_step = -1, lines_kept = 0;
+    int64_t line_number = 0, previous_step = -1, lines_kept = 0, skips = 0, skips_off_schedule = 0;
     bool previous_was_eval = true;
     for (std::size_t start = 0, end; (end = text.find('\n', start)) != std::string::npos; start = end + 1) {
         const std::string line = text.substr(start, end - start);
@@ -100,9 +101,12 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
                "expected an object with an integer \"step\"");
         const int64_t at = entry["step"].get<int64_t>();
         if (at > step) break;
-        const bool eval = entry.contains("eval"), last = at == total_steps;
-        expect(eval ? at == 0 || at % eval_every == 0 || last : at > 0 && (at % log_every == 0 || last), line_number,
+        const bool eval = entry.contains("eval"), last = at == total_steps, skipped = entry.contains("skipped");
+        const bool on_schedule = at % log_every == 0 || last;
+        expect(eval ? at == 0 || at % eval_every == 0 || last : at > 0 && (on_schedule || skipped), line_number,
                "step " + std::to_string(at) + " is not one at which the run " + (eval ? "evaluates" : "logs"));
+        skips += skipped;
+        skips_off_schedule += skipped && !on_schedule;
         // in order: each step's log line before its evaluation, and no step twice
         expect(at > previous_step || (at == previous_step && eval && !previous_was_eval), line_number,
                "step " + std::to_string(at) + " out of order");
@@ -114,7 +118,10 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
     }
     const bool at_end = step == total_steps;
     const int64_t expected = 1 + step / log_every + step / eval_every + (at_end && total_steps % log_every != 0) +
-                             (at_end && total_steps % eval_every != 0);
+                             (at_end && total_steps % eval_every != 0) + skips_off_schedule;
+    expect(skips == skipped_steps, line_number,
+           std::to_string(skips) + " skipped steps logged up to step " + std::to_string(step) +
+               ", the checkpoint counts " + std::to_string(skipped_steps));
     expect(lines_kept == expected, line_number,
            std::to_string(lines_kept) + " lines up to step " + std::to_string(step) + ", expected " +
                std::to_string(expected));
@@ -132,7 +139,7 @@ struct Start {
 
 Start first_step(const fs::path& out, const Config& config, const json& resolved,
                  const std::optional<Tokenizer>& tokenizer, const TrainOptions& options, int64_t total_steps,
-                 Module& model, AdamW& optimizer) {
+                 Module& model, AdamW& optimizer, LossScaler* scaler) {
     fs::create_directories(out);
     if (!options.resume) {
         write_json_file(out / "config.json", resolved);
@@ -141,7 +148,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         return {};
     }
     recovered_checkpoint(out);
-    const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer);
+    const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler);
     if (step > total_steps) {
         throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
                                     " is past the run's " + std::to_string(total_steps) + " steps");
@@ -150,7 +157,8 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
                                     ": the checkpoint is already at step " + std::to_string(step));
     }
-    return {step, keep_metrics_up_to(out / "metrics.jsonl", step, config, total_steps)};
+    return {step,
+            keep_metrics_up_to(out / "metrics.jsonl", step, config, total_steps, scaler ? scaler->skipped_steps() : 0)};
 }
 
 // ---------------------------------------------------------------- a step
@@ -200,6 +208,7 @@ struct StepResult {
     Tensor loss;  // the batch's mean loss, a scalar
     double grad_norm = 0, learning_rate = 0;
     int64_t tokens = 0;
+    bool skipped = false;  // float16: a gradient overflowed at the loss scale, so no update
 };
 
 TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
@@ -207,21 +216,30 @@ TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
                             std::to_string(step + 1) + " (try a lower learning rate)");
 }
 
-// One AdamW step on the batch: the loss, its gradients, clipped. A NaN or infinite loss or
-// gradient norm ends the run.
-StepResult train_step(Task& task, AdamW& optimizer, const TrainingConfig& training, const Sampler::Draw& batch,
-                      int64_t step, int64_t warmup_steps, int64_t total_steps) {
+// One AdamW step on the batch: the loss, its gradients, clipped. The forward and backward run in
+// training.precision (the float32 parameters cast, the loss float32); with a loss scaler
+// (float16) the loss is scaled before the backward and the step skipped when a gradient
+// overflows. A NaN or infinite loss or gradient norm ends the run.
+StepResult train_step(Task& task, AdamW& optimizer, LossScaler* scaler, const TrainingConfig& training,
+                      const Sampler::Draw& batch, int64_t step, int64_t warmup_steps, int64_t total_steps) {
     Module& model = task.model();
     model.reseed(batch.dropout_seed);
     model.zero_grad();
     StepResult result;
-    result.loss = task.loss(batch.indices, result.tokens);
-    const double loss = result.loss.item();
-    if (!std::isfinite(loss)) throw diverged("the loss", loss, step);
-    result.loss.backward();
+    result.learning_rate = learning_rate(training.schedule, training.learning_rate, step, warmup_steps, total_steps);
+    {
+        const ComputeIn compute(model, training.precision);
+        result.loss = task.loss(batch.indices, result.tokens);
+        const double loss = result.loss.item();
+        if (!std::isfinite(loss)) throw diverged("the loss", loss, step);
+        (scaler ? mul(result.loss, scaler->scale()) : result.loss).backward();
+    }
+    if (scaler && !scaler->unscale(model.parameters())) {
+        result.skipped = true;
+        return result;
+    }
     result.grad_norm = clip_grad_norm(model.parameters(), training.clip_norm);
     if (!std::isfinite(result.grad_norm)) throw diverged("the gradient norm", result.grad_norm, step);
-    result.learning_rate = learning_rate(training.schedule, training.learning_rate, step, warmup_steps, total_steps);
     optimizer.step(result.learning_rate);
     return result;
 }
@@ -253,14 +271,20 @@ private:
     std::ofstream out_;
 };
 
-// A line of metrics.jsonl for a logged step.
-void log_step(MetricsFile& metrics, int64_t done, const StepResult& result, double seconds, double tokens_per_second) {
-    metrics.append(json{{"step", done},
-                        {"loss", result.loss.item()},
-                        {"learning_rate", result.learning_rate},
-                        {"grad_norm", result.grad_norm},
-                        {"seconds", seconds},
-                        {"tokens_per_second", tokens_per_second}});
+// A line of metrics.jsonl for a logged step, or a skipped one (float16: no grad_norm, as the
+// gradients overflowed; loss_scale is the scale the next step uses).
+void log_step(MetricsFile& metrics, int64_t done, const StepResult& result, const LossScaler* scaler, double seconds,
+              double tokens_per_second) {
+    json line{{"step", done}, {"loss", result.loss.item()}, {"learning_rate", result.learning_rate}};
+    if (result.skipped) {
+        line["skipped"] = true;
+    } else {
+        line["grad_norm"] = result.grad_norm;
+    }
+    if (scaler) line["loss_scale"] = scaler->scale();
+    line["seconds"] = seconds;
+    line["tokens_per_second"] = tokens_per_second;
+    metrics.append(line);
 }
 
 // The progress line on stderr, rewritten in place at every step.
@@ -273,6 +297,7 @@ json summary_of(const Config& config, Task& task, int64_t total_steps, const jso
                 double train_seconds, int64_t tokens_seen) {
     json summary = {
         {"task", task_kind_name(config.task.kind)},
+        {"precision", dtype_name(config.training.precision)},
         {"metric", task.metric()},
         {"position", position_mode_name(config.model.transformer.position)},
         {"steps", total_steps},
@@ -329,16 +354,24 @@ json train(const Config& config, const TrainOptions& options) {
     Module& model = task->model();
     model.to(config.training.device);  // before the optimizer, whose state follows the parameters
     AdamW optimizer(without_names(parameter_groups(config, model)), config.training.adamw);
+    std::optional<LossScaler> scaler;  // float16's; bfloat16 has float32's range and needs none
+    if (config.training.precision == DType::float16) scaler.emplace();
     const LengthBuckets buckets(config.evaluation.length_buckets);
     const int64_t total_steps = config.training.total_steps(task->train_size());  // steps, or from epochs
     const int64_t warmup_steps = config.training.warmup(total_steps);
 
-    const Start start_at = first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer);
+    LossScaler* const loss_scaler = scaler ? &*scaler : nullptr;
+    const Start start_at =
+        first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer, loss_scaler);
     const int64_t resumed_at = start_at.step;
     MetricsFile metrics(out / "metrics.jsonl");
     auto evaluate = [&](int64_t at_step) {
         model.eval();
-        json result = task->evaluate(config.evaluation.batch_size, buckets);
+        json result;
+        {
+            const ComputeIn compute(model, config.training.precision);
+            result = task->evaluate(config.evaluation.batch_size, buckets);
+        }
         model.train();
         json line{{"step", at_step}, {"eval", result}};
         // a gated model's gates with every evaluation: their course over training
@@ -354,15 +387,15 @@ json train(const Config& config, const TrainOptions& options) {
     const Sampler sampler(config.training, *task);
     int64_t tokens_seen = 0;
     for (int64_t step = resumed_at; step < total_steps; ++step) {
-        const StepResult result =
-            train_step(*task, optimizer, config.training, sampler.draw(step), step, warmup_steps, total_steps);
+        const StepResult result = train_step(*task, optimizer, loss_scaler, config.training, sampler.draw(step), step,
+                                             warmup_steps, total_steps);
         tokens_seen += result.tokens;
 
         const int64_t done = step + 1;
         const double elapsed = seconds_since(start);
         const double tokens_per_second = static_cast<double>(tokens_seen) / std::max(elapsed, 1e-9);
-        if (done % config.training.log_every == 0 || done == total_steps) {
-            log_step(metrics, done, result, elapsed, tokens_per_second);
+        if (done % config.training.log_every == 0 || done == total_steps || result.skipped) {
+            log_step(metrics, done, result, loss_scaler, elapsed, tokens_per_second);
         }
         if (options.progress) {
             const double eta =
@@ -379,7 +412,7 @@ json train(const Config& config, const TrainOptions& options) {
         const bool stop_here =
             done < total_steps && (done == options.stop_after || (options.interrupted && options.interrupted()));
         if (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here) {
-            save_checkpoint(out / "checkpoint", model, optimizer, done);
+            save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done);
         }
         if (stop_here) {
             if (options.progress) std::fprintf(stderr, "\n");

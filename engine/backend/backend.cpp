@@ -5,7 +5,7 @@
 #include "engine/backend/backend.hpp"
 
 #include <algorithm>
-#include <deque>
+#include <list>
 #include <stdexcept>
 #include <string>
 
@@ -73,7 +73,8 @@ private:
         Tensor wide;
     };
     Backend& backend_;
-    std::deque<Output> outputs_;  // a deque: out() hands out references that must stay put
+    std::list<Output>
+        outputs_;  // a list: out() hands out references that must stay put (and an empty one allocates nothing)
 };
 
 }  // namespace

@@ -101,6 +101,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                   dtype_name(target.dtype()));
     require_floating(logits, "cross_entropy");
     require_same_device({logits, target}, "cross_entropy");
+    // see ops.hpp, 16 bits: the loss is a statistic, computed and returned in float32
+    if (is_16_bit(logits.dtype())) return cross_entropy(logits.to(DType::float32), target, ignore_index);
     const int64_t N = logits.size(0), C = logits.size(1);
     const Tensor column = target.reshape({N, 1});
     // int64 1 where ignored; ignore_index made on the host, exact (a double cannot hold every int64)

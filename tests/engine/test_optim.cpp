@@ -2,6 +2,7 @@
 // differentiated; the updates are checked against the formulas written out by hand.)
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "check.hpp"
 #include "engine/optim.hpp"
@@ -150,4 +151,37 @@ TEST_CASE("a saved optimizer restores its groups; groups that do not fit are ref
     std::ofstream(dir + "/groups.txt") << "0.3 -1 1\n3 0 1\n";
     CHECK_THROWS_WITH_AS(loaded.load(dir), doctest::Contains("groups.txt:line 1"), std::runtime_error);
     std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the loss scaler skips a step whose gradients overflowed, halves, and doubles after clean steps") {
+    LossScalerOptions options;
+    options.initial_scale = 1024;
+    options.growth_interval = 3;
+    LossScaler scaler(options);
+    Tensor p = f64({1.0, 2.0}, {2}).requires_grad_(true);
+    auto backward_with = [&](double a, double b) {
+        p.zero_grad();
+        sum(p * f64({a, b}, {2})).backward();  // grad = (a, b)
+    };
+    backward_with(2048, std::numeric_limits<double>::infinity());  // an overflow: skipped, untouched
+    CHECK_FALSE(scaler.unscale({p}));
+    CHECK(p.grad().to_vector() == std::vector<double>{2048, std::numeric_limits<double>::infinity()});
+    CHECK(scaler.scale() == 512);
+    CHECK(scaler.skipped_steps() == 1);
+    backward_with(std::nan(""), 1);
+    CHECK_FALSE(scaler.unscale({p}));
+    CHECK(scaler.scale() == 256);
+    for (int clean = 1; clean <= 3; ++clean) {
+        backward_with(512, -256);
+        CHECK(scaler.unscale({p}));
+        CHECK(p.grad().to_vector() == std::vector<double>{2, -1});  // divided by 256
+        CHECK(scaler.clean_steps() == clean % 3);
+    }
+    CHECK(scaler.scale() == 512);  // doubled after the third clean step in a row
+    CHECK(scaler.skipped_steps() == 2);
+    scaler.restore(8, 2, 5);
+    CHECK(scaler.scale() == 8);
+    CHECK_THROWS_AS(scaler.restore(0, 0, 0), std::invalid_argument);
+    CHECK_THROWS_AS(scaler.restore(8, 3, 0), std::invalid_argument);  // never as many as growth_interval
+    CHECK_THROWS_AS(LossScaler(LossScalerOptions{1024, 1.0, 0.5, 10}), std::invalid_argument);
 }

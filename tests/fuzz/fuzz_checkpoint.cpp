@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         optimizer =
             std::make_unique<relgrad::AdamW>(relgrad::without_names(relgrad::parameter_groups(config, task->model())),
                                              config.training.adamw);  // as train() builds it
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer);
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr);
     } catch (const std::exception& e) {
         finding(std::string("fuzz_checkpoint: the tiny run does not load: ") + e.what());
     }
@@ -168,7 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     bool loaded = false;
     try {
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer);
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr);
         loaded = true;
     } catch (const std::exception&) {
     }

@@ -84,6 +84,17 @@ def test_loaded_run(run_dir):
     assert logits.shape == (1, 2)
 
 
+def test_train_in_a_precision(tmp_path):
+    summary = relgrad.train(out=str(tmp_path / "half"), set=SMALL + ['training.precision="float16"'])
+    assert summary["precision"] == "float16"
+    lines = [json.loads(line) for line in (tmp_path / "half" / "metrics.jsonl").read_text().splitlines()]
+    assert all("loss_scale" in line for line in lines if "eval" not in line)
+    run = relgrad.load_run(str(tmp_path / "half"))
+    assert run.evaluate()["accuracy"] == summary["final"]["accuracy"]  # read back in float16
+    with pytest.raises(ValueError, match="precision"):
+        relgrad.train(out=str(tmp_path / "bad"), set=SMALL + ['training.precision="float64"'])
+
+
 def test_run_errors(run_dir, tmp_path):
     with pytest.raises(ValueError, match="checkpoint"):
         relgrad.load_run(str(tmp_path))

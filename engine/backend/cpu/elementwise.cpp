@@ -101,6 +101,24 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
         });
         return;
     }
+    if (src.is_contiguous() && dst.is_contiguous() && (is_16_bit(src.dtype()) || is_16_bit(dst.dtype())) &&
+        is_floating(src.dtype()) && is_floating(dst.dtype())) {
+        // to and from 16 bits, element by element (the copies around every 16-bit kernel, see backend.cpp)
+        dispatch_any(dst.dtype(), [&](auto dst_tag) {
+            using D = decltype(dst_tag);
+            dispatch_any(src.dtype(), [&](auto src_tag) {
+                using S = decltype(src_tag);
+                if constexpr (is_real_v<S> && is_real_v<D>) {
+                    const S* from = device_data<S>(src);
+                    D* to = device_data<D>(dst);
+                    in_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i) to[i] = static_cast<D>(from[i]);
+                    });
+                }
+            });
+        });
+        return;
+    }
     dispatch_any(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
         dispatch_any(src.dtype(), [&](auto src_tag) {
