@@ -3,6 +3,13 @@
 // alternately in one run; the figure that matters is the ratio of the medians.
 //
 //   build/bench/bench_matmul [repeats-at-512] [repeats-at-2048]
+//
+// And the engine's forward + backward in float32 against bfloat16 and float16 (docs/precision.md),
+// for each class of product a training step makes: the projections and the feed-forward's two
+// (tokens x D x D, tokens x D x F, tokens x F x D) and attention's per-head products
+// (B H of L x Dh x L and L x L x Dh), at the larger bench model's sizes.
+//
+//   build/bench/bench_matmul 16bit [repeats]
 #include <cblas.h>
 #include <omp.h>
 
@@ -10,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "engine/ops.hpp"
@@ -69,9 +77,50 @@ void bench(int n, int repeats) {
                 engine_ms / blas_ms, 100 * (engine_ms / blas_ms - 1), gflops, worst);
 }
 
+// Median seconds of matmul(a, b).backward(g) in each dtype, blocks of each alternating.
+void bench_16_bit(const char* name, const Shape& a_shape, const Shape& b_shape, int repeats) {
+    Generator gen(2);
+    const Tensor a = randn(a_shape, gen), b = randn(b_shape, gen);
+    const Tensor g = randn(matmul(a, b).shape(), gen);
+    const DType dtypes[] = {DType::float32, DType::bfloat16, DType::float16};
+    std::vector<double> times[3];
+    for (int block = 0; block < 4; ++block) {
+        for (int d = 0; d < 3; ++d) {
+            Tensor x = a.to(dtypes[d]).detach().requires_grad_(true), y = b.to(dtypes[d]).detach().requires_grad_(true);
+            const Tensor dz = g.to(dtypes[d]);
+            for (int r = 0; r <= repeats / 4; ++r) {  // the first run of a block warms up
+                const auto start = std::chrono::steady_clock::now();
+                x.zero_grad();
+                y.zero_grad();
+                matmul(x, y).backward(dz);
+                if (r > 0) times[d].push_back(seconds_since(start));
+            }
+        }
+    }
+    const double f32 = 1e3 * median(times[0]), bf16 = 1e3 * median(times[1]), f16 = 1e3 * median(times[2]);
+    std::printf("%-34s %10.3f %10.3f %10.3f %10.2f %10.2f\n", name, f32, bf16, f16, f32 / bf16, f32 / f16);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::string(argv[1]) == "16bit") {
+        const int repeats = argc > 2 ? std::atoi(argv[2]) : 20;
+        if (repeats < 4) {
+            std::fprintf(stderr, "bench_matmul: repeats must be an integer >= 4\n");
+            return 2;
+        }
+        const int64_t T = 32 * 96, D = 256, F = 1024, BH = 32 * 8, L = 96, Dh = 32;  // batch 32, L ~ 96
+        std::printf("matmul forward+backward, median ms of %d (threads: %d); speed-up = float32 ms / 16-bit ms\n",
+                    repeats, omp_get_max_threads());
+        std::printf("%-34s %10s %10s %10s %10s %10s\n", "product", "float32", "bfloat16", "float16", "bf16 x", "f16 x");
+        bench_16_bit("projection [3072,256] [256,256]", {T, D}, {D, D}, repeats);
+        bench_16_bit("feed-forward 1 [3072,256] [256,1024]", {T, D}, {D, F}, repeats);
+        bench_16_bit("feed-forward 2 [3072,1024] [1024,256]", {T, F}, {F, D}, repeats);
+        bench_16_bit("scores 256 x [96,32] [32,96]", {BH, L, Dh}, {BH, Dh, L}, repeats);
+        bench_16_bit("values 256 x [96,96] [96,32]", {BH, L, L}, {BH, L, Dh}, repeats);
+        return 0;
+    }
     const int repeats_small = argc > 1 ? std::atoi(argv[1]) : 40;
     const int repeats_large = argc > 2 ? std::atoi(argv[2]) : 8;
     if (repeats_small < 4 || repeats_large < 4) {

@@ -3,7 +3,7 @@
 model on the same machine and threads: a pre-LayerNorm Transformer classifier with Shaw relative
 attention, mean pooling, AdamW and gradient clipping, on batches of the same sizes and lengths.
 
-    /usr/bin/python3 bench/training_throughput.py --relgrad build/relgrad
+    /usr/bin/python3 bench/training_throughput.py --relgrad build/relgrad [--precisions float32 bfloat16]
 
 Two sizes: the quickstart model (configs/quickstart.json: 2 layers, D=64, H=4, batch 32, lengths
 8-24) and a larger one (4 layers, D=256, H=8, feed-forward 1024, batch 32, lengths 64-128).
@@ -113,26 +113,30 @@ print(json.dumps({"tokens_per_second": tokens / elapsed, "steps_per_second": siz
 """
 
 
-def relgrad_rate(relgrad, size, threads, attention, work):
+def relgrad_rate(relgrad, size, threads, attention, work, precision="float32"):
     config = {
         "model": {"layers": size["layers"], "dim": size["dim"], "heads": size["heads"], "ff_dim": size["ff_dim"],
                   "dropout": size["dropout"], "position": "relative", "k": size["k"], "attention": attention},
         "task": {"kind": "relative_order", "vocab": size["vocab"], "train_lengths": size["lengths"],
                  "test_lengths": size["lengths"], "train_examples": 4000, "test_examples": 64},
-        "training": {"steps": size["steps"], "batch_size": size["batch"], "threads": threads, "log_every": 10},
+        "training": {"steps": size["steps"], "batch_size": size["batch"], "threads": threads, "log_every": 10,
+                     "precision": precision},
         "evaluation": {"every": size["steps"]},
     }
-    path = os.path.join(work, f"{attention}.json")
+    path = os.path.join(work, f"{attention}-{precision}.json")
     with open(path, "w") as f:
         json.dump(config, f)
-    out = os.path.join(work, attention)
+    out = os.path.join(work, f"{attention}-{precision}")
     done = subprocess.run([relgrad, "train", path, "--out", out], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"relgrad train: {done.stderr.strip()}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f if '"loss"' in line]
     last = lines[-1]  # tokens_per_second is averaged over all training steps of the invocation
-    return {"tokens_per_second": last["tokens_per_second"], "steps_per_second": last["step"] / last["seconds"]}
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    return {"tokens_per_second": last["tokens_per_second"], "steps_per_second": last["step"] / last["seconds"],
+            "peak_live_mib": summary["peak_live_mib"]}
 
 
 def main():
@@ -140,18 +144,23 @@ def main():
     parser.add_argument("--relgrad", required=True, help="path to the relgrad program")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--precisions", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                        help="relgrad's training.precision, each run in turn (PyTorch runs in float32)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     rows = []
     print(f"{args.threads} threads; tokens = real (unpadded) tokens of the batches\n")
-    print("| model | implementation | tokens/s | steps/s | tokens/s / best PyTorch |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| model | implementation | tokens/s | steps/s | tokens/s / best PyTorch | peak live MiB |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in args.sizes:
         size = SIZES[name]
         results = {}
         with tempfile.TemporaryDirectory() as work:
-            for attention in ["bucketed", "fused"]:
-                results[f"relgrad {attention}"] = relgrad_rate(args.relgrad, size, args.threads, attention, work)
+            for precision in args.precisions:
+                label = "" if precision == "float32" else f" {precision}"
+                for attention in ["bucketed", "fused"]:
+                    results[f"relgrad {attention}{label}"] = relgrad_rate(args.relgrad, size, args.threads, attention,
+                                                                          work, precision)
         for form in ["bucketed", "reference"]:
             done = subprocess.run(["/usr/bin/python3", "-c", TORCH_CHILD, json.dumps(size), form, str(args.threads)],
                                   capture_output=True, text=True)
@@ -160,8 +169,9 @@ def main():
             results[f"torch {form}"] = json.loads(done.stdout.strip().splitlines()[-1])
         best = max(results["torch bucketed"]["tokens_per_second"], results["torch reference"]["tokens_per_second"])
         for impl, result in results.items():
+            live = f"{result['peak_live_mib']:.1f}" if "peak_live_mib" in result else ""
             print(f"| {name} | {impl} | {result['tokens_per_second']:.0f} | {result['steps_per_second']:.2f} | "
-                  f"{result['tokens_per_second'] / best:.2f} |")
+                  f"{result['tokens_per_second'] / best:.2f} | {live} |")
             rows.append({"model": name, "implementation": impl, **result})
     if args.json:
         with open(args.json, "w") as f:

@@ -138,9 +138,13 @@ static BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, 
 
 void Backend::batched_gemm(const Tensor& a_narrow, const Tensor& b_narrow, Tensor& out_narrow) {
     require_on_device("batched_gemm", {&a_narrow, &b_narrow, &out_narrow});
+    // a device with 16-bit products of its own takes the operands as they are
+    const DType dtype = a_narrow.dtype();
+    const bool in_16_bits = (dtype == DType::bfloat16 && supports(OptionalKernel::bfloat16_gemm)) ||
+                            (dtype == DType::float16 && supports(OptionalKernel::float16_gemm));
     InFloat32 f32(*this);
-    const Tensor a_in = f32.in(a_narrow), b_in = f32.in(b_narrow);
-    Tensor& out = f32.out(out_narrow);
+    const Tensor a_in = in_16_bits ? a_narrow : f32.in(a_narrow), b_in = in_16_bits ? b_narrow : f32.in(b_narrow);
+    Tensor& out = in_16_bits ? out_narrow : f32.out(out_narrow);
     const int64_t rank = a_in.dim();
     const int64_t M = a_in.shape()[rank - 2], K = a_in.shape()[rank - 1];
     const int64_t N = b_in.shape()[rank - 1];

@@ -55,6 +55,8 @@ enum class ReduceOp { sum, max };
 // supports_op lets a backend do.
 enum class OptionalKernel {
     fused_attention,  // fused_attention and fused_attention_backward; else the bucketed attention op
+    bfloat16_gemm,    // batched_gemm of bfloat16 operands itself; else on float32 copies
+    float16_gemm,     // the same for float16
 };
 
 // The address of element [0, ..., 0] of t in its device's memory, for kernels only: host code

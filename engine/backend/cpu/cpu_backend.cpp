@@ -14,6 +14,8 @@ CpuBackend::CpuBackend(Device device) : Backend(device), allocator_(aligned_host
 bool CpuBackend::supports(OptionalKernel kernel) const {
     switch (kernel) {
         case OptionalKernel::fused_attention: return offers_fused_attention_;
+        case OptionalKernel::bfloat16_gemm: return cpu::fast_bfloat16_gemm();
+        case OptionalKernel::float16_gemm: return false;  // oneDNN 2.6 has none for these CPUs
     }
     return false;
 }

@@ -1,10 +1,15 @@
 // The CPU's matrix products (engine/ops/linalg.cpp), set up by Backend::batched_gemm (backend.cpp):
 // every BLAS call of the backend goes through cpu::gemm below, into OpenBLAS by xtensor-blas's
-// cxxblas layer.
+// cxxblas layer; bfloat16 products through cpu::gemm_bfloat16, into oneDNN.
 #include <algorithm>
 #include <array>
 #include <vector>
 
+#include <map>
+#include <type_traits>
+#include <tuple>
+
+#include <oneapi/dnnl/dnnl.hpp>
 #include <xtensor-blas/xblas.hpp>
 
 #include "engine/backend/cpu/cpu_backend.hpp"
@@ -30,6 +35,51 @@ template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const 
                            int64_t, double, double*, int64_t);
 
 void use_one_blas_thread() { openblas_set_num_threads(1); }
+
+namespace {
+
+// A row-major matrix of `rows` x `columns` (op(X) as the product reads it) for oneDNN: strides
+// (leading_dim, 1), or (1, leading_dim) when X is read transposed.
+dnnl::memory::desc matrix(int64_t rows, int64_t columns, bool transposed, int64_t leading_dim) {
+    return dnnl::memory::desc({rows, columns}, dnnl::memory::data_type::bf16,
+                              transposed ? dnnl::memory::dims{1, leading_dim} : dnnl::memory::dims{leading_dim, 1});
+}
+
+const dnnl::engine& dnnl_cpu() {
+    static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    return engine;
+}
+
+}  // namespace
+
+void gemm_bfloat16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t lda,
+                   const BFloat16* B, int64_t ldb, BFloat16* C, int64_t ldc) {
+    // a primitive per shape, made once per thread (making one takes longer than a small product)
+    using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+    thread_local std::map<Shape, dnnl::matmul> made;
+    thread_local dnnl::stream stream(dnnl_cpu());
+    const dnnl::memory::desc a = matrix(M, K, trans_a, lda), b = matrix(K, N, trans_b, ldb),
+                             c = matrix(M, N, false, ldc);
+    const Shape shape{trans_a, trans_b, M, N, K, lda, ldb, ldc};
+    auto found = made.find(shape);
+    if (found == made.end()) {
+        const dnnl::matmul::primitive_desc plan(dnnl::matmul::desc(a, b, c), dnnl_cpu());
+        found = made.emplace(shape, dnnl::matmul(plan)).first;
+    }
+    // oneDNN reads through non-const handles; it writes only C
+    dnnl::memory a_memory(a, dnnl_cpu(), const_cast<BFloat16*>(A)), b_memory(b, dnnl_cpu(), const_cast<BFloat16*>(B));
+    dnnl::memory c_memory(c, dnnl_cpu(), C);
+    found->second.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+    stream.wait();
+}
+
+bool fast_bfloat16_gemm() {
+    // oneDNN's ISA values are sets of bits, each a superset of the ones it extends
+    const auto bits = [](dnnl::cpu_isa isa) { return static_cast<unsigned>(isa); };
+    static const bool fast = (bits(dnnl::get_effective_cpu_isa()) & bits(dnnl::cpu_isa::avx512_core_bf16)) ==
+                             bits(dnnl::cpu_isa::avx512_core_bf16);
+    return fast;
+}
 
 }  // namespace cpu
 
@@ -57,7 +107,7 @@ void CpuBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
     const int64_t M = products.M, N = products.N, K = products.K;
     const BlasOperand &la = products.a_operand, &lb = products.b_operand;
     const std::vector<std::array<int64_t, 3>>& offsets = products.offsets;
-    dispatch_floating(products.a.dtype(), "matmul", [&](auto tag) {
+    auto multiply = [&](auto tag) {
         using T = decltype(tag);
         const T* pa = device_data<T>(products.a);
         const T* pb = device_data<T>(products.b);
@@ -68,8 +118,13 @@ void CpuBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
             if (m1 <= m0 || n1 <= n0) return;
             const int64_t a_row = m0 * (la.transposed ? 1 : la.leading_dim);
             const int64_t b_column = n0 * (lb.transposed ? lb.leading_dim : 1);
-            gemm<T>(la.transposed, lb.transposed, m1 - m0, n1 - n0, K, T(1), pa + off[0] + a_row, la.leading_dim,
-                    pb + off[1] + b_column, lb.leading_dim, T(0), pc + off[2] + m0 * N + n0, N);
+            if constexpr (std::is_same_v<T, BFloat16>) {
+                gemm_bfloat16(la.transposed, lb.transposed, m1 - m0, n1 - n0, K, pa + off[0] + a_row, la.leading_dim,
+                              pb + off[1] + b_column, lb.leading_dim, pc + off[2] + m0 * N + n0, N);
+            } else {
+                gemm<T>(la.transposed, lb.transposed, m1 - m0, n1 - n0, K, T(1), pa + off[0] + a_row, la.leading_dim,
+                        pb + off[1] + b_column, lb.leading_dim, T(0), pc + off[2] + m0 * N + n0, N);
+            }
         };
         // Threads are relgrad's (OpenMP), OpenBLAS runs single-threaded inside them: two thread
         // pools on two cores would only fight. The work is cut into the same pieces whatever the
@@ -85,13 +140,21 @@ void CpuBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
         const int64_t blocks = row_blocks * column_blocks;
         use_one_blas_thread();
         const int64_t pieces = count * blocks;
-#pragma omp parallel for schedule(static) if (pieces > 1)
+        // oneDNN, called inside a parallel region, runs single-threaded; a lone piece gets one too,
+        // so that no product is ever cut by the thread count
+        const bool parallel = pieces > 1 || std::is_same_v<T, BFloat16>;
+#pragma omp parallel for schedule(static) if (parallel)
         for (int64_t piece = 0; piece < pieces; ++piece) {
             const int64_t row_block = piece % blocks / column_blocks, column_block = piece % column_blocks;
             product_block(offsets[piece / blocks], row_block * block_rows, std::min(M, (row_block + 1) * block_rows),
                           column_block * block_columns, std::min(N, (column_block + 1) * block_columns));
         }
-    });
+    };
+    if (products.a.dtype() == DType::bfloat16) {  // only where supports(OptionalKernel::bfloat16_gemm)
+        multiply(BFloat16{});
+    } else {
+        dispatch_floating(products.a.dtype(), "matmul", multiply);
+    }
 }
 
 }  // namespace relgrad

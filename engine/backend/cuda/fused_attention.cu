@@ -329,6 +329,8 @@ dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel) {
 bool CudaBackend::supports(OptionalKernel kernel) const {
     switch (kernel) {
         case OptionalKernel::fused_attention: return true;
+        case OptionalKernel::bfloat16_gemm: return has_gemm_in(DType::bfloat16);
+        case OptionalKernel::float16_gemm: return has_gemm_in(DType::float16);
     }
     return false;
 }

@@ -1,7 +1,9 @@
 // The CUDA backend's matrix products (engine/ops/linalg.cpp), set up by Backend::batched_gemm
-// (backend.cpp): cuBLAS's strided batched gemm, a transposed view passed as a transpose flag; in
-// the emulator, the CPU's BLAS (cpu::gemm).
+// (backend.cpp): cuBLAS's strided batched gemm, a transposed view passed as a transpose flag, and
+// for bfloat16 and float16 its GemmEx form with float32 sums; in the emulator, the CPU's products
+// (cpu::gemm, cpu::gemm_bfloat16).
 #include <array>
+#include <type_traits>
 #include <vector>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
@@ -23,10 +25,17 @@ void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T a
                 int64_t stride_c, int64_t batch) {
     cpu::use_one_blas_thread();
     for (int64_t i = 0; i < batch; ++i) {
-        cpu::gemm<T>(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-                     C + i * stride_c, ldc);
+        if constexpr (std::is_same_v<T, BFloat16>) {  // C = A B: alpha 1, beta 0, as batched_gemm asks
+            cpu::gemm_bfloat16(trans_a, trans_b, M, N, K, A + i * stride_a, lda, B + i * stride_b, ldb,
+                               C + i * stride_c, ldc);
+        } else {
+            cpu::gemm<T>(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+                         C + i * stride_c, ldc);
+        }
     }
 }
+
+bool has_gemm_in(DType dtype) { return dtype == DType::bfloat16 && cpu::fast_bfloat16_gemm(); }
 
 #else
 
@@ -55,6 +64,16 @@ cublasStatus_t strided_batched_gemm(cublasOperation_t ta, cublasOperation_t tb, 
                                     int batch) {
     return cublasDgemmStridedBatched(cublas(), ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
 }
+// bfloat16 or float16 operands and result, float32 sums (tensor cores)
+template <class Half>
+cublasStatus_t strided_batched_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Half* alpha,
+                                    const Half* A, int lda, long long sa, const Half* B, int ldb, long long sb,
+                                    const Half* beta, Half* C, int ldc, long long sc, int batch) {
+    const cudaDataType type = std::is_same_v<Half, BFloat16> ? CUDA_R_16BF : CUDA_R_16F;
+    const float alpha32 = *alpha, beta32 = *beta;
+    return cublasGemmStridedBatchedEx(cublas(), ta, tb, m, n, k, &alpha32, A, type, lda, sa, B, type, ldb, sb, &beta32,
+                                      C, type, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
 
 }  // namespace
 
@@ -72,12 +91,20 @@ void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T a
     }
 }
 
+bool has_gemm_in(DType dtype) { return is_16_bit(dtype); }
+
 #endif
 
 template void gemm_batch<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
                                 const float*, int64_t, int64_t, float, float*, int64_t, int64_t, int64_t);
 template void gemm_batch<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
                                  const double*, int64_t, int64_t, double, double*, int64_t, int64_t, int64_t);
+template void gemm_batch<BFloat16>(bool, bool, int64_t, int64_t, int64_t, BFloat16, const BFloat16*, int64_t, int64_t,
+                                   const BFloat16*, int64_t, int64_t, BFloat16, BFloat16*, int64_t, int64_t, int64_t);
+#ifndef RELGRAD_CUDA_EMULATION
+template void gemm_batch<Float16>(bool, bool, int64_t, int64_t, int64_t, Float16, const Float16*, int64_t, int64_t,
+                                  const Float16*, int64_t, int64_t, Float16, Float16*, int64_t, int64_t, int64_t);
+#endif
 
 namespace {
 
@@ -114,7 +141,7 @@ std::vector<EvenRun> even_runs(const std::vector<std::array<int64_t, 3>>& offset
 
 void CudaBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
     const BlasOperand &la = products.a_operand, &lb = products.b_operand;
-    dispatch_floating(products.a.dtype(), "matmul", [&](auto tag) {
+    auto multiply = [&](auto tag) {
         using T = decltype(tag);
         for (const EvenRun& run : even_runs(products.offsets)) {
             const auto& o = products.offsets[run.first];
@@ -123,7 +150,13 @@ void CudaBackend::do_batched_gemm(const GemmBatch& products, Tensor& out) {
                           device_data<T>(products.b) + o[1], lb.leading_dim, run.step[1], T(0),
                           device_data<T>(out) + o[2], products.N, run.step[2], static_cast<int64_t>(run.count));
         }
-    });
+    };
+    // 16-bit operands only where has_gemm_in says (supports(), which Backend::batched_gemm asks)
+    if (products.a.dtype() == DType::bfloat16) return multiply(BFloat16{});
+#ifndef RELGRAD_CUDA_EMULATION
+    if (products.a.dtype() == DType::float16) return multiply(Float16{});
+#endif
+    dispatch_floating(products.a.dtype(), "matmul", multiply);
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE

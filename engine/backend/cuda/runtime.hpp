@@ -111,6 +111,9 @@ template <class T>
 void gemm_batch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                 int64_t stride_a, const T* B, int64_t ldb, int64_t stride_b, T beta, T* C, int64_t ldc,
                 int64_t stride_c, int64_t batch);
+// Whether gemm_batch takes operands of this 16-bit dtype itself (float32 sums): cuBLAS takes both;
+// the emulator's CPU products take bfloat16 where the CPU runs it at speed (gemm.cu)
+bool has_gemm_in(DType dtype);
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad
