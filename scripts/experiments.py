@@ -84,6 +84,17 @@ EXPERIMENTS = {
             [("gated", ["model.position=gated"])]
         },
     },
+    # 5. mixed precision (docs/precision.md): the quickstart, and sentiment on IMDB, in each
+    # training.precision
+    "precision": {
+        "config": "configs/quickstart.json",
+        "variants": {p: [f"training.precision={p}"] for p in ("float32", "bfloat16", "float16")},
+    },
+    "precision-sentiment": {
+        "config": "configs/experiments/sentiment.json",
+        "variants": {p: ["data.train=data:sentiment/imdb.tsv", f"training.precision={p}"]
+                     for p in ("float32", "bfloat16", "float16")},
+    },
     # 3. length generalization: train on lengths 8-24, test up to 64
     "length": {
         "config": "configs/experiments/length.json",
