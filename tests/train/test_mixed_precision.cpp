@@ -75,7 +75,9 @@ TEST_CASE("the quickstart reaches test accuracy 1 in bfloat16 and in float16, fl
     }
 }
 
-#ifdef RELGRAD_TEST_CUDA
+// A minute in the release build and many under the sanitizers, where the emulated kernels of a
+// whole quickstart add no memory check that the short cuda run below does not make: left out there.
+#if defined(RELGRAD_TEST_CUDA) && !defined(__SANITIZE_ADDRESS__)
 TEST_CASE("the quickstart reaches test accuracy 1 in bfloat16 on the cuda device (its kernels emulated)") {
     TempDir dir("relgrad_test_precision_quickstart_cuda");
     nlohmann::json c = quickstart_config();
