@@ -3,10 +3,10 @@
 // inputs of a binary op must share a dtype. Negative dims count from the end.
 //
 // 16 bits (bfloat16, float16): every op takes them, and its output keeps its inputs' dtype. The
-// kernels compute in float32 and round each result once (backend.cpp); the ops whose statistics
-// must stay float32 (softmax, log_softmax, layer_norm, attention) compute on float32 copies, so
-// that their backward does too, and round their output; fused_attention keeps lse in float32,
-// and cross_entropy returns its loss in float32.
+// kernels compute in float32 and round each result once (backend.cpp); the ops that form a
+// statistic (softmax, log_softmax, layer_norm, attention) form it in float32 (statistics_dtype)
+// and round only their output, and their backward computes in float32 too; fused_attention keeps
+// lse in float32, and cross_entropy returns its loss in float32.
 #pragma once
 
 #include <cstdint>

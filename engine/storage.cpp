@@ -96,6 +96,11 @@ void reset_peak_memory(Device device) { backend_for(device).allocator().reset_pe
 Storage::Storage(std::size_t nbytes, Device device)
     : data_(backend_for(device).allocator().allocate(nbytes)), nbytes_(nbytes), device_(device) {}
 
-Storage::~Storage() { backend_for(device_).allocator().deallocate(data_, nbytes_); }
+Storage::Storage(void* host_data, std::size_t nbytes, std::shared_ptr<void> owner)
+    : data_(host_data), nbytes_(nbytes), device_(Device::cpu), owner_(std::move(owner)) {}
+
+Storage::~Storage() {
+    if (!owner_) backend_for(device_).allocator().deallocate(data_, nbytes_);
+}
 
 }  // namespace relgrad

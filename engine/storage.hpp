@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -43,6 +44,9 @@ void reset_peak_memory(Device device = Device::cpu);  // peak_live_bytes <- live
 class Storage {
 public:
     Storage(std::size_t nbytes, Device device);
+    // Host memory that belongs to someone else (a NumPy array, for relgrad.from_numpy): `owner`
+    // keeps it alive as long as this storage lives; relgrad's allocator neither frees nor counts it.
+    Storage(void* host_data, std::size_t nbytes, std::shared_ptr<void> owner);
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -55,6 +59,7 @@ private:
     void* data_ = nullptr;
     std::size_t nbytes_ = 0;
     Device device_;
+    std::shared_ptr<void> owner_;  // set for borrowed memory
 };
 
 // One device's allocator: blocks from the device's raw allocation functions, with the live/peak

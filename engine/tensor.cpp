@@ -32,6 +32,7 @@ const char* dtype_name(DType dtype) { return name_of(dtype_names, dtype); }
 
 bool is_floating(DType dtype) { return dtype == DType::float32 || dtype == DType::float64 || is_16_bit(dtype); }
 bool is_16_bit(DType dtype) { return dtype == DType::bfloat16 || dtype == DType::float16; }
+DType statistics_dtype(DType dtype) { return is_16_bit(dtype) ? DType::float32 : dtype; }
 
 std::string shape_str(const Shape& shape) {
     std::ostringstream out;

@@ -39,6 +39,8 @@ std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 bool is_floating(DType dtype);  // float32, float64, bfloat16, float16
 bool is_16_bit(DType dtype);    // bfloat16, float16
+// what an op that forms a statistic (a mean, a normaliser) computes in: float32 for the 16-bit types
+DType statistics_dtype(DType dtype);
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);  // "[2, 3]"

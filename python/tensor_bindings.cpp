@@ -1,6 +1,9 @@
 // relgrad's Python module: the Tensor class (metadata, values, autograd, views, operators), the
 // dtypes, NumPy in and out (relgrad.tensor, Tensor.numpy) and the shapes Python passes.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -205,6 +208,66 @@ py::array to_numpy(const Tensor& t) {
     return array;
 }
 
+// relgrad.from_numpy: a CPU tensor over the array's own memory, as torch.from_numpy makes one;
+// writes through either show in the other, and the tensor keeps the array alive.
+Tensor tensor_over_numpy(const py::array& array) {
+    const std::string numpy_name = array.dtype().attr("name").cast<std::string>();
+    const std::string byte_order = py::str(array.dtype().attr("byteorder")).cast<std::string>();
+    DType dtype = DType::float32;
+    if (numpy_name == "float32") dtype = DType::float32;
+    else if (numpy_name == "float64") dtype = DType::float64;
+    else if (numpy_name == "float16") dtype = DType::float16;
+    else if (numpy_name == "int64") dtype = DType::int64;
+    else if (numpy_name == "bool") dtype = DType::boolean;
+    else {
+        throw std::invalid_argument("from_numpy: NumPy dtype " + numpy_name +
+                                    " has no relgrad dtype of the same bytes (float32, float64, float16, int64 or "
+                                    "bool); relgrad.tensor(a) converts it into a copy");
+    }
+    if (byte_order == ">") {
+        throw std::invalid_argument("from_numpy: the array is big-endian; relgrad.tensor(a) converts it into a copy");
+    }
+    if (!array.writeable()) {
+        throw std::invalid_argument(
+            "from_numpy: the array is read-only, and relgrad writes into a tensor's memory in place (an "
+            "optimizer's step, load_state_dict); relgrad.tensor(a) makes a copy");
+    }
+    const auto itemsize = static_cast<py::ssize_t>(dtype_size(dtype));
+    if (reinterpret_cast<std::uintptr_t>(array.data()) % static_cast<std::uintptr_t>(itemsize) != 0) {
+        throw std::invalid_argument("from_numpy: the array's elements are not aligned to their size; "
+                                    "relgrad.tensor(a) makes an aligned copy");
+    }
+    Shape shape, strides;
+    std::size_t span = array.size() == 0 ? 0 : static_cast<std::size_t>(itemsize);  // bytes from the first element
+    for (py::ssize_t d = 0; d < array.ndim(); ++d) {
+        const py::ssize_t stride = array.strides(d);
+        if (array.shape(d) > 1 && (stride <= 0 || stride % itemsize != 0)) {
+            throw std::invalid_argument(
+                "from_numpy: dim " + std::to_string(d) + " has a stride of " + std::to_string(stride) +
+                " bytes; relgrad shares arrays whose strides are positive multiples of the element size (" +
+                std::to_string(itemsize) + "), so a reversed or broadcast array needs relgrad.tensor(a), a copy");
+        }
+        shape.push_back(array.shape(d));
+        strides.push_back(stride / itemsize);  // a size-1 dim's stride is never used: set below
+        if (array.size() > 0) span += static_cast<std::size_t>((array.shape(d) - 1) * std::max<py::ssize_t>(stride, 0));
+    }
+    const Shape packed = contiguous_strides(shape);
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        if (shape[d] <= 1) strides[d] = packed[d];
+    }
+    // The owner: a reference to the array, dropped with the GIL held whichever thread frees the storage.
+    std::shared_ptr<void> owner(new py::object(array), [](void* held) {
+        py::gil_scoped_acquire gil;
+        delete static_cast<py::object*>(held);
+    });
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = std::make_shared<Storage>(const_cast<void*>(array.data()), span, std::move(owner));
+    impl->shape = std::move(shape);
+    impl->strides = std::move(strides);
+    impl->dtype = dtype;
+    return Tensor(impl);
+}
+
 py::object tensor_or_none(const Tensor& tensor) { return tensor.defined() ? py::cast(tensor) : py::none(); }
 
 void bind_tensor(py::module_& m) {
@@ -399,6 +462,9 @@ void bind_tensor(py::module_& m) {
           py::arg("device") = py::none(),
           "A new tensor with a copy of data (a NumPy array, a list or a number). dtype: float32, float64, bfloat16, "
           "float16, int64 or bool; by default NumPy's, and float32 for Python floats");
+    m.def("from_numpy", &tensor_over_numpy, py::arg("array"),
+          "A CPU tensor that shares the NumPy array's memory (float32, float64, float16, int64 or bool; no copy): "
+          "writes through either show in the other, and the tensor keeps the array alive");
 }
 
 }  // namespace relgrad::python

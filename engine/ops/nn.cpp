@@ -24,25 +24,30 @@ static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char*
 
 // y_i = exp(x_i - m) / sum_j exp(x_j - m), m = max_j x_j (stable; an all -inf row gives 0)
 // dx = y (g - sum_j g_j y_j)
+// 16 bits: the kernel forms the sums in float32 and rounds y once; the backward widens y and g
+// (the graph keeps only the 16-bit y)
 Tensor softmax(const Tensor& x, int64_t dim) {
-    if (is_16_bit(x.dtype())) return softmax(x.to(DType::float32), dim).to(x.dtype());  // see ops.hpp, 16 bits
     dim = wrap_dim(dim, x.dim(), "softmax");
     Tensor y = softmax_kernel(x, dim, false, "softmax");
     return record(y, "softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
-        return std::vector<Tensor>{mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
+        const DType c = statistics_dtype(g.dtype());
+        const Tensor yc = y.to(c), gc = g.to(c);
+        return std::vector<Tensor>{mul(yc, sub(gc, sum(mul(gc, yc), {dim}, true))).to(g.dtype())};
     });
 }
 
 // y_i = x_i - m - log sum_j exp(x_j - m)   (an all -inf row gives -inf)
 // dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j, and 0 where y = -inf (a masked entry gets
-// no gradient, as in softmax)
+// no gradient, as in softmax). 16 bits as in softmax.
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-    if (is_16_bit(x.dtype())) return log_softmax(x.to(DType::float32), dim).to(x.dtype());
     dim = wrap_dim(dim, x.dim(), "log_softmax");
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
     return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
-        const Tensor dx = sub(g, mul(exp(y), sum(g, {dim}, true)));
-        return std::vector<Tensor>{where(equals(y, -std::numeric_limits<double>::infinity()), scalar_like(g, 0), dx)};
+        const DType c = statistics_dtype(g.dtype());
+        const Tensor yc = y.to(c), gc = g.to(c);
+        const Tensor dx = sub(gc, mul(exp(yc), sum(gc, {dim}, true)));
+        return std::vector<Tensor>{
+            where(equals(yc, -std::numeric_limits<double>::infinity()), scalar_like(gc, 0), dx).to(g.dtype())};
     });
 }
 
@@ -50,6 +55,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 // Backward, with gh = g w (the gradient at xhat) and means over the last dim:
 //   dx = rstd (gh - mean(gh) - xhat mean(gh xhat)),  dw = sum g xhat,  db = sum g
 // (the two mean terms are the paths through the mean and through the variance).
+// The graph keeps x (an input anyway) and the per-row mean and rstd; the backward recomputes
+// xhat from them, with the forward's operations (so the same values). 16 bits: all of it in
+// float32 (statistics_dtype), the results rounded once.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
     RELGRAD_CHECK(x.dim() > 0, "layer_norm: needs a tensor of rank >= 1");
     const Shape param_shape{x.size(-1)};
@@ -57,25 +65,31 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   shape_str(weight.shape()), " and bias ", shape_str(bias.shape()), " must both be ",
                   shape_str(param_shape), " for an input of shape ", shape_str(x.shape()));
     RELGRAD_CHECK(eps > 0, "layer_norm: eps must be positive, got ", std::to_string(eps));
+    RELGRAD_CHECK(weight.dtype() == x.dtype() && bias.dtype() == x.dtype(), "layer_norm: weight ",
+                  dtype_name(weight.dtype()), " and bias ", dtype_name(bias.dtype()), " must have the input's dtype ",
+                  dtype_name(x.dtype()));
     require_same_device({x, weight, bias}, "layer_norm");
-    if (is_16_bit(x.dtype())) {  // see ops.hpp, 16 bits
-        const DType f32 = DType::float32;
-        return layer_norm(x.to(f32), weight.to(f32), bias.to(f32), eps).to(x.dtype());
-    }
-    Tensor xhat, rstd, y;
+    const DType c = statistics_dtype(x.dtype());
+    Tensor mu, rstd, y;
     {
         NoGradGuard forward_only;
-        const Tensor centered = sub(x, mean(x, {-1}, true));
-        rstd = div(scalar(1, x.dtype(), x.device()),
-                   sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, x.dtype(), x.device()))));
-        xhat = mul(centered, rstd);
-        y = add(mul(xhat, weight), bias);
+        const Tensor xc = x.to(c);
+        mu = mean(xc, {-1}, true);
+        const Tensor centered = sub(xc, mu);
+        rstd = div(scalar(1, c, x.device()),
+                   sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, c, x.device()))));
+        y = add(mul(mul(centered, rstd), weight.to(c)), bias.to(c)).to(x.dtype());
     }
-    return record(y, "layer_norm", {x, weight, bias}, [xhat, rstd, weight = weight.detach()](const Tensor& g) {
-        const Tensor gh = mul(g, weight);
-        const Tensor dx = mul(rstd, sub(sub(gh, mean(gh, {-1}, true)), mul(xhat, mean(mul(gh, xhat), {-1}, true))));
-        return std::vector<Tensor>{dx, sum_to(mul(g, xhat), weight.shape()), sum_to(g, weight.shape())};
-    });
+    return record(y, "layer_norm", {x, weight, bias},
+                  [x = x.detach(), mu, rstd, weight = weight.detach(), c](const Tensor& g) {
+                      const Tensor xhat = mul(sub(x.to(c), mu), rstd);
+                      const Tensor gc = g.to(c);
+                      const Tensor gh = mul(gc, weight.to(c));
+                      const Tensor dx =
+                          mul(rstd, sub(sub(gh, mean(gh, {-1}, true)), mul(xhat, mean(mul(gh, xhat), {-1}, true))));
+                      return std::vector<Tensor>{dx.to(x.dtype()), sum_to(mul(gc, xhat), weight.shape()).to(x.dtype()),
+                                                 sum_to(gc, weight.shape()).to(x.dtype())};
+                  });
 }
 
 // y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p) from gen   (autograd through mul: dx = g mask/(1-p))

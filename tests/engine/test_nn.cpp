@@ -46,6 +46,27 @@ TEST_CASE("layer_norm normalises the last dim") {
     CHECK_THROWS_WITH_AS(layer_norm(x, ones({5}, DType::float64), zeros({6}, DType::float64)),
                          "layer_norm: weight [5] and bias [6] must both be [6] for an input of shape [4, 6]",
                          std::invalid_argument);
+    CHECK_THROWS_WITH_AS(layer_norm(x, ones({6}, DType::float32), zeros({6}, DType::float64)),
+                         "layer_norm: weight float32 and bias float64 must have the input's dtype float64",
+                         std::invalid_argument);
+}
+
+// The graph keeps x itself and two numbers per row, not a normalised copy of x (nor, in 16 bits,
+// float32 copies): what a forward leaves alive is the output and the per-row statistics.
+TEST_CASE("layer_norm keeps only per-row statistics for its backward") {
+    for (DType dtype : {DType::float32, DType::bfloat16}) {
+        CAPTURE(dtype_name(dtype));
+        Generator gen(3);
+        const Tensor x = randn({64, 256}, gen, DType::float32).to(dtype).detach().requires_grad_(true);
+        const Tensor weight = ones({256}, dtype).requires_grad_(true), bias = zeros({256}, dtype).requires_grad_(true);
+        const int64_t before = memory_stats(Device::cpu).live_bytes;
+        Tensor y = layer_norm(x, weight, bias);
+        const int64_t kept = memory_stats(Device::cpu).live_bytes - before;
+        const int64_t output = y.numel() * static_cast<int64_t>(dtype_size(dtype)), statistics = 2 * 64 * 4;
+        CHECK(kept <= output + statistics);
+        sum(y).backward();
+        CHECK(x.grad().defined());
+    }
 }
 
 TEST_CASE("dropout is seeded, scales kept values and is the identity in eval mode") {

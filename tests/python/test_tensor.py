@@ -132,6 +132,50 @@ def test_tensor_outlives_its_array():
     assert len(churn) == 50
 
 
+@pytest.mark.parametrize("numpy_dtype", ["float16", "float32", "float64", "int64", "bool"])
+def test_from_numpy_shares_the_arrays_memory(numpy_dtype):
+    array = (np.arange(24).reshape(4, 6) % 5).astype(numpy_dtype)
+    strided = array[::2, 1::2]  # a view with strides of its own
+    t = relgrad.from_numpy(strided)
+    assert t.dtype == getattr(relgrad, "bool" if numpy_dtype == "bool" else numpy_dtype)
+    assert t.shape == (2, 3) and t.strides == (12, 2)
+    assert np.shares_memory(t.numpy(), array)
+    strided[1, 2] = 1
+    assert t[1, 2].item() == 1
+
+
+def test_from_numpy_parameter_steps_in_the_array():
+    array = np.array([[1.0, -2.0], [3.0, 0.5]], dtype=np.float32)
+    weight = relgrad.from_numpy(array[:, 1])  # a column: stride 2
+    weight.requires_grad = True
+    (weight * weight).sum().backward()
+    relgrad.AdamW([weight], lr=0.1, weight_decay=0.0).step()  # each element moves by lr against its gradient's sign
+    np.testing.assert_allclose(array, [[1.0, -1.9], [3.0, 0.4]], rtol=1e-6)
+
+
+def test_from_numpy_keeps_the_array_alive_and_computes():
+    t = relgrad.from_numpy(np.full((128, 128), 0.5, dtype=np.float16))
+    gc.collect()
+    churn = [np.full((128, 128), -1.0, dtype=np.float16) for _ in range(50)]
+    y = (t * 2).sum()
+    assert y.dtype == relgrad.float16 and y.item() == 128 * 128
+    assert len(churn) == 50
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.arange(4, dtype=np.int32), "NumPy dtype int32 has no relgrad dtype of the same bytes"),
+    (np.arange(4, dtype=">f4"), "big-endian"),
+    (np.arange(4.0)[::-1], "dim 0 has a stride of -8 bytes"),
+    (np.broadcast_to(np.arange(3.0), (4, 3)), "read-only"),
+    (np.lib.stride_tricks.as_strided(np.arange(3.0), (4, 3), (0, 8)), "dim 0 has a stride of 0 bytes"),
+    (np.frombuffer(bytearray(40), dtype=np.float64, offset=1, count=4), "not aligned"),
+])
+def test_from_numpy_refuses_what_it_cannot_share(array, message):
+    """Each refusal says what relgrad.tensor(a), a copy, does instead."""
+    with pytest.raises(ValueError, match=message):
+        relgrad.from_numpy(array)
+
+
 def test_guarded_device_refuses_host_access():
     t = relgrad.ones(2, 2, device="guarded_cpu")
     assert t.device == "guarded_cpu"
