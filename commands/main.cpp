@@ -83,11 +83,22 @@ extern "C" void on_interrupt(int signal_number) {
     std::signal(signal_number, SIG_DFL);
 }
 
-int run_train(const relgrad::Config& config, relgrad::TrainOptions options, const std::string& config_hint) {
+// --profile: where the steps' time went (engine/profile.hpp), against this machine's product rate
+void print_profile(const relgrad::Profile& profile) {
+    if (profile.rows.empty()) return;  // a run of one step has only its warm-up
+    std::printf("\nprofile of the training steps after the first (%.1f s):\n%s", profile.seconds,
+                relgrad::profile_table(profile, relgrad::measure_gemm_gflops()).c_str());
+}
+
+int run_train(const relgrad::Config& config, relgrad::TrainOptions options, const std::string& config_hint,
+              bool profile_steps) {
     std::signal(SIGINT, on_interrupt);
     std::signal(SIGTERM, on_interrupt);
     options.interrupted = [] { return interrupting_signal != 0; };
+    relgrad::Profile profile;
+    if (profile_steps) options.profile = &profile;
     const nlohmann::json summary = relgrad::train(config, options);
+    print_profile(profile);
     if (summary.contains("stopped_at")) {
         const bool interrupted = interrupting_signal != 0;
         std::fprintf(interrupted ? stderr : stdout,
@@ -201,6 +212,8 @@ int main(int argc, char** argv) {
     train->add_flag("--resume", train_options.resume, "continue the run in the output directory");
     train->add_option("--stop-after", train_options.stop_after, "stop after this step, checkpoint written")
         ->check(whole_number_in(1, int64_t{1} << 40));
+    bool profile_steps = false;
+    train->add_flag("--profile", profile_steps, "print where the steps' time went, per op, forward and backward");
     CLI::App* validate = app.add_subcommand("validate", "check a config without training");
     validate->add_option("config", config_path, "the config file")->required();
     validate->add_option("--set", overrides, "override a value: path.to.key=value (repeatable)");
@@ -259,7 +272,7 @@ int main(int argc, char** argv) {
             }
             std::string hint = config_path.empty() ? "" : " " + config_path;
             for (const std::string& assignment : overrides) hint += " --set " + assignment;
-            return run_train(config, train_options, hint);
+            return run_train(config, train_options, hint, profile_steps);
         }
         if (validate->parsed()) {
             const relgrad::Config config = load_config(config_path, overrides, "");

@@ -8,6 +8,7 @@
 
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -139,13 +140,18 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
         pending.erase(found);
 
         if (!tensor->grad_fn || tensor->retains_grad) {
+            const ProfileScope profiled("(summing gradients)", Phase::backward);
             // leaves keep the sum over backward calls until zero_grad(), in memory of their own
             tensor->grad = tensor->grad.defined() ? add(tensor->grad, grad) : owned(grad);
         }
         if (!tensor->grad_fn) continue;
 
         Node& node = *tensor->grad_fn;
-        const std::vector<Tensor> input_grads = node.backward(grad);
+        std::vector<Tensor> input_grads;
+        {
+            const ProfileScope profiled(node.op_name.c_str(), Phase::backward);
+            input_grads = node.backward(grad);
+        }
         if (input_grads.size() != node.inputs.size()) {
             throw std::logic_error("backward of '" + node.op_name + "' returned " + std::to_string(input_grads.size()) +
                                    " gradients for " + std::to_string(node.inputs.size()) + " inputs");
@@ -155,6 +161,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
             if (!input.defined() || !input.requires_grad() || !input_grads[i].defined()) continue;
             check_gradient(input_grads[i], *input.impl(), "backward of '" + node.op_name + "'");
             Tensor& slot = pending[input.impl()];
+            const ProfileScope profiled("(summing gradients)", Phase::backward);
             slot = slot.defined() ? add(slot, input_grads[i]) : input_grads[i];  // +=
         }
         processed.push_back(&node);

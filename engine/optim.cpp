@@ -12,6 +12,7 @@
 #include "engine/check.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -100,6 +101,7 @@ void AdamW::step(double lr) {
 void AdamW::step(const std::vector<double>& group_lrs) {
     RELGRAD_CHECK(group_lrs.size() == groups_.size(), "AdamW::step: ", group_lrs.size(), " learning rates for ",
                   groups_.size(), " parameter groups");
+    const ProfileScope profiled("AdamW step", Phase::update);
     NoGradGuard no_grad;
     ++step_;
     const double b1 = options_.beta1, b2 = options_.beta2;
@@ -192,6 +194,7 @@ double learning_rate(Schedule schedule, double peak, int64_t step, int64_t warmu
 
 double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     RELGRAD_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive");
+    const ProfileScope profiled("clip_grad_norm", Phase::update);
     NoGradGuard no_grad;
     double total = 0;
     for (const Tensor& p : parameters) {
@@ -217,6 +220,7 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
 }
 
 bool LossScaler::unscale(const std::vector<Tensor>& parameters) {
+    const ProfileScope profiled("unscale gradients", Phase::update);
     NoGradGuard no_grad;
     bool finite = true;  // 0 g is 0 for every finite g, NaN for inf and NaN: one sum per gradient tells
     for (const Tensor& p : parameters) {

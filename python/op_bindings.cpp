@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "engine/ops.hpp"
+#include "engine/profile.hpp"
 #include "python/bindings.hpp"
 
 namespace relgrad::python {
@@ -122,6 +123,51 @@ void bind_ops(py::module_& m) {
     m.def(
         "reset_peak_memory", [](const std::string& device) { reset_peak_memory(parse_device(device)); },
         py::arg("device") = "cpu");
+
+    // with relgrad.profile() as p: ...; print(p): engine/profile.hpp's table of what ran inside
+    struct PythonProfile {
+        Profile profile;
+        std::optional<double> machine_gflops;  // measured once, when the table is first asked for
+    };
+    auto table_of = [](PythonProfile& p) {
+        if (!p.machine_gflops) p.machine_gflops = measure_gemm_gflops();
+        return profile_table(p.profile, *p.machine_gflops);
+    };
+    py::class_<PythonProfile>(m, "Profile", "Where the time inside a `with relgrad.profile()` block went")
+        .def("__enter__",
+             [](PythonProfile& p) -> PythonProfile& {
+                 start_profile();
+                 return p;
+             })
+        .def("__exit__",
+             [](PythonProfile& p, const py::object&, const py::object&, const py::object&) {
+                 p.profile = stop_profile();
+                 return false;
+             })
+        .def_property_readonly("seconds", [](const PythonProfile& p) { return p.profile.seconds; })
+        .def_property_readonly(
+            "rows",
+            [](const PythonProfile& p) {
+                py::list rows;
+                for (const ProfileRow& row : p.profile.rows) {
+                    py::dict entry;
+                    entry["op"] = row.op;
+                    entry["phase"] = name_of(phase_names, row.phase);
+                    entry["calls"] = row.calls;
+                    entry["seconds"] = row.seconds;
+                    entry["gemm_flops"] = row.gemm_flops;
+                    entry["gemm_seconds"] = row.gemm_seconds;
+                    rows.append(entry);
+                }
+                return rows;
+            },
+            "One dict per (op, phase), the most time first")
+        .def("table", table_of)
+        .def("__str__", table_of);
+    m.def(
+        "profile", [] { return PythonProfile(); },
+        "A context manager: `with relgrad.profile() as p:` times every op inside, forward and backward; "
+        "print(p) shows the table");
 }
 
 }  // namespace relgrad::python

@@ -387,8 +387,12 @@ json train(const Config& config, const TrainOptions& options) {
     const Sampler sampler(config.training, *task);
     int64_t tokens_seen = 0;
     for (int64_t step = resumed_at; step < total_steps; ++step) {
-        const StepResult result = train_step(*task, optimizer, loss_scaler, config.training, sampler.draw(step), step,
-                                             warmup_steps, total_steps);
+        StepResult result;
+        {
+            const ProfileInto profiled(step > resumed_at ? options.profile : nullptr);  // after a warm-up step
+            result = train_step(*task, optimizer, loss_scaler, config.training, sampler.draw(step), step, warmup_steps,
+                                total_steps);
+        }
         tokens_seen += result.tokens;
 
         const int64_t done = step + 1;

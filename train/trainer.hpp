@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "engine/profile.hpp"
 #include "train/config.hpp"
 
 namespace relgrad {
@@ -23,6 +24,9 @@ struct TrainOptions {
     // Asked after every step but the last: true ends the run there, checkpoint written, as
     // stop_after does (how `relgrad train` and Python's relgrad.train pass Ctrl-C on).
     std::function<bool()> interrupted;
+    // When set, the training steps of this run after its first (the warm-up) are profiled into it
+    // (engine/profile.hpp): the steps alone, not the evaluations between them.
+    Profile* profile = nullptr;
 };
 
 // Training produced a NaN or infinite loss or gradient norm; the message names the step.

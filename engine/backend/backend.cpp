@@ -5,6 +5,7 @@
 #include "engine/backend/backend.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <list>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -138,6 +140,7 @@ static BlasOperand blas_operand(int64_t rows, int64_t cols, int64_t row_stride, 
 
 void Backend::batched_gemm(const Tensor& a_narrow, const Tensor& b_narrow, Tensor& out_narrow) {
     require_on_device("batched_gemm", {&a_narrow, &b_narrow, &out_narrow});
+    const auto started = profiling() ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     // a device with 16-bit products of its own takes the operands as they are
     const DType dtype = a_narrow.dtype();
     const bool in_16_bits = (dtype == DType::bfloat16 && supports(OptionalKernel::bfloat16_gemm)) ||
@@ -183,6 +186,11 @@ void Backend::batched_gemm(const Tensor& a_narrow, const Tensor& b_narrow, Tenso
     }
     do_batched_gemm(products, out);
     f32.finish();
+    if (profiling()) {
+        const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) *
+                             static_cast<double>(products.offsets.size());
+        profile_gemm(flops, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
 }
 
 void Backend::gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) {

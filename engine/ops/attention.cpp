@@ -25,6 +25,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -62,6 +63,7 @@ static Tensor expanded_bool_mask(const Tensor& mask, const Shape& shape, const s
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double scale,
                  const RelativeTerms& rel, Tensor* weights) {
+    const ProfileScope profiled("attention");
     check_attention_inputs(q, k, v, mask, rel, "attention");
     if (is_16_bit(q.dtype())) {
         // see ops.hpp, 16 bits: the scores, their softmax and the bucket sums in float32 (the
@@ -160,6 +162,7 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
 
 // The rules are written out on the host, query i at position query_offset + i, key j at j.
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
+    const ProfileScope profiled("pattern_mask");
     check_window(pattern, "attention");
     if (!pattern.causal && pattern.window < 0) return pattern.mask;
     std::vector<double> visible(query_len * key_len);
@@ -195,6 +198,7 @@ static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& 
 
 Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern_in,
                        double scale, const ClippedRelativeTerms& rel_in) {
+    const ProfileScope profiled("fused_attention");
     check_fused_inputs(q_in, k_in, v_in, pattern_in, rel_in);
     const int64_t B = q_in.size(0), H = q_in.size(1), Lq = q_in.size(2), Lk = k_in.size(2), Dh = q_in.size(3);
     AttentionPattern pattern = pattern_in;

@@ -8,6 +8,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -62,6 +63,7 @@ static Tensor unary_kernel(UnaryOp op, const Tensor& x, double p0 = 0, double p1
 
 // y = a + b          da = g, db = g
 Tensor add(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("add");
     Tensor y = binary_kernel(BinaryOp::add, a, b, "add");
     return record(y, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
         return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
@@ -70,6 +72,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 // y = a - b          da = g, db = -g
 Tensor sub(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("sub");
     Tensor y = binary_kernel(BinaryOp::sub, a, b, "sub");
     return record(y, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
         return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)};
@@ -78,6 +81,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 
 // y = a * b          da = g b, db = g a
 Tensor mul(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("mul");
     Tensor y = binary_kernel(BinaryOp::mul, a, b, "mul");
     return record(y, "mul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
         return std::vector<Tensor>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
@@ -86,6 +90,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 // y = a / b          da = g / b, db = -g a / b^2 = -g y / b
 Tensor div(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("div");
     Tensor y = binary_kernel(BinaryOp::div, a, b, "div");
     return record(y, "div", {a, b}, [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& g) {
         const Tensor g_over_b = div(g, b);
@@ -96,6 +101,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 // y = a^b            da = g b a^(b-1), db = g y log(a)
 // (at b = 0, da = 0 even where a = 0; at a = 0, db = 0: the limits of the two formulas, not 0 * inf)
 Tensor pow(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("pow");
     Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
     return record(
@@ -112,6 +118,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 
 // y = x^p            dx = g p x^(p-1)   (0 for p = 0, even at x = 0)
 Tensor pow(const Tensor& x, double p) {
+    const ProfileScope profiled("pow_scalar");
     Tensor y = unary_kernel(UnaryOp::pow_scalar, x, p);
     return record(y, "pow_scalar", {x}, [x = x.detach(), p](const Tensor& g) {
         if (p == 0) return std::vector<Tensor>{zeros_like(g)};
@@ -121,24 +128,28 @@ Tensor pow(const Tensor& x, double p) {
 
 // y = -x             dx = -g
 Tensor neg(const Tensor& x) {
+    const ProfileScope profiled("neg");
     Tensor y = unary_kernel(UnaryOp::neg, x);
     return record(y, "neg", {x}, [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
 }
 
 // y = e^x            dx = g y
 Tensor exp(const Tensor& x) {
+    const ProfileScope profiled("exp");
     Tensor y = unary_kernel(UnaryOp::exp, x);
     return record(y, "exp", {x}, [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{mul(g, y)}; });
 }
 
 // y = ln x           dx = g / x
 Tensor log(const Tensor& x) {
+    const ProfileScope profiled("log");
     Tensor y = unary_kernel(UnaryOp::log, x);
     return record(y, "log", {x}, [x = x.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, x)}; });
 }
 
 // y = sqrt(x)        dx = g / (2 y)
 Tensor sqrt(const Tensor& x) {
+    const ProfileScope profiled("sqrt");
     Tensor y = unary_kernel(UnaryOp::sqrt, x);
     return record(y, "sqrt", {x},
                   [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, mul(scalar_like(y, 2), y))}; });
@@ -146,6 +157,7 @@ Tensor sqrt(const Tensor& x) {
 
 // y = tanh(x)        dx = g (1 - y^2)
 Tensor tanh(const Tensor& x) {
+    const ProfileScope profiled("tanh");
     Tensor y = unary_kernel(UnaryOp::tanh, x);
     return record(y, "tanh", {x}, [y = y.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, sub(scalar_like(y, 1), mul(y, y)))};
@@ -154,6 +166,7 @@ Tensor tanh(const Tensor& x) {
 
 // y = 1 / (1 + e^-x)  dx = g y (1 - y)
 Tensor sigmoid(const Tensor& x) {
+    const ProfileScope profiled("sigmoid");
     Tensor y = unary_kernel(UnaryOp::sigmoid, x);
     return record(y, "sigmoid", {x}, [y = y.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, mul(y, sub(scalar_like(y, 1), y)))};
@@ -162,6 +175,7 @@ Tensor sigmoid(const Tensor& x) {
 
 // y = max(x, 0)      dx = g [x > 0]
 Tensor relu(const Tensor& x) {
+    const ProfileScope profiled("relu");
     Tensor y = unary_kernel(UnaryOp::relu, x);
     return record(y, "relu", {x}, [x = x.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::relu_grad, x))};
@@ -170,6 +184,7 @@ Tensor relu(const Tensor& x) {
 
 // y = x Phi(x)       dx = g (Phi(x) + x phi(x)), Phi/phi the standard normal cdf/pdf
 Tensor gelu(const Tensor& x) {
+    const ProfileScope profiled("gelu");
     Tensor y = unary_kernel(UnaryOp::gelu, x);
     return record(y, "gelu", {x}, [x = x.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::gelu_grad, x))};
@@ -178,6 +193,7 @@ Tensor gelu(const Tensor& x) {
 
 // y = min(max(x, low), high)   dx = g [low < x < high]
 Tensor clamp(const Tensor& x, double low, double high) {
+    const ProfileScope profiled("clamp");
     RELGRAD_CHECK(!(low > high), "clamp: low ", std::to_string(low), " is above high ", std::to_string(high));
     Tensor y = unary_kernel(UnaryOp::clamp, x, low, high);
     return record(y, "clamp", {x}, [x = x.detach(), low, high](const Tensor& g) {
@@ -189,6 +205,7 @@ Tensor clamp(const Tensor& x, double low, double high) {
 
 // y = cond ? a : b   da = cond ? g : 0, db = cond ? 0 : g
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("where");
     check_floating_pair(a, b, "where");
     require_same_device({a, b, cond}, "where");
     const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
@@ -202,6 +219,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 // y = mask ? value : x  (a where() whose result keeps x's shape)
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+    const ProfileScope profiled("masked_fill");
     RELGRAD_CHECK(broadcast_shapes(x.shape(), mask.shape(), "masked_fill") == x.shape(), "masked_fill: mask of shape ",
                   shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(x.shape()));
     return where(mask, scalar_like(x, value), x);

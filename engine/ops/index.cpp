@@ -5,6 +5,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -24,6 +25,7 @@ static void check_gather_shapes(const Tensor& x, int64_t dim, const Tensor& inde
 // y[i][j] = x[i][index[i][j]]             (dim = 1)
 // dx[i][index[i][j]] += g[i][j]           (a scatter_add of g into zeros)
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+    const ProfileScope profiled("gather");
     check_index(x, index, "gather");
     require_floating(x, "gather");
     dim = wrap_dim(dim, x.dim(), "gather");
@@ -40,6 +42,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 // y = x; y[i][index[i][j]] += src[i][j]   (dim = 1)
 // dx = g, dsrc[i][j] = g[i][index[i][j]]  (a gather of g)
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+    const ProfileScope profiled("scatter_add");
     check_index(x, index, "scatter_add");
     require_floating(x, "scatter_add");
     dim = wrap_dim(dim, x.dim(), "scatter_add");
@@ -60,6 +63,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 // y = x[..., index[n], ...] along dim    dx[..., index[n], ...] += g[..., n, ...]
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+    const ProfileScope profiled("index_select");
     check_index(x, index, "index_select");
     require_floating(x, "index_select");
     RELGRAD_CHECK(index.dim() == 1, "index_select: the index must be 1-d, got shape ", shape_str(index.shape()));
@@ -77,6 +81,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 // y[s..., :] = weight[ids[s...], :]  (an index_select of rows; its backward adds g's rows back)
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
+    const ProfileScope profiled("embedding");
     RELGRAD_CHECK(weight.dim() == 2, "embedding: the weight must be [V, D], got shape ", shape_str(weight.shape()));
     check_index(weight, ids, "embedding");
     Shape out_shape = ids.shape();

@@ -4,6 +4,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -11,6 +12,7 @@ namespace relgrad {
 // dA = G B^T, dB = A^T G, each summed over the batch dims that broadcasting stretched.
 // The transposes are views: BLAS reads them in place with its transpose flag, nothing is copied.
 Tensor matmul(const Tensor& a, const Tensor& b) {
+    const ProfileScope profiled("matmul");
     RELGRAD_CHECK(a.defined() && b.defined(), "matmul: undefined tensor");
     require_same_device({a, b}, "matmul");
     RELGRAD_CHECK(a.dim() > 0 && b.dim() > 0, "matmul: needs tensors of rank >= 1, got shapes ", shape_str(a.shape()),

@@ -8,6 +8,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -27,6 +28,7 @@ static Tensor softmax_kernel(const Tensor& x, int64_t dim, bool log, const char*
 // 16 bits: the kernel forms the sums in float32 and rounds y once; the backward widens y and g
 // (the graph keeps only the 16-bit y)
 Tensor softmax(const Tensor& x, int64_t dim) {
+    const ProfileScope profiled("softmax");
     dim = wrap_dim(dim, x.dim(), "softmax");
     Tensor y = softmax_kernel(x, dim, false, "softmax");
     return record(y, "softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
@@ -40,6 +42,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 // dx = g - softmax(x) sum_j g_j = g - exp(y) sum_j g_j, and 0 where y = -inf (a masked entry gets
 // no gradient, as in softmax). 16 bits as in softmax.
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+    const ProfileScope profiled("log_softmax");
     dim = wrap_dim(dim, x.dim(), "log_softmax");
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
     return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
@@ -59,6 +62,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 // xhat from them, with the forward's operations (so the same values). 16 bits: all of it in
 // float32 (statistics_dtype), the results rounded once.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+    const ProfileScope profiled("layer_norm");
     RELGRAD_CHECK(x.dim() > 0, "layer_norm: needs a tensor of rank >= 1");
     const Shape param_shape{x.size(-1)};
     RELGRAD_CHECK(weight.shape() == param_shape && bias.shape() == param_shape, "layer_norm: weight ",
@@ -96,6 +100,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // The mask is drawn on the host, so that a seed gives the same mask on every device, and copied
 // to x's device.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+    const ProfileScope profiled("dropout");
     RELGRAD_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", std::to_string(p));
     if (!training || p == 0) return x;
     const double keep_scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
@@ -108,6 +113,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 // (autograd through log_softmax, gather and where; an ignored row gets no gradient). All on the
 // logits' device: the gather kernel checks the targets that are not ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+    const ProfileScope profiled("cross_entropy");
     RELGRAD_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
                   "cross_entropy: expects logits [N, C] and target [N], got ", shape_str(logits.shape()), " and ",
                   shape_str(target.shape()));

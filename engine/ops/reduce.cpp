@@ -7,6 +7,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -45,6 +46,7 @@ static Tensor reduce_kernel(ReduceOp op, const Tensor& x, const std::vector<int6
 
 // y = sum_{dims} x            dx = g broadcast back over the reduced dims
 Tensor sum(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
+    const ProfileScope profiled("sum");
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "sum");
     Tensor y = reduce_kernel(ReduceOp::sum, x, dims, "sum");
     const Shape kept = y.shape();
@@ -56,6 +58,7 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
 
 // y = sum_{dims} x / n        (n = number of elements reduced; autograd goes through sum and mul)
 Tensor mean(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
+    const ProfileScope profiled("mean");
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "mean");
     int64_t count = 1;
     for (int64_t d : dims) count *= x.shape()[d];
@@ -64,6 +67,7 @@ Tensor mean(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
 
 // y = max_{dims} x            dx = g [x == y] / (number of tied maxima)
 Tensor max(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
+    const ProfileScope profiled("max");
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "max");
     for (int64_t d : dims) {
         RELGRAD_CHECK(x.shape()[d] != 0, "max: cannot reduce over the empty dim ", d, " of shape ",

@@ -4,11 +4,13 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
 // y = [x_0; x_1; ...] along dim      dx_i = the slice of g that x_i filled
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
+    const ProfileScope profiled("concat");
     RELGRAD_CHECK(!tensors.empty(), "concat: no tensors given");
     const Tensor& first = tensors[0];
     dim = wrap_dim(dim, first.dim(), "concat");
@@ -46,6 +48,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 // y = concat of the x_i each given a new size-1 dim at `dim` (autograd through unsqueeze/concat)
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+    const ProfileScope profiled("stack");
     RELGRAD_CHECK(!tensors.empty(), "stack: no tensors given");
     std::vector<Tensor> unsqueezed;
     for (const Tensor& t : tensors) {

@@ -9,6 +9,7 @@
 #include "engine/backend/backend.hpp"
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
+#include "engine/profile.hpp"
 
 namespace relgrad {
 
@@ -167,6 +168,7 @@ std::vector<double> Tensor::to_vector() const {
 // The copy kernel rejects a float without an int64 value (NaN, +-inf, beyond +-2^63).
 Tensor Tensor::to(DType target) const {
     if (target == dtype()) return *this;
+    const ProfileScope profiled("to");
     Tensor out = empty(shape(), target, device());
     backend_for(device()).copy(*this, out);
     const DType source = dtype();
@@ -194,6 +196,7 @@ static void copy_packed_between_devices(const Tensor& packed_src, const Tensor& 
 
 Tensor Tensor::to(Device target) const {
     if (target == device()) return *this;
+    const ProfileScope profiled("to device");
     const Tensor packed = detach().contiguous();
     Tensor out = empty(shape(), dtype(), target);
     copy_packed_between_devices(packed, out);
@@ -203,6 +206,7 @@ Tensor Tensor::to(Device target) const {
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
+    const ProfileScope profiled("copy_");
     RELGRAD_CHECK(src.shape() == shape(), "copy_: source shape ", shape_str(src.shape()),
                   " differs from destination shape ", shape_str(shape()));
     RELGRAD_CHECK(!(grad_mode_enabled() && requires_grad()),
@@ -227,6 +231,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor Tensor::clone() const {
+    const ProfileScope profiled("clone");
     Tensor out = empty(shape(), dtype(), device());
     backend_for(device()).copy(*this, out);
     return record(out, "clone", {*this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });

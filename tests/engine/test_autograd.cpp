@@ -3,6 +3,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/gradcheck.hpp"
+#include "engine/profile.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -188,4 +189,42 @@ TEST_CASE("checkpoint: the same output and gradients as the plain graph, with no
     const Tensor same = checkpoint([](const std::vector<Tensor>& in) { return in[0]; }, {x}, {});
     CHECK(same.impl() != x.impl());
     CHECK(!x.grad_fn());
+}
+
+// The profiler (engine/profile.hpp) attributes time to the outermost op, forward and backward.
+TEST_CASE("a profile lists each outermost op per phase, with its products' FLOPs") {
+    Generator gen(4);
+    const Tensor x = randn({6, 5}, gen, DType::float64).requires_grad_(true);
+    const Tensor w = randn({5, 3}, gen, DType::float64).requires_grad_(true);
+    const Tensor gamma = ones({3}, DType::float64).requires_grad_(true), beta = zeros({3}, DType::float64);
+    { const ProfileScope outside_a_profile("ignored"); }
+    start_profile();
+    CHECK_THROWS_AS(start_profile(), std::logic_error);
+    sum(layer_norm(matmul(x, w), gamma, beta)).backward();
+    const Profile profile = stop_profile();
+    CHECK_THROWS_AS(stop_profile(), std::logic_error);
+    auto row = [&](const std::string& op, Phase phase) -> const ProfileRow* {
+        for (const ProfileRow& r : profile.rows) {
+            if (r.op == op && r.phase == phase) return &r;
+        }
+        return nullptr;
+    };
+    for (const char* op : {"matmul", "layer_norm", "sum"}) {
+        CAPTURE(op);
+        REQUIRE(row(op, Phase::forward));
+        CHECK(row(op, Phase::forward)->calls == 1);
+        REQUIRE(row(op, Phase::backward));
+        CHECK(row(op, Phase::backward)->calls == 1);
+    }
+    CHECK(row("mean", Phase::forward) == nullptr);  // inside layer_norm: layer_norm's time
+    CHECK(row("ignored", Phase::forward) == nullptr);
+    CHECK(row("matmul", Phase::forward)->gemm_flops == 2.0 * 6 * 5 * 3);
+    CHECK(row("matmul", Phase::backward)->gemm_flops == 2 * (2.0 * 6 * 5 * 3));  // dx and dw
+    CHECK(row("layer_norm", Phase::forward)->gemm_flops == 0);
+    double in_ops = 0;
+    for (const ProfileRow& r : profile.rows) in_ops += r.seconds;
+    CHECK(in_ops <= profile.seconds);
+    const std::string table = profile_table(profile, 100.0);
+    CHECK(table.find("layer_norm                   backward") != std::string::npos);
+    CHECK(table.find("of this machine's 100.0 GFLOP/s") != std::string::npos);
 }

@@ -50,6 +50,25 @@ TEST_CASE("binary ops broadcast as NumPy does") {
     check_values(add(a.transpose(0, 1), column.transpose(0, 1)), {11, 24, 12, 25, 13, 26});
 }
 
+// The CPU's packed loops (a bias row, a per-row scalar, a single value, on either side) give what
+// its strided broadcasting gives, on a tensor big enough to be cut between threads mid-row.
+TEST_CASE("packed broadcasting layouts agree with strided broadcasting") {
+    Generator gen(5);
+    const Tensor full = randn({64, 3, 200}, gen, DType::float64);
+    const Tensor strided_full = full.transpose(0, 2).contiguous().transpose(0, 2);  // same values, not packed
+    REQUIRE(!strided_full.is_contiguous());
+    for (const Shape& shape : std::vector<Shape>{{64, 1, 1}, {64, 3, 1}, {200}, {3, 200}, {1, 3, 1}, {1}}) {
+        CAPTURE(shape_str(shape));
+        const Tensor other = randn(shape, gen, DType::float64) + 3.0;
+        using Binary = Tensor (*)(const Tensor&, const Tensor&);
+        for (Binary op : {static_cast<Binary>(add), static_cast<Binary>(sub), static_cast<Binary>(mul),
+                          static_cast<Binary>(div)}) {
+            CHECK(op(full, other).to_vector() == op(strided_full, other).to_vector());
+            CHECK(op(other, full).to_vector() == op(other, strided_full).to_vector());
+        }
+    }
+}
+
 TEST_CASE("mismatches name the op and both shapes") {
     const Tensor a = zeros({2, 3}, DType::float64);
     CHECK_THROWS_WITH_AS(add(a, zeros({4}, DType::float64)), "add: shapes [2, 3] and [4] cannot be broadcast together",

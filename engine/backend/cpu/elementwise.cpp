@@ -1,6 +1,7 @@
 // The CPU's elementwise kernels (engine/ops/elementwise.cpp, and the copies of views.cpp): xtensor
 // expressions over the tensors' own strided memory (xt::adapt, no copies), and plain loops the
 // compiler vectorizes for the packed common cases.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -21,50 +22,104 @@ using namespace cpu;
 
 namespace {
 
-// The common case of a binary op, done as plain loops the compiler vectorizes: a packed output,
-// each operand packed with the output's shape, a packed suffix of it (a bias row) or a single
-// element. Returns false when the operands are laid out otherwise (xtensor handles those).
+// How a packed operand of a binary op lines up with the packed output's n elements, for the
+// layouts a training step uses: the output's own shape (full), a single element (scalar), a
+// packed suffix of the output's shape repeated (a bias row: element i uses t[i % width]), or a
+// packed prefix with trailing 1s (a per-row scalar, as a mean over the last dim: element i uses
+// t[i / width]).
+enum class Layout { full, scalar, suffix, prefix, other };
+struct Lined {
+    Layout layout;
+    int64_t width;  // suffix: the period; prefix: the output elements each element of t covers
+};
+
+Lined line_up(const Tensor& t, const Tensor& out) {
+    const int64_t n = out.numel();
+    if (!t.is_contiguous()) return {Layout::other, 0};
+    if (t.shape() == out.shape()) return {Layout::full, n};
+    if (t.numel() == 1) return {Layout::scalar, n};
+    const Shape& o = out.shape();
+    const int64_t rank = static_cast<int64_t>(o.size()), lead = rank - t.dim();
+    if (lead < 0) return {Layout::other, 0};
+    auto size_of = [&](int64_t d) { return d < lead ? int64_t{1} : t.shape()[d - lead]; };  // t aligned right
+    int64_t first_kept = 0;  // suffix: t is 1 before first_kept and equal to out from there
+    while (first_kept < rank && size_of(first_kept) == 1) ++first_kept;
+    bool suffix = true;
+    for (int64_t d = first_kept; d < rank; ++d) suffix &= size_of(d) == o[d];
+    if (suffix) return {Layout::suffix, t.numel()};
+    int64_t end_kept = rank;  // prefix: t equals out before end_kept and is 1 from there
+    while (end_kept > 0 && size_of(end_kept - 1) == 1) --end_kept;
+    bool prefix = true;
+    for (int64_t d = 0; d < end_kept; ++d) prefix &= size_of(d) == o[d];
+    if (prefix) return {Layout::prefix, n / t.numel()};
+    return {Layout::other, 0};
+}
+
+// in_chunks over n elements cut into rows of `width`: f(row, begin, end) for each piece of a row
+template <class F>
+void in_row_pieces(int64_t n, int64_t width, F&& f) {
+    in_chunks(n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end;) {
+            const int64_t row = i / width, stop = std::min(end, (row + 1) * width);
+            f(row, i, stop);
+            i = stop;
+        }
+    });
+}
+
+// o[i] = g(full[i], the element of `other` (laid out as lo) that output element i uses)
+template <class T, class G>
+bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G g) {
+    switch (lo.layout) {
+        case Layout::scalar: {
+            const T c = other[0];
+            in_chunks(n, [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], c);
+            });
+            return true;
+        }
+        case Layout::suffix:  // a bias row: output element i uses other[i % width]
+            in_row_pieces(n, lo.width, [&](int64_t row, int64_t begin, int64_t end) {
+                const T* repeated = other + (begin - row * lo.width);
+                const int64_t count = end - begin;
+                const T* f_in = full + begin;
+                T* f_out = o + begin;
+                for (int64_t j = 0; j < count; ++j) f_out[j] = g(f_in[j], repeated[j]);
+            });
+            return true;
+        case Layout::prefix:  // a per-row scalar: output element i uses other[i / width]
+            in_row_pieces(n, lo.width, [&](int64_t row, int64_t begin, int64_t end) {
+                const T c = other[row];
+                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], c);
+            });
+            return true;
+        default: return false;
+    }
+}
+
+// A binary op over packed tensors as plain loops the compiler vectorizes, where one operand is
+// full and the other is laid out as line_up finds it. Returns false for other layouts (xtensor's
+// strided broadcasting handles those).
 template <class T, class F>
 bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
-    if (!out.is_contiguous() || !a.is_contiguous() || !b.is_contiguous()) return false;
+    if (!out.is_contiguous()) return false;
     const int64_t n = out.numel();
-    auto period = [&](const Tensor& t) -> int64_t {  // t repeats every `period` output elements
-        if (t.numel() == 1 || t.shape() == out.shape()) return t.numel();
-        Shape trimmed = t.shape();
-        while (!trimmed.empty() && trimmed.front() == 1) trimmed.erase(trimmed.begin());
-        if (trimmed.size() > out.shape().size() ||
-            !std::equal(trimmed.rbegin(), trimmed.rend(), out.shape().rbegin())) {
-            return -1;
-        }
-        return t.numel();
-    };
-    const int64_t pa = period(a), pb = period(b);
-    if (pa < 0 || pb < 0 || (pa != n && pb != n) || n == 0) return n == 0 && pa >= 0 && pb >= 0;
+    if (n == 0) return true;
+    const Lined la = line_up(a, out), lb = line_up(b, out);
+    if (la.layout == Layout::other || lb.layout == Layout::other) return false;
     const T* x = device_data<T>(a);
     const T* y = device_data<T>(b);
     T* o = device_data<T>(out);
-    if (pa == n && pb == n) {
+    if (la.layout == Layout::full && lb.layout == Layout::full) {
         in_chunks(n, [&](int64_t begin, int64_t end) {
             for (int64_t i = begin; i < end; ++i) o[i] = f(x[i], y[i]);
         });
-    } else if (pb == 1) {
-        const T c = y[0];
-        in_chunks(n, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) o[i] = f(x[i], c);
-        });
-    } else if (pa == 1) {
-        const T c = x[0];
-        in_chunks(n, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) o[i] = f(c, y[i]);
-        });
-    } else if (pa == n) {  // b repeats every pb elements
-        for (int64_t row = 0; row < n; row += pb)
-            for (int64_t j = 0; j < pb; ++j) o[row + j] = f(x[row + j], y[j]);
-    } else {
-        for (int64_t row = 0; row < n; row += pa)
-            for (int64_t j = 0; j < pa; ++j) o[row + j] = f(x[j], y[row + j]);
+        return true;
     }
-    return true;
+    // one full operand and one of another layout; g keeps f's order with the full one first
+    if (la.layout == Layout::full) return full_and_other<T>(x, y, lb, n, o, f);
+    if (lb.layout == Layout::full) return full_and_other<T>(y, x, la, n, o, [&](T v, T w) { return f(w, v); });
+    return false;
 }
 
 }  // namespace

@@ -18,6 +18,22 @@ using namespace cpu;
 
 namespace {
 
+// The sum of n values in float64, in 8 interleaved partial sums (element j goes to sum j % 8)
+// added pairwise at the end: one running sum is a chain of dependent additions, 8 of them fill a
+// SIMD register. The order is fixed, so the result does not depend on the thread count; for
+// float32 values the float64 sums are exact unless the values' magnitudes span more than about
+// 2^29, so the float32 result is that of any order.
+template <class T>
+double row_sum(const T* values, int64_t n) {
+    constexpr int64_t lanes = 8;
+    double partial[lanes] = {};
+    int64_t j = 0;
+    for (; j + lanes <= n; j += lanes)
+        for (int64_t l = 0; l < lanes; ++l) partial[l] += values[j + l];
+    for (int64_t l = 0; j < n; ++j, ++l) partial[l] += values[j];
+    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
 // The two common sums as plain loops: a packed x summed over its leading dims (the bias gradient:
 // one sum per column) or over its trailing dims (one sum per row). float64 accumulators.
 template <class T>
@@ -33,11 +49,7 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
     T* o = device_data<T>(out);
     if (trailing) {
 #pragma omp parallel for schedule(static) if (x.numel() > (1 << 16))
-        for (int64_t i = 0; i < kept; ++i) {
-            double total = 0;
-            for (int64_t j = 0; j < reduced; ++j) total += in[i * reduced + j];
-            o[i] = static_cast<T>(total);
-        }
+        for (int64_t i = 0; i < kept; ++i) o[i] = static_cast<T>(row_sum(in + i * reduced, reduced));
     } else {
         std::vector<double> totals(kept, 0.0);
         for (int64_t i = 0; i < reduced; ++i)
