@@ -38,6 +38,10 @@ ProfileRow& row_of(const std::string& op, Phase phase) {  // state.mutex held
     return row;
 }
 
+void most_time_first(std::vector<ProfileRow>& rows) {
+    std::sort(rows.begin(), rows.end(), [](const ProfileRow& a, const ProfileRow& b) { return a.seconds > b.seconds; });
+}
+
 double seconds_between(Clock::time_point from, Clock::time_point to) {
     return std::chrono::duration<double>(to - from).count();
 }
@@ -59,8 +63,7 @@ Profile stop_profile() {
     Profile profile;
     profile.seconds = seconds_between(state.started, Clock::now());
     for (auto& entry : state.rows) profile.rows.push_back(entry.second);
-    std::sort(profile.rows.begin(), profile.rows.end(),
-              [](const ProfileRow& a, const ProfileRow& b) { return a.seconds > b.seconds; });
+    most_time_first(profile.rows);
     return profile;
 }
 
@@ -81,8 +84,7 @@ void add_profile(Profile& total, const Profile& more) {
         same->gemm_seconds += row.gemm_seconds;
     }
     total.seconds += more.seconds;
-    std::sort(total.rows.begin(), total.rows.end(),
-              [](const ProfileRow& a, const ProfileRow& b) { return a.seconds > b.seconds; });
+    most_time_first(total.rows);
 }
 
 ProfileScope::ProfileScope(const char* op, Phase phase) : op_(op), phase_(phase) {

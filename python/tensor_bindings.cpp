@@ -1,6 +1,5 @@
 // relgrad's Python module: the Tensor class (metadata, values, autograd, views, operators), the
 // dtypes, NumPy in and out (relgrad.tensor, Tensor.numpy) and the shapes Python passes.
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -213,17 +212,14 @@ py::array to_numpy(const Tensor& t) {
 Tensor tensor_over_numpy(const py::array& array) {
     const std::string numpy_name = array.dtype().attr("name").cast<std::string>();
     const std::string byte_order = py::str(array.dtype().attr("byteorder")).cast<std::string>();
-    DType dtype = DType::float32;
-    if (numpy_name == "float32") dtype = DType::float32;
-    else if (numpy_name == "float64") dtype = DType::float64;
-    else if (numpy_name == "float16") dtype = DType::float16;
-    else if (numpy_name == "int64") dtype = DType::int64;
-    else if (numpy_name == "bool") dtype = DType::boolean;
-    else {
+    // relgrad names its dtypes as NumPy does; NumPy has no bfloat16
+    const std::optional<DType> same_bytes = value_named(dtype_names, numpy_name);
+    if (!same_bytes || *same_bytes == DType::bfloat16) {
         throw std::invalid_argument("from_numpy: NumPy dtype " + numpy_name +
                                     " has no relgrad dtype of the same bytes (float32, float64, float16, int64 or "
                                     "bool); relgrad.tensor(a) converts it into a copy");
     }
+    const DType dtype = *same_bytes;
     if (byte_order == ">") {
         throw std::invalid_argument("from_numpy: the array is big-endian; relgrad.tensor(a) converts it into a copy");
     }
@@ -249,7 +245,7 @@ Tensor tensor_over_numpy(const py::array& array) {
         }
         shape.push_back(array.shape(d));
         strides.push_back(stride / itemsize);  // a size-1 dim's stride is never used: set below
-        if (array.size() > 0) span += static_cast<std::size_t>((array.shape(d) - 1) * std::max<py::ssize_t>(stride, 0));
+        if (array.size() > 0) span += static_cast<std::size_t>((array.shape(d) - 1) * stride);
     }
     const Shape packed = contiguous_strides(shape);
     for (std::size_t d = 0; d < shape.size(); ++d) {

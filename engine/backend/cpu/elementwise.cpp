@@ -71,6 +71,11 @@ void in_row_pieces(int64_t n, int64_t width, F&& f) {
 template <class T, class G>
 bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G g) {
     switch (lo.layout) {
+        case Layout::full:
+            in_chunks(n, [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], other[i]);
+            });
+            return true;
         case Layout::scalar: {
             const T c = other[0];
             in_chunks(n, [&](int64_t begin, int64_t end) {
@@ -98,7 +103,7 @@ bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G 
 }
 
 // A binary op over packed tensors as plain loops the compiler vectorizes, where one operand is
-// full and the other is laid out as line_up finds it. Returns false for other layouts (xtensor's
+// full and the other is laid out as line_up finds it (full too, or another layout). Returns false for other layouts (xtensor's
 // strided broadcasting handles those).
 template <class T, class F>
 bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
@@ -110,13 +115,7 @@ bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     const T* x = device_data<T>(a);
     const T* y = device_data<T>(b);
     T* o = device_data<T>(out);
-    if (la.layout == Layout::full && lb.layout == Layout::full) {
-        in_chunks(n, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) o[i] = f(x[i], y[i]);
-        });
-        return true;
-    }
-    // one full operand and one of another layout; g keeps f's order with the full one first
+    // one full operand and the other of any layout; the lambda keeps f's order with b full
     if (la.layout == Layout::full) return full_and_other<T>(x, y, lb, n, o, f);
     if (lb.layout == Layout::full) return full_and_other<T>(y, x, la, n, o, [&](T v, T w) { return f(w, v); });
     return false;
