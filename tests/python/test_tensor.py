@@ -415,6 +415,38 @@ def test_threads_change_nothing_but_speed():
         relgrad.set_threads(before)
 
 
+# --- the profiler
+
+
+def test_profile_times_each_op_per_phase_and_stops_on_error():
+    x = relgrad.randn(8, 6, seed=1, dtype="float64", requires_grad=True)
+    w = relgrad.randn(6, 4, seed=2, dtype="float64", requires_grad=True)
+    (x @ w).sum()  # outside any profile: not counted
+    with relgrad.profile() as p:
+        (x @ w).tanh().sum().backward()
+    rows = {(r["op"], r["phase"]): r for r in p.rows}
+    for op in ("matmul", "tanh", "sum"):
+        assert rows[(op, "forward")]["calls"] == 1 and rows[(op, "backward")]["calls"] == 1
+    assert rows[("matmul", "forward")]["gemm_flops"] == 2 * 8 * 6 * 4
+    assert rows[("matmul", "backward")]["gemm_flops"] == 2 * (2 * 8 * 6 * 4)  # dx and dw
+    assert rows[("tanh", "forward")]["gemm_flops"] == 0
+    seconds = [r["seconds"] for r in p.rows]
+    assert seconds == sorted(seconds, reverse=True) and 0 < sum(seconds) <= p.seconds
+    assert "matmul" in str(p) and "backward" in p.table() and "GFLOP/s" in str(p)
+
+    with pytest.raises(RuntimeError, match="profile"):
+        with relgrad.profile():
+            with relgrad.profile():  # one at a time
+                pass
+    with pytest.raises(ValueError):
+        with relgrad.profile() as failed:
+            x @ x  # [8, 6] @ [8, 6]: the error leaves the block, and its __exit__ stops the profile
+    assert all(r["op"] != "sum" for r in failed.rows)
+    with relgrad.profile() as again:  # so the next one starts
+        x.sum()
+    assert [(r["op"], r["phase"], r["calls"]) for r in again.rows] == [("sum", "forward", 1)]
+
+
 # --- long calls release the GIL
 
 
