@@ -235,9 +235,10 @@ std::vector<OpCheck> build() {
     r.add("layer_norm/noncontiguous", {{5, 3}, {5}, {5}},
           [](const auto& x) { return layer_norm(x[0].transpose(0, 1), x[1], x[2]); });
     r.add("layer_norm/single", {{1, 1}, {1}, {1}}, [](const auto& x) { return layer_norm(x[0], x[1], x[2]); });
-    r.add("dropout", {{4, 5}}, [](const auto& x) {
-        Generator gen(7);  // the same mask on every evaluation
-        return dropout(x[0], 0.3, true, gen);
+    r.add("dropout", {{4, 5}, {4, 5}, {5, 4}}, [](const auto& x) {
+        Generator gen(7);  // the same masks on every evaluation
+        // plain, and added to a residual (with an x that is not contiguous)
+        return stack({dropout(x[0], 0.3, true, gen), dropout_add(x[1], x[2].transpose(0, 1), 0.5, true, gen)}, 0);
     });
     const Tensor targets = index_tensor({1, 0, -100, 3, 3}, {5});
     r.add("cross_entropy", {{5, 4}}, [targets](const auto& x) { return cross_entropy(x[0], on(targets, x)); });

@@ -87,7 +87,11 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // Normalise over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (weight, bias [D])
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // Zero each element with probability p and scale the rest by 1/(1-p); identity when !training.
+// The mask takes ceil(numel / 4) of gen's blocks (engine/random.hpp), and only when it is drawn.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// residual + dropout(x, ...) in one pass (the residual connection after a sublayer); residual has
+// x's shape, dtype and device.
+Tensor dropout_add(const Tensor& residual, const Tensor& x, double p, bool training, Generator& gen);
 // Mean over targets != ignore_index of -log_softmax(logits)[n, target[n]]; logits [N, C],
 // target int64 [N]. 0 when every target is ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);

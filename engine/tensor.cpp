@@ -219,21 +219,6 @@ Tensor arange(int64_t n, DType dtype, Device device) {
     return from_vector(values, {n}, dtype, device);
 }
 
-uint64_t Generator::next_u64() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-double Generator::next_uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
-
-double Generator::next_normal() {
-    const double u1 = 1.0 - next_uniform();  // in (0, 1]: log(u1) is finite
-    const double u2 = next_uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
     std::vector<double> values(shape_numel(shape));  // shape_numel rejects negative sizes
     for (double& v : values) v = gen.next_normal();

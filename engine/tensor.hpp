@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/random.hpp"
 #include "engine/storage.hpp"
 
 namespace relgrad {
@@ -146,18 +147,8 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor scalar_like(const Tensor& t, double value);  // a 0-d tensor
 
-// A seeded source of random tensors; the same seed gives the same tensors on every machine.
-class Generator {
-public:
-    explicit Generator(uint64_t seed = 0) : state_(seed) {}
-    uint64_t next_u64();    // splitmix64
-    double next_uniform();  // in [0, 1)
-    double next_normal();   // standard normal (Box-Muller)
-
-private:
-    uint64_t state_;
-};
-
+// Random tensors from a Generator (engine/random.hpp): value i from the generator's next block,
+// so the same seed gives the same tensors on every machine.
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::float32, Device device = Device::cpu);
 Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::float32,
             Device device = Device::cpu);  // U[0, 1)

@@ -64,6 +64,9 @@ Dropout::Dropout(double p_, uint64_t seed) : p(p_), gen_(seed) {
 }
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), gen_); }
+Tensor Dropout::add_to(const Tensor& residual, const Tensor& x) {
+    return dropout_add(residual, x, p, is_training(), gen_);
+}
 
 FeedForward::FeedForward(int64_t d, int64_t hidden, double p, const Init& init)
     : fc1(d, hidden, init), fc2(hidden, d, init), dropout(p, init.gen.next_u64()) {

@@ -42,6 +42,8 @@ class Dropout : public Module {
 public:
     Dropout(double p, uint64_t seed);
     Tensor forward(const Tensor& x);  // draws a new mask on every call in training mode
+    // residual + forward(x), in one pass (a residual connection around a sublayer)
+    Tensor add_to(const Tensor& residual, const Tensor& x);
     void reseed(uint64_t seed) override { gen_ = Generator(seed); }
 
     double p;

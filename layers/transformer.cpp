@@ -43,13 +43,13 @@ EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init)
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& mask, int64_t query_offset) {
     const Tensor h = norm1.forward(x);
-    const Tensor x1 = add(x, dropout.forward(self_attention->forward(h, h, mask, query_offset)));
-    return add(x1, dropout.forward(feed_forward.forward(norm2.forward(x1))));
+    const Tensor x1 = dropout.add_to(x, self_attention->forward(h, h, mask, query_offset));
+    return dropout.add_to(x1, feed_forward.forward(norm2.forward(x1)));
 }
 
 Tensor EncoderLayer::forward_incremental(const Tensor& x, KVCache& cache) {
-    const Tensor x1 = add(x, dropout.forward(self_attention->forward_incremental(norm1.forward(x), cache)));
-    return add(x1, dropout.forward(feed_forward.forward(norm2.forward(x1))));
+    const Tensor x1 = dropout.add_to(x, self_attention->forward_incremental(norm1.forward(x), cache));
+    return dropout.add_to(x1, feed_forward.forward(norm2.forward(x1)));
 }
 
 DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
@@ -73,16 +73,16 @@ DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask,
                              const Tensor& memory_mask) {
     const Tensor h = norm1.forward(x);
-    const Tensor x1 = add(x, dropout.forward(self_attention->forward(h, h, self_mask)));
-    const Tensor x2 = add(x1, dropout.forward(cross_attention.forward(norm2.forward(x1), memory, memory_mask)));
-    return add(x2, dropout.forward(feed_forward.forward(norm3.forward(x2))));
+    const Tensor x1 = dropout.add_to(x, self_attention->forward(h, h, self_mask));
+    const Tensor x2 = dropout.add_to(x1, cross_attention.forward(norm2.forward(x1), memory, memory_mask));
+    return dropout.add_to(x2, feed_forward.forward(norm3.forward(x2)));
 }
 
 Tensor DecoderLayer::forward_incremental(const Tensor& x, KVCache& cache, const Tensor& memory,
                                          const Tensor& memory_mask) {
-    const Tensor x1 = add(x, dropout.forward(self_attention->forward_incremental(norm1.forward(x), cache)));
-    const Tensor x2 = add(x1, dropout.forward(cross_attention.forward(norm2.forward(x1), memory, memory_mask)));
-    return add(x2, dropout.forward(feed_forward.forward(norm3.forward(x2))));
+    const Tensor x1 = dropout.add_to(x, self_attention->forward_incremental(norm1.forward(x), cache));
+    const Tensor x2 = dropout.add_to(x1, cross_attention.forward(norm2.forward(x1), memory, memory_mask));
+    return dropout.add_to(x2, feed_forward.forward(norm3.forward(x2)));
 }
 
 TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const Init& init)

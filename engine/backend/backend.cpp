@@ -116,6 +116,18 @@ void Backend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor
     f32.finish();
 }
 
+void Backend::dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) {
+    require_on_device("dropout", {&x, &residual, &out});
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &residual, &out}) {
+        if (!t->defined()) continue;
+        RELGRAD_CHECK(t->is_contiguous() && t->shape() == out.shape(), "dropout: the kernel takes contiguous operands of one shape, got ",
+                      shape_str(t->shape()), " for ", shape_str(out.shape()));
+    }
+    InFloat32 f32(*this);
+    do_dropout(f32.in(x), f32.in(residual), mask, f32.out(out));
+    f32.finish();
+}
+
 void Backend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
     require_on_device("reduce", {&x, &out});
     if (dims.empty()) {

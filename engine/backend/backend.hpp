@@ -147,6 +147,10 @@ public:
     void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0);
     // out = a (op) b elementwise, a and b broadcast to out's shape
     void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out);
+    // out = residual + x * m / (1 - p), m_i the mask's for the flat (C-order) index i (random.hpp),
+    // drawn by the kernel itself; without a residual (undefined), out = x * m / (1 - p). x, residual
+    // and out contiguous, of one shape.
+    void dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out);
     // out = cond ? a : b, all broadcast to out's shape; cond may have any dtype (non-zero = true)
     void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out);
     // out (x's shape with `dims` set to 1) = reduction of x over `dims`; over no dims, a copy
@@ -209,6 +213,7 @@ private:
     virtual void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) = 0;
     virtual void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
     virtual void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+    virtual void do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) = 0;
     // dims not empty
     virtual void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) = 0;
     virtual void do_batched_gemm(const GemmBatch& products, Tensor& out) = 0;

@@ -96,17 +96,42 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   });
 }
 
-// y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p) from gen   (autograd through mul: dx = g mask/(1-p))
-// The mask is drawn on the host, so that a seed gives the same mask on every device, and copied
-// to x's device.
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+// y = residual + x * m / (1 - p), m_i ~ Bernoulli(1 - p): the mask is a pure function of Philox
+// blocks that gen hands out (engine/random.hpp), drawn by the kernel on x's device. The backward
+// draws the same mask again instead of keeping it: dx = g * m / (1 - p), d residual = g (itself
+// this op, so a gradient of the gradient follows too).
+static Tensor masked(const Tensor& residual, const Tensor& x, const DropoutMask& mask) {
+    Tensor y = empty(x.shape(), x.dtype(), x.device());
+    {
+        NoGradGuard kernel_only;  // contiguous() copies belong to the kernel, not the graph
+        backend_for(x.device()).dropout(x.contiguous(), residual.defined() ? residual.contiguous() : residual, mask, y);
+    }
+    if (!residual.defined()) {
+        return record(y, "dropout", {x}, [mask](const Tensor& g) {
+            return std::vector<Tensor>{masked(Tensor(), g, mask)};
+        });
+    }
+    return record(y, "dropout", {residual, x}, [mask](const Tensor& g) {
+        return std::vector<Tensor>{g, masked(Tensor(), g, mask)};
+    });
+}
+
+Tensor dropout_add(const Tensor& residual, const Tensor& x, double p, bool training, Generator& gen) {
     const ProfileScope profiled("dropout");
     RELGRAD_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", std::to_string(p));
-    if (!training || p == 0) return x;
-    const double keep_scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
-    std::vector<double> mask(x.numel());
-    for (double& m : mask) m = gen.next_uniform() >= p ? keep_scale : 0.0;
-    return mul(x, from_vector(mask, x.shape(), x.dtype(), x.device()));
+    require_floating(x, "dropout");
+    if (residual.defined()) {
+        RELGRAD_CHECK(residual.shape() == x.shape() && residual.dtype() == x.dtype(),
+                      "dropout_add: the residual is ", dtype_name(residual.dtype()), " ", shape_str(residual.shape()),
+                      ", x is ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
+        require_same_device({residual, x}, "dropout_add");
+    }
+    if (!training || p == 0) return residual.defined() ? add(residual, x) : x;
+    return masked(residual, x, draw_dropout_mask(gen, p, x.numel()));
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+    return dropout_add(Tensor(), x, p, training, gen);
 }
 
 // loss = -(1/n) sum_{t_i != ignore} log_softmax(logits)[i, t_i],  n = number of targets kept

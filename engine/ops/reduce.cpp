@@ -60,6 +60,9 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
 Tensor mean(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
     const ProfileScope profiled("mean");
     const std::vector<int64_t> dims = normalize_dims(x, std::move(dims_in), "mean");
+    // 16 bits: the sum and the division in float32, the mean rounded once (1 / count itself has no
+    // 16-bit value for most counts)
+    if (is_16_bit(x.dtype())) return mean(x.to(DType::float32), dims, keepdim).to(x.dtype());
     int64_t count = 1;
     for (int64_t d : dims) count *= x.shape()[d];
     return mul(sum(x, dims, keepdim), scalar(1.0 / static_cast<double>(count), x.dtype(), x.device()));

@@ -1,7 +1,10 @@
 // softmax, log_softmax, layer_norm, dropout, cross_entropy.
 #include "check.hpp"
 
+#include <cmath>
 #include <limits>
+
+#include <omp.h>
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -83,6 +86,88 @@ TEST_CASE("dropout is seeded, scales kept values and is the identity in eval mod
     CHECK(dropped < 2800);
     CHECK((dropout(x, 0.25, false, a).storage() == x.storage()));
     CHECK_THROWS_AS(dropout(x, 1.5, true, a), std::invalid_argument);
+}
+
+TEST_CASE("dropout's mask is Philox's: element i keeps iff word i % 4 of block i / 4 is >= p 2^32") {
+    const int64_t n = 1 << 16;  // past the size at which the kernels split work between threads
+    const double p = 0.3;
+    Generator gen(21);
+    gen.take_blocks(3);  // the mask starts at the generator's offset
+    const Tensor x = ones({n}, DType::float64);
+    const std::vector<double> y = dropout(x, p, true, gen).to_vector();
+    CHECK(gen.offset() == 3 + n / 4);
+    const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 4294967296.0));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const PhiloxBlock block = philox_block(21, 3 + static_cast<uint64_t>(i / 4));
+        wrong += y[i] != (block.word[i % 4] >= threshold ? 1 / (1 - p) : 0.0);
+    }
+    CHECK(wrong == 0);
+    // the same mask on every device and thread count, in every floating dtype
+    const int threads_before = omp_get_max_threads();
+    for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        for (Device device : other_devices()) {
+            Generator again(21);
+            again.take_blocks(3);
+            CHECK(dropout(x.to(device), p, true, again).to_vector() == y);
+        }
+        Generator in_float32(21);
+        in_float32.take_blocks(3);
+        const std::vector<double> narrow = dropout(x.to(DType::float32), p, true, in_float32).to_vector();
+        for (int64_t i = 0; i < n; ++i) wrong += narrow[i] != static_cast<double>(static_cast<float>(y[i]));
+        CHECK(wrong == 0);
+    }
+    omp_set_num_threads(threads_before);
+    // blocks whose index crosses 2^32 (the counter's second word)
+    Generator far(6);
+    far.take_blocks((uint64_t{1} << 32) - 3);
+    const uint64_t start = far.offset();
+    const std::vector<double> across = dropout(ones({64}, DType::float32), 0.5, true, far).to_vector();
+    for (int64_t i = 0; i < 64; ++i) {
+        const PhiloxBlock block = philox_block(6, start + static_cast<uint64_t>(i / 4));
+        wrong += across[i] != (block.word[i % 4] >= (uint64_t{1} << 31) ? 2.0 : 0.0);
+    }
+    CHECK(wrong == 0);
+    // a length that is not a multiple of 4 takes a whole last block; p = 1 drops everything
+    Generator odd(4);
+    CHECK(sum(dropout(ones({7}, DType::float64), 1.0, true, odd)).item() == 0);
+    CHECK(odd.offset() == 2);
+}
+
+TEST_CASE("dropout_add is residual + dropout(x) in one pass, and its backward keeps no mask") {
+    Generator gen(5), same(5);
+    const Tensor residual = randn({64, 48}, gen, DType::float64).requires_grad_(true);
+    const Tensor x = randn({48, 64}, gen, DType::float64).requires_grad_(true);
+    Generator draw = gen, separately = gen;
+    const int64_t before = memory_stats(Device::cpu).live_bytes;
+    const Tensor fused = dropout_add(residual, x.transpose(0, 1), 0.4, true, draw);
+    CHECK(memory_stats(Device::cpu).live_bytes - before == fused.numel() * 8);  // the output alone
+    const Tensor dropped = dropout(x.transpose(0, 1), 0.4, true, separately), apart = add(residual, dropped);
+    // r + x m / (1 - p): rounded once where the compiler contracts it into a fused multiply-add,
+    // else twice, as add(residual, dropout(x)) is
+    const std::vector<double> f = fused.to_vector(), a = apart.to_vector(), d = dropped.to_vector(),
+                              xs = x.transpose(0, 1).contiguous().to_vector(), rs = residual.detach().to_vector();
+    for (std::size_t i = 0; i < f.size(); ++i) {
+        const double once = d[i] == 0 ? rs[i] : std::fma(xs[i], 1 / 0.6, rs[i]);
+        CHECK((f[i] == a[i] || f[i] == once));
+    }
+    CHECK(draw.offset() == separately.offset());
+    // backward: d residual = g, dx = g m / (1 - p), the mask drawn again
+    const Tensor g = randn({64, 48}, same, DType::float64);
+    fused.backward(g);
+    CHECK(residual.grad().to_vector() == g.to_vector());
+    const std::vector<double> dx = x.grad().transpose(0, 1).contiguous().to_vector(), y = apart.to_vector(),
+                              r = residual.detach().to_vector(), gv = g.to_vector();
+    for (std::size_t i = 0; i < dx.size(); ++i) {
+        const bool kept = y[i] != r[i];  // a dropped element leaves the residual as it was
+        CHECK(dx[i] == (kept ? gv[i] * (1 / 0.6) : 0.0));
+    }
+    // eval mode: residual + x; bad input named
+    CHECK(dropout_add(residual, x.transpose(0, 1), 0.4, false, draw).to_vector() ==
+          add(residual, x.transpose(0, 1)).to_vector());
+    CHECK_THROWS_WITH_AS(dropout_add(residual, x, 0.4, true, draw),
+                         "dropout_add: the residual is float64 [64, 48], x is float64 [48, 64]", std::invalid_argument);
 }
 
 TEST_CASE("cross_entropy averages over targets that are not ignored") {

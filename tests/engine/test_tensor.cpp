@@ -86,6 +86,42 @@ TEST_CASE("detach and clone") {
     CHECK(c.requires_grad());  // clone is recorded: gradients flow through it
 }
 
+// Random123's known answers for philox4x32 10 (its kat_vectors file): counter, key, result.
+TEST_CASE("Philox 4x32-10 gives the published known answers; a generator's stream is its blocks in turn") {
+    struct Known {
+        PhiloxBlock counter;
+        uint32_t k0, k1;
+        PhiloxBlock result;
+    };
+    const uint32_t all = 0xffffffff;
+    const Known known[] = {
+        {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+        {{{all, all, all, all}}, all, all, {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+        {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+         0xa4093822,
+         0x299f31d0,
+         {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+    };
+    for (const Known& k : known) {
+        const PhiloxBlock got = philox4x32_10(k.counter, k.k0, k.k1);
+        for (int w = 0; w < 4; ++w) CHECK(got.word[w] == k.result.word[w]);
+    }
+    // block i of seed s: counter (i, i >> 32, 0, 0), key (s, s >> 32)
+    const uint64_t seed = 0x0123456789abcdefULL, index = 0x100000002ULL;
+    const PhiloxBlock block = philox_block(seed, index), direct = philox4x32_10({{2, 1, 0, 0}}, 0x89abcdef, 0x01234567);
+    for (int w = 0; w < 4; ++w) CHECK(block.word[w] == direct.word[w]);
+
+    Generator gen(seed);
+    CHECK(gen.take_blocks(5) == 0);
+    CHECK(gen.offset() == 5);
+    const Generator copy = gen;
+    const PhiloxBlock fifth = philox_block(seed, 5);
+    CHECK(gen.next_u64() == (uint64_t{fifth.word[0]} | uint64_t{fifth.word[1]} << 32));
+    CHECK(gen.offset() == 6);
+    Generator again = copy;  // a copy draws what the original drew
+    CHECK(again.next_u64() == (uint64_t{fifth.word[0]} | uint64_t{fifth.word[1]} << 32));
+}
+
 TEST_CASE("a generator gives the same numbers for the same seed") {
     Generator a(42), b(42), c(43);
     const Tensor ta = randn({100}, a, DType::float64), tb = randn({100}, b, DType::float64);

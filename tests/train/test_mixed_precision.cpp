@@ -32,7 +32,9 @@ TEST_CASE("training.precision: float32 by default; bfloat16 and float16 accepted
           "\"float16\"");
 }
 
-TEST_CASE("the quickstart reaches test accuracy 1 in bfloat16 and in float16, float16 skipping its overflows") {
+// At least 0.99: the quickstart's float32 seeds reach 0.990-1.0 (docs/precision.md), an untrained
+// model 0.5.
+TEST_CASE("the quickstart reaches test accuracy 0.99 in bfloat16 and in float16, float16 skipping its overflows") {
     TempDir dir("relgrad_test_precision_quickstart");
     for (const char* precision : {"bfloat16", "float16"}) {
         CAPTURE(precision);
@@ -41,7 +43,7 @@ TEST_CASE("the quickstart reaches test accuracy 1 in bfloat16 and in float16, fl
         c["output"]["dir"] = (dir.path / precision).string();
         const nlohmann::json summary = train(Config::parse(c, "c.json"), {});
         CHECK(summary["precision"] == precision);
-        CHECK(summary["final"]["accuracy"] == 1.0);
+        CHECK(summary["final"]["accuracy"] >= 0.99);
         CHECK(summary["initial"]["accuracy"] < 0.6);
         // float16: steps whose scaled gradients overflowed are logged, skipped, and halve the
         // scale from 2^16; each logged line carries the scale; the checkpoint counts the skips and

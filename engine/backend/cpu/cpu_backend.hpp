@@ -37,6 +37,7 @@ private:
     void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) override;
     void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
     void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
+    void do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) override;
     void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
     void do_batched_gemm(const GemmBatch& products, Tensor& out) override;
     void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;

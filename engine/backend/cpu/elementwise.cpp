@@ -6,6 +6,10 @@
 #include <cstring>
 #include <type_traits>
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include <xtensor/xeval.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>
@@ -279,6 +283,90 @@ void CpuBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b, 
             }
             auto O = strided<T>(out);
             xt::noalias(O) = xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
+        });
+    });
+}
+
+// The words of the Philox blocks first .. first + 7 (random.hpp) in the order dropout's elements
+// take them: words[e] is word e % 4 of block first + e / 4. With AVX2 the 8 blocks run in 8 lanes:
+// _mm256_mul_epu32 forms the 64-bit products of the even 32-bit lanes, so each of a round's
+// products takes two of them (the odd lanes shifted down), and a 4 x 8 transpose puts the words
+// in element order. The same values as 8 calls of philox_block, four times as fast.
+void philox_8_blocks(uint64_t seed, uint64_t first, uint32_t words[32]) {
+#ifdef __AVX2__
+    auto mulhilo = [](__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
+        const __m256i even = _mm256_mul_epu32(x, m), odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);
+        lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+        hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    };
+    uint32_t low[8], high[8];
+    for (int j = 0; j < 8; ++j) {
+        low[j] = static_cast<uint32_t>(first + j);
+        high[j] = static_cast<uint32_t>((first + j) >> 32);
+    }
+    __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(low));
+    __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high));
+    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    const __m256i A = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+    const __m256i B = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+    for (int round = 0; round < 10; ++round) {
+        __m256i a_hi, a_lo, b_hi, b_lo;
+        mulhilo(c0, A, a_hi, a_lo);
+        mulhilo(c2, B, b_hi, b_lo);
+        c0 = _mm256_xor_si256(_mm256_xor_si256(b_hi, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+        c1 = b_lo;
+        c2 = _mm256_xor_si256(_mm256_xor_si256(a_hi, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+        c3 = a_lo;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    // transpose: c_w holds word w of blocks 0..7; each 128-bit half of a result holds one block
+    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpacklo_epi32(c2, c3);
+    const __m256i t2 = _mm256_unpackhi_epi32(c0, c1), t3 = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i blocks04 = _mm256_unpacklo_epi64(t0, t1), blocks15 = _mm256_unpackhi_epi64(t0, t1);
+    const __m256i blocks26 = _mm256_unpacklo_epi64(t2, t3), blocks37 = _mm256_unpackhi_epi64(t2, t3);
+    __m256i* out = reinterpret_cast<__m256i*>(words);
+    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(blocks04, blocks15, 0x20));  // blocks 0, 1
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(blocks26, blocks37, 0x20));  // blocks 2, 3
+    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(blocks04, blocks15, 0x31));  // blocks 4, 5
+    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(blocks26, blocks37, 0x31));  // blocks 6, 7
+#else
+    for (int j = 0; j < 8; ++j) {
+        const PhiloxBlock block = philox_block(seed, first + j);
+        for (int w = 0; w < 4; ++w) words[4 * j + w] = block.word[w];
+    }
+#endif
+}
+
+// Each thread's chunk starts at a multiple of 64 elements, so on a whole group of 8 Philox blocks:
+// element i takes word i % 4 of block i / 4, whichever thread computes it.
+template <class T, bool with_residual>
+void dropout_chunk(const T* x, const T* residual, const DropoutMask mask, T* out, int64_t begin, int64_t end) {
+    const T keep_scale = static_cast<T>(mask.keep_scale);
+    for (int64_t first = begin; first < end; first += 32) {
+        uint32_t words[32];
+        philox_8_blocks(mask.seed, mask.first_block + static_cast<uint64_t>(first / 4), words);
+        const int64_t count = std::min<int64_t>(32, end - first);
+        for (int64_t e = 0; e < count; ++e) {
+            const T dropped = x[first + e] * (words[e] >= mask.threshold ? keep_scale : T(0));
+            out[first + e] = with_residual ? residual[first + e] + dropped : dropped;
+        }
+    }
+}
+
+void CpuBackend::do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) {
+    dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = device_data<T>(x);
+        const T* pr = device_data_or_null<T>(residual);
+        T* o = device_data<T>(out);
+        in_chunks(out.numel(), [&](int64_t begin, int64_t end) {
+            if (pr) {
+                dropout_chunk<T, true>(px, pr, mask, o, begin, end);
+            } else {
+                dropout_chunk<T, false>(px, pr, mask, o, begin, end);
+            }
         });
     });
 }

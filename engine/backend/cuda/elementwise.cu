@@ -101,6 +101,19 @@ __global__ void where_kernel(const C* cond, Layout cond_layout, const T* a, Layo
     }
 }
 
+// one thread per Philox block: elements 4b .. 4b + 3 (random.hpp)
+template <class T>
+__global__ void dropout_kernel(const T* x, const T* residual, DropoutMask mask, T* out, int64_t n) {
+    RELGRAD_FOR_EACH_INDEX(b, (n + 3) / 4) {
+        T scales[4];
+        mask.scales_of_block(static_cast<uint64_t>(b), scales);
+        for (int64_t i = 4 * b; i < 4 * b + 4 && i < n; ++i) {
+            const T dropped = x[i] * scales[i - 4 * b];
+            out[i] = residual ? residual[i] + dropped : dropped;
+        }
+    }
+}
+
 }  // namespace
 
 void CudaBackend::do_fill(Tensor& out, double value) {
@@ -171,6 +184,15 @@ void CudaBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b,
                    cond_layout, device_data<T>(a), a_layout, device_data<T>(b), b_layout, device_data<T>(out),
                    out_layout, n);
         });
+    });
+}
+
+void CudaBackend::do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) {
+    const int64_t n = out.numel();
+    dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+        using T = decltype(tag);
+        launch("dropout", dropout_kernel<T>, grid_for((n + 3) / 4, kElementThreads), kElementThreads, 0,
+               device_data<T>(x), device_data_or_null<T>(residual), mask, device_data<T>(out), n);
     });
 }
 
