@@ -21,16 +21,20 @@ namespace {
 
 constexpr int64_t kCacheBytes = int64_t{1} << 30;
 
-// Small blocks are rounded to 64 bytes (the alignment), blocks of 1 MiB or more to whole pages.
-std::size_t rounded_size(std::size_t nbytes) {
-    const std::size_t unit = nbytes >= (std::size_t{1} << 20) ? 4096 : 64;
-    return (std::max<std::size_t>(nbytes, 1) + unit - 1) / unit * unit;
+// The size class of a request (see storage.hpp): the next of 2^k, 1.25 2^k, 1.5 2^k and 1.75 2^k
+// at or above it, in steps of at least 64 bytes (the alignment).
+std::size_t size_class(std::size_t nbytes) {
+    const std::size_t bytes = std::max<std::size_t>(nbytes, 64);
+    std::size_t power = 64;
+    while (power * 2 <= bytes) power *= 2;  // the power of two at or below
+    const std::size_t step = std::max<std::size_t>(power / 4, 64);
+    return (bytes + step - 1) / step * step;
 }
 
 }  // namespace
 
 void* CachingAllocator::allocate(std::size_t nbytes) {
-    const std::size_t bytes = rounded_size(nbytes);
+    const std::size_t bytes = size_class(nbytes);
     void* block = nullptr;
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -51,19 +55,15 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
     if (!block) block = raw_allocate_(bytes);
     if (!block) throw std::bad_alloc();
     std::lock_guard<std::mutex> lock(mutex_);
-    live_ += static_cast<int64_t>(bytes);
+    live_ += static_cast<int64_t>(nbytes);
     peak_ = std::max(peak_, live_);
     return block;
 }
 
 void CachingAllocator::deallocate(void* block, std::size_t nbytes) {
-    const std::size_t bytes = rounded_size(nbytes);
+    const std::size_t bytes = size_class(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
-    live_ -= static_cast<int64_t>(bytes);
-    if (bytes < cached_from_) {
-        raw_free_(block);
-        return;
-    }
+    live_ -= static_cast<int64_t>(nbytes);
     cache_.emplace(bytes, block);
     cached_ += static_cast<int64_t>(bytes);
     while (cached_ > kCacheBytes) {

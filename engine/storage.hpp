@@ -65,18 +65,17 @@ private:
 // One device's allocator: blocks from the device's raw allocation functions, with the live/peak
 // accounting above and a cache of freed blocks. A training step frees and asks for the same sizes
 // again, and a fresh buffer costs the system work (a page fault per 4 KiB on first touch on the
-// host; on a GPU, cudaMalloc and cudaFree, which wait for the whole device), so freed blocks of
-// `cached_from` bytes or more (1 MiB on the host, every block on a GPU, as PyTorch's caching
-// allocator does) go to a cache, at most 1 GiB in all (the biggest dropped first), and are handed
-// out again for the same rounded size. When the device is full the cache is given back and the
-// allocation tried once more.
+// host; on a GPU, cudaMalloc and cudaFree, which wait for the whole device), so every freed block
+// goes to a cache, at most 1 GiB in all (the biggest dropped first), and is handed out again for a
+// request of its size class: four classes per doubling (2^k, 1.25 2^k, 1.5 2^k, 1.75 2^k, in
+// multiples of 64 bytes), so that the tensors of batches of other lengths reuse the same blocks,
+// at a cost of at most a quarter of a block. When the device is full the cache is given back and
+// the allocation tried once more. live and peak count the bytes the tensors asked for.
 class CachingAllocator {
 public:
     using RawAllocate = void* (*)(std::size_t nbytes);  // nullptr when the device is full
     using RawFree = void (*)(void* block);
-    static constexpr std::size_t kHostCachedFrom = std::size_t{1} << 20;
-    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free, std::size_t cached_from = kHostCachedFrom)
-        : raw_allocate_(raw_allocate), raw_free_(raw_free), cached_from_(cached_from) {}
+    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free) : raw_allocate_(raw_allocate), raw_free_(raw_free) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -89,9 +88,8 @@ public:
 private:
     RawAllocate raw_allocate_;
     RawFree raw_free_;
-    std::size_t cached_from_;
     std::mutex mutex_;
-    std::multimap<std::size_t, void*> cache_;  // rounded size -> block
+    std::multimap<std::size_t, void*> cache_;  // size class -> block
     int64_t live_ = 0, peak_ = 0, cached_ = 0;
 };
 

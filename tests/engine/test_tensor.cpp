@@ -189,6 +189,21 @@ TEST_CASE("memory stats count live storage and its peak, not the spare blocks") 
     CHECK(after.cached_bytes >= (4 << 20));
     reset_peak_memory();
     CHECK(memory_stats().peak_live_bytes == after.live_bytes);
+    // a freed block serves any request of its size class: 1,000,000 and 1,040,000 bytes both take
+    // a block of 2^20 (classes 2^19, 1.25 2^19, ..., 1.75 2^19, 2^20), 1,100,000 one of 1.25 2^20
+    const int64_t cached_before = memory_stats().cached_bytes;
+    { const Tensor first = empty({250000}, DType::float32); }
+    CHECK(memory_stats().cached_bytes - cached_before >= (1 << 20));
+    const int64_t cached_with_it = memory_stats().cached_bytes;
+    {
+        const Tensor same_class = empty({260000}, DType::float32);
+        CHECK(memory_stats().cached_bytes == cached_with_it - (1 << 20));  // the same block again
+        CHECK(memory_stats().live_bytes == before.live_bytes + 1040000);   // what the tensor asked for
+    }
+    {
+        const Tensor next_class = empty({275000}, DType::float32);
+        CHECK(memory_stats().cached_bytes == cached_with_it);  // nothing taken from the cache
+    }
 }
 
 TEST_CASE("a tensor knows its device; only explicit copies cross to the host") {

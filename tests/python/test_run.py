@@ -115,12 +115,15 @@ def test_training_releases_the_gil(tmp_path):
 
     ticker = threading.Thread(target=tick)
     ticker.start()
+    started = time.perf_counter()
     try:
-        relgrad.train(out=str(tmp_path / "run"), set=SMALL)
+        relgrad.train(out=str(tmp_path / "run"), set=SMALL + ["training.steps=100"])
     finally:
         done.set()
         ticker.join()
-    assert len(ticks) > 50  # training takes seconds; the ticker ran all along
+    elapsed = time.perf_counter() - started
+    # a tick a millisecond while the GIL is free; none while training holds it
+    assert elapsed > 0.05 and len(ticks) > 0.2 * elapsed / 0.001
 
 
 def test_ctrl_c_ends_training_with_a_checkpoint_and_resume_continues(tmp_path, capfd):

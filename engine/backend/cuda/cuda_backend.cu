@@ -92,7 +92,7 @@ CudaBackend& cuda_backend() {
 Backend& gpu_backend() { return cuda_backend(); }
 
 // A Layout holds kMaxDims dims: Backend refuses an operand of more before any kernel sees it.
-CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, 0) {}
+CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free) {}
 
 void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nbytes) {
     copy_to_device(host, device, nbytes);
