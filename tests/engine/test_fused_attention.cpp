@@ -229,8 +229,10 @@ TEST_CASE("fused attention in float32 agrees with float64, and does not depend o
     check_same(f32, f64_result, 1e-4);
 #ifdef RELGRAD_TEST_CUDA
     {
+        // the CUDA kernels sum in another order than the CPU's (whose products are oneDNN's): each
+        // is held to float64 by the same float32 tolerance
         INFO("float32 on cuda");
-        check_same(run(c, true, DType::float32, 11, Device::cuda), f32, 1e-5);
+        check_same(run(c, true, DType::float32, 11, Device::cuda), f64_result, 1e-4);
     }
 #endif
     // and one sequence with one head over 3 key tiles: its backward is cut into 3 key groups

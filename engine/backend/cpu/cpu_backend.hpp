@@ -84,14 +84,15 @@ private:
 CpuBackend& guarded_cpu_backend();
 
 namespace cpu {
-// C = alpha op(A) op(B) + beta C, row-major, through OpenBLAS (gemm.cpp). Call use_one_blas_thread()
+// C = alpha op(A) op(B) + beta C, row-major: float32 through oneDNN, float64 through OpenBLAS
+// (gemm.cpp), each single-threaded. Call use_one_blas_thread()
 // first: the threads are relgrad's (OpenMP), and two thread pools on two cores would only fight.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc);
 void use_one_blas_thread();
 // C = op(A) op(B) in bfloat16 through oneDNN (OpenBLAS has no 16-bit products): float32 sums, each
-// result rounded once; single-threaded inside relgrad's threads, as OpenBLAS is.
+// result rounded once; single-threaded inside relgrad's threads, as the float32 products are.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t lda,
                    const BFloat16* B, int64_t ldb, BFloat16* C, int64_t ldc);
 // Whether this CPU runs oneDNN's bfloat16 products at speed (AVX512-BF16 or AMX): without those
