@@ -14,7 +14,15 @@
 //
 //   build/bench/bench_relative_attention sgemm [N]
 //     the engine's float32 matmul rate at N x N x N (default 2048), in GFLOP/s, median of 5
-// bench/relative_attention.py runs it for every configuration next to the PyTorch versions.
+//
+//   build/bench/bench_relative_attention floor L [B D H]
+//     the least time the fused kernel's forward + backward (no mask, float32) can take on this
+//     machine, whatever its row work: its seven products per tile (the forward's Q K^T and P V, the
+//     backward's Q K^T again, dZ V^T, P^T dZ, dS^T Q and dS K) timed at the tiles' own shapes
+//     through the CPU's gemm on one thread, and the exponentials it takes (each score once in the
+//     forward and once in the backward) timed through its exp_sum row kernel; the sum over the
+//     B H (batch, head) pairs, divided by the threads as if they shared it perfectly
+// bench/relative_attention.py runs these for every configuration next to the PyTorch versions.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +30,10 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
+#include "engine/backend/cpu/attention_rows.hpp"
+#include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/ops.hpp"
 #include "engine/system.hpp"
 #include "layers/attention.hpp"
@@ -53,6 +65,64 @@ int sgemm_rate(int64_t n) {
     return 0;
 }
 
+// The median seconds of one call of run, over 5 rounds of `calls` calls.
+template <class Run>
+double seconds_per_call(int calls, Run&& run) {
+    std::vector<double> rounds;
+    for (int round = 0; round < 6; ++round) {  // the first round warms up
+        const auto start = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) run();
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (round > 0) rounds.push_back(elapsed / calls);
+    }
+    std::sort(rounds.begin(), rounds.end());
+    return rounds[rounds.size() / 2];
+}
+
+int fused_floor(int64_t L, int64_t B, int64_t D, int64_t H) {
+    using cpu::kKeyTile;
+    using cpu::kQueryTile;
+    const int64_t Dh = D / H;
+    cpu::use_one_blas_thread();
+    // operands of the biggest tile, the values immaterial to the time
+    std::vector<float> a(kKeyTile * std::max(Dh, kQueryTile), 0.5f), b(kKeyTile * std::max(Dh, kQueryTile), 0.25f),
+        c(kQueryTile * kKeyTile, 0.0f);
+    double product_seconds = 0, flops = 0;
+    for (int64_t i0 = 0; i0 < L; i0 += kQueryTile) {
+        for (int64_t j0 = 0; j0 < L; j0 += kKeyTile) {
+            const int64_t rows = std::min(kQueryTile, L - i0), cols = std::min(kKeyTile, L - j0);
+            auto product = [&](bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+                const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+                return seconds_per_call(200, [&] {
+                    cpu::gemm<float>(trans_a, trans_b, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+                });
+            };
+            // S = Q K^T (forward, backward) and dP = dZ V^T: [rows, cols] from Dh; P V and dQ = dS K:
+            // [rows, Dh] from cols; dV = P^T dZ and dK = dS^T Q: [cols, Dh] from rows
+            product_seconds += 3 * product(false, true, rows, cols, Dh) + 2 * product(false, false, rows, Dh, cols) +
+                               2 * product(true, false, cols, Dh, rows);
+            flops += 7.0 * 2 * rows * cols * Dh;
+        }
+    }
+    // the exponentials: rows of a key tile's length, 2 L^2 elements per (batch, head); exp_sum works
+    // in place, and exp(s - 1) keeps every s in (0, 1] from one call to the next
+    const int64_t row = std::min(kKeyTile, L);
+    std::vector<float> scores(row);
+    for (int64_t j = 0; j < row; ++j) scores[j] = -0.01f * static_cast<float>(j);
+    float sink = 0;
+    const double exp_seconds =
+        seconds_per_call(20000, [&] { sink += cpu::exp_sum(scores.data(), row, 1.0f); }) * (2.0 * L * L / row);
+    const double pairs_per_thread = static_cast<double>(B * H) / omp_get_max_threads();
+    std::printf(
+        "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"threads\": %d, \"product_seconds\": %.6f, "
+        "\"product_gflop_per_second\": %.1f, \"exp_seconds\": %.6f, \"floor_seconds\": %.6f}\n",
+        (long long)L, (long long)B, (long long)D, (long long)H, omp_get_max_threads(), product_seconds * pairs_per_thread,
+        flops / product_seconds / 1e9, exp_seconds * pairs_per_thread,
+        (product_seconds + exp_seconds) * pairs_per_thread);
+    if (!(sink > 0)) std::fprintf(stderr, "bench_relative_attention floor: exp_sum gave no positive sum\n");
+    return 0;
+}
+
 // The layer's attention alone (attend: q, k, v -> z), for part=core.
 struct AttentionCore : RelativeMultiHeadAttention {
     using RelativeMultiHeadAttention::attend;
@@ -64,11 +134,21 @@ struct AttentionCore : RelativeMultiHeadAttention {
 int main(int argc, char** argv) {
     if (argc < 2 || (argc < 3 && std::string(argv[1]) != "sgemm")) {
         std::fprintf(stderr,
-                     "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window part]\n");
+                     "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window part]\n"
+                     "       bench_relative_attention sgemm [N]\n"
+                     "       bench_relative_attention floor L [B D H]\n");
         return 2;
     }
     auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
     if (std::string(argv[1]) == "sgemm") return sgemm_rate(arg(2, 2048));
+    if (std::string(argv[1]) == "floor") {
+        const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8);
+        if (L <= 0 || B <= 0 || H <= 0 || D <= 0 || D % H != 0) {
+            std::fprintf(stderr, "bench_relative_attention floor: L, B, D and H must be positive and H divide D\n");
+            return 2;
+        }
+        return fused_floor(L, B, D, H);
+    }
     try {
         const AttentionImpl impl = parse_attention_impl(argv[1]);
         const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8), k = arg(6, 8), repeats = arg(7, 5),

@@ -14,6 +14,8 @@ Default (B=8, D=256, H=8, k=8, L in 128 256 512):
   torch bucketed    : gather from Q E_K^T [B, H, L, K], scatter_add of the weights into K buckets
   torch plain       : torch.nn.MultiheadAttention, no position terms
   lower bound       : the layer's matmul FLOPs over the engine's measured sgemm rate
+  fused floor       : the projections' FLOPs over that rate, plus the fused kernel's own products at
+                      the rate of its tiles' shapes and its exponentials (bench_relative_attention floor)
 --long: B=1, L from 512 to 32768, relgrad's three forms until one no longer fits (a child that
   runs out of its address-space cap, --memory-gib, is reported as not fitting; the bigger L are
   then skipped for it).
@@ -130,6 +132,13 @@ def compare_with_torch(args, rows):
                                             str(args.threads)])
         flops = layer_flops(args.batch, length, args.dim, args.heads, args.k)
         results["lower bound"] = {"seconds": flops / (rate * 1e9), "peak_rss_mib": float("nan"),
+                                  "baseline_rss_mib": float("nan")}
+        # the projections at the same rate, plus the fused kernel's products at its tiles' shapes and
+        # its exponentials
+        floor = run(["env", f"OMP_NUM_THREADS={args.threads}", args.relgrad, "floor", str(length), str(args.batch),
+                     str(args.dim), str(args.heads)])
+        results["fused floor"] = {"seconds": 24 * args.batch * length * args.dim**2 / (rate * 1e9)
+                                  + floor["floor_seconds"], "peak_rss_mib": float("nan"),
                                   "baseline_rss_mib": float("nan")}
         base = results["relgrad fused"]["seconds"]
         for name, result in results.items():

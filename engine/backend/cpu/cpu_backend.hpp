@@ -99,6 +99,11 @@ void gemm_bfloat16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 // instructions oneDNN emulates them at under half of OpenBLAS's float32 rate, and the products
 // run on float32 copies instead.
 bool fast_bfloat16_gemm();
+
+// The fused attention's tiles (fused_attention.cpp): query rows and key columns of one tile; a
+// [64, 256] score tile is 64 KiB in float32
+constexpr int64_t kQueryTile = 64;
+constexpr int64_t kKeyTile = 256;
 }  // namespace cpu
 
 }  // namespace relgrad

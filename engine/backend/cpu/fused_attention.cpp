@@ -40,9 +40,6 @@ namespace relgrad {
 namespace cpu {
 namespace {
 
-constexpr int64_t kQueryTile = 64;  // rows of a tile
-constexpr int64_t kKeyTile = 256;   // columns of a tile: a [64, 256] score tile is 64 KiB in float32
-
 // The sizes, the rules of the pattern and where each (batch, head) finds its operands.
 template <class T>
 struct Problem {

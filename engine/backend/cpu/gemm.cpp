@@ -1,8 +1,8 @@
 // The CPU's matrix products (engine/ops/linalg.cpp), set up by Backend::batched_gemm (backend.cpp):
 // every BLAS call of the backend goes through cpu::gemm below: float32 into oneDNN's sgemm, which
-// ran the products of a training step 4-13% faster than OpenBLAS on this machine
-// (docs/performance.md), float64 into OpenBLAS by xtensor-blas's cxxblas layer; bfloat16 products
-// through cpu::gemm_bfloat16, into oneDNN's matmul.
+// ran the products of a training step 4-13% faster than OpenBLAS on an AVX2 machine and twice as
+// fast on an AVX-512 one (docs/performance.md), float64 into OpenBLAS by xtensor-blas's cxxblas
+// layer; bfloat16 products through cpu::gemm_bfloat16, into oneDNN's matmul.
 #include <algorithm>
 #include <array>
 #include <vector>
