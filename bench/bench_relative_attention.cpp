@@ -27,7 +27,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -84,23 +86,33 @@ int fused_floor(int64_t L, int64_t B, int64_t D, int64_t H) {
     using cpu::kQueryTile;
     const int64_t Dh = D / H;
     cpu::use_one_blas_thread();
-    // operands of the biggest tile, the values immaterial to the time
-    std::vector<float> a(kKeyTile * std::max(Dh, kQueryTile), 0.5f), b(kKeyTile * std::max(Dh, kQueryTile), 0.25f),
-        c(kQueryTile * kKeyTile, 0.0f);
+    // operands and result big enough for every product of a tile (each of its matrices is at most
+    // kKeyTile x max(Dh, kQueryTile)), the values immaterial to the time
+    const int64_t biggest = kKeyTile * std::max(Dh, kQueryTile);
+    std::vector<float> a(biggest, 0.5f), b(biggest, 0.25f), c(biggest, 0.0f);
+    auto product = [&](bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+        const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+        return seconds_per_call(200, [&] {
+            cpu::gemm<float>(trans_a, trans_b, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+        });
+    };
+    // a tile's seven products, timed once per tile shape (at most four shapes: the last tile of
+    // each direction may be shorter): S = Q K^T (forward, backward) and dP = dZ V^T, [rows, cols]
+    // from Dh; P V and dQ = dS K, [rows, Dh] from cols; dV = P^T dZ and dK = dS^T Q, [cols, Dh]
+    // from rows
+    std::map<std::pair<int64_t, int64_t>, double> tile_seconds;
     double product_seconds = 0, flops = 0;
     for (int64_t i0 = 0; i0 < L; i0 += kQueryTile) {
         for (int64_t j0 = 0; j0 < L; j0 += kKeyTile) {
             const int64_t rows = std::min(kQueryTile, L - i0), cols = std::min(kKeyTile, L - j0);
-            auto product = [&](bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
-                const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
-                return seconds_per_call(200, [&] {
-                    cpu::gemm<float>(trans_a, trans_b, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
-                });
-            };
-            // S = Q K^T (forward, backward) and dP = dZ V^T: [rows, cols] from Dh; P V and dQ = dS K:
-            // [rows, Dh] from cols; dV = P^T dZ and dK = dS^T Q: [cols, Dh] from rows
-            product_seconds += 3 * product(false, true, rows, cols, Dh) + 2 * product(false, false, rows, Dh, cols) +
-                               2 * product(true, false, cols, Dh, rows);
+            auto timed = tile_seconds.find({rows, cols});
+            if (timed == tile_seconds.end()) {
+                const double seconds = 3 * product(false, true, rows, cols, Dh) +
+                                       2 * product(false, false, rows, Dh, cols) +
+                                       2 * product(true, false, cols, Dh, rows);
+                timed = tile_seconds.emplace(std::make_pair(rows, cols), seconds).first;
+            }
+            product_seconds += timed->second;
             flops += 7.0 * 2 * rows * cols * Dh;
         }
     }

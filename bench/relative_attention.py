@@ -99,12 +99,17 @@ def run(command, memory_gib=None):
     return result
 
 
+def projection_flops(B, L, D):
+    """Matmul FLOPs of the four projections of one attention layer, forward, dX and dW."""
+    return 24 * B * L * D * D
+
+
 def layer_flops(B, L, D, H, k):
-    """Matmul FLOPs of one relative attention layer, forward + backward: the four projections
-    (forward, dX, dW), q k^T and a v (forward and two products each backward), and the small
-    Q E_K^T and W E_V products."""
+    """Matmul FLOPs of one relative attention layer, forward + backward: the four projections,
+    q k^T and a v (forward and two products each backward), and the small Q E_K^T and W E_V
+    products."""
     K = 2 * k + 1
-    return 24 * B * L * D * D + 12 * B * L * L * D + 12 * B * L * K * D
+    return projection_flops(B, L, D) + 12 * B * L * L * D + 12 * B * L * K * D
 
 
 def relgrad_command(args, impl, length, batch, repeats, window=-1, part="layer"):
@@ -137,7 +142,7 @@ def compare_with_torch(args, rows):
         # its exponentials
         floor = run(["env", f"OMP_NUM_THREADS={args.threads}", args.relgrad, "floor", str(length), str(args.batch),
                      str(args.dim), str(args.heads)])
-        results["fused floor"] = {"seconds": 24 * args.batch * length * args.dim**2 / (rate * 1e9)
+        results["fused floor"] = {"seconds": projection_flops(args.batch, length, args.dim) / (rate * 1e9)
                                   + floor["floor_seconds"], "peak_rss_mib": float("nan"),
                                   "baseline_rss_mib": float("nan")}
         base = results["relgrad fused"]["seconds"]
