@@ -32,12 +32,25 @@ inline void check_window(const AttentionPattern& pattern, const char* op) {
 // int64, and far smaller tables cannot be allocated anyway.
 constexpr int64_t kMaxClippingDistance = int64_t{1} << 40;
 
-// Shaw's terms with the bucket computed, not stored: r(i, j) = clip(j - (query_offset + i),
-// -k_left, k_right) + k_left, tables [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
+// Position terms that depend on the distance d = j - (query_offset + i) alone, computed per pair,
+// never stored per pair:
+// - Shaw's tables, with the bucket r(i, j) = clip(d, -k_left, k_right) + k_left: tables
+//   [H or 1, k_left + k_right + 1, Dh]. Undefined tables: none.
+// - A score bias by distance b_h(d), added to the scaled scores (ALiBi's -m_h |d|, T5's learned
+//   buckets): distance_bias [H or 1, Lq + Lk - 1], whose entry distance_entry(i, j, Lq) = j - i +
+//   Lq - 1 serves every pair at one distance. Undefined: none.
 struct ClippedRelativeTerms {
     Tensor table_k, table_v;
     int64_t k_left = 0, k_right = 0;
+    Tensor distance_bias = Tensor();  // (a default: the forms without it need not name it)
 };
+
+// The entry of a distance_bias row that query i and key j read: the distances of Lq queries and
+// Lk keys, j - i in [-(Lq - 1), Lk - 1], shifted to [0, Lq + Lk - 1). (query_offset moves every
+// distance alike, so the row's entries mean other distances but the entry of a pair stays put.)
+RELGRAD_HOST_DEVICE inline int64_t distance_entry(int64_t i, int64_t j, int64_t query_len) {
+    return j - i + query_len - 1;
+}
 
 // The bucket r = clip(distance, -k_left, k_right) + k_left in [0, K) of a key `distance`
 // positions from its query (j - (query_offset + i)): the op's index and every kernel family's

@@ -295,6 +295,33 @@ std::vector<OpCheck> build() {
           [](const auto& x) {
               return fused_attention(x[0], x[1], x[2], {}, 1.0, {x[3], x[4], 0, 0});
           });
+    // --- position terms added later (appended, so that the cases above keep their seeds)
+    // a score bias per bucket (ALiBi's and T5's form), alone and beside the tables
+    r.add("attention/bias", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 5}}, [buckets, keys_seen](const auto& x) {
+        return attention(x[0], x[1], x[2], on(keys_seen, x), 0.5, {Tensor(), Tensor(), on(buckets, x), x[3]});
+    });
+    r.add("attention/bias_and_tables", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 5, 4}, {1, 5, 4}, {1, 5}},
+          [buckets](const auto& x) {
+              return attention(x[0], x[1], x[2], Tensor(), 0.5, {x[3], x[4], on(buckets, x), x[5]});
+          });
+    // a bias by distance, [H or 1, Lq + Lk - 1]: per head under padding and the causal rule, and
+    // shared under a window with a query offset
+    r.add("fused_attention/bias", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {2, 7}}, [padded](const auto& x) {
+        ClippedRelativeTerms terms;
+        terms.distance_bias = x[3];
+        return fused_attention(x[0], x[1], x[2], on(padded, x), 0.5, terms);
+    });
+    r.add("fused_attention/shared_bias", {{2, 2, 3, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, {1, 7}}, [window](const auto& x) {
+        ClippedRelativeTerms terms;
+        terms.distance_bias = x[3];
+        return fused_attention(x[0], x[1], x[2], window, 0.5, terms);
+    });
+
+    // --- RoPE (the rotation of pairs)
+    r.add("rope", {{2, 3, 4, 6}}, [](const auto& x) { return rope(x[0], 0); });
+    r.add("rope/offset", {{3, 4}}, [](const auto& x) { return rope(x[0], 5, 100.0); });
+    r.add("rope/noncontiguous", {{4, 2, 3}}, [](const auto& x) { return rope(x[0].transpose(0, 2), 2); });
+    r.add("rope/single", {{1, 2}}, [](const auto& x) { return rope(x[0], 1); });
     return r.take();
 }
 

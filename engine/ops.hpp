@@ -97,13 +97,15 @@ Tensor dropout_add(const Tensor& residual, const Tensor& x, double p, bool train
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
 
 // --- attention.cpp
-// Shaw et al.'s relative position terms in the bucketed form: tables [H or 1, K, Dh] and the
-// bucket index r(i, j), int64 [Lq, Lk]. All undefined: plain attention.
+// Relative position terms in the bucketed form, over the bucket index r(i, j), int64 [Lq, Lk]:
+// Shaw et al.'s tables E_K, E_V [H or 1, K, Dh], and/or a score bias per head and bucket,
+// bias [H or 1, K] (ALiBi's and T5's, added after the scale). All undefined: plain attention.
 struct RelativeTerms {
     Tensor table_k, table_v, index;
+    Tensor bias = Tensor();  // (a default: the forms without it need not name it)
 };
 // Scaled dot-product attention as one op with a hand-written backward, storing only the weights:
-//   a_ij = softmax_j(mask_ij ? scale (q_i . k_j + q_i . E_K[r(i,j)]) : -inf)
+//   a_ij = softmax_j(mask_ij ? scale (q_i . k_j + q_i . E_K[r(i,j)]) + bias[r(i,j)] : -inf)
 //   z_i  = sum_j a_ij v_j + sum_r (sum_{j: r(i,j)=r} a_ij) E_V[r]
 // q [B, H, Lq, Dh], k and v [B, H, Lk, Dh], mask bool broadcastable to [B, H, Lq, Lk] (or
 // undefined). Returns z [B, H, Lq, Dh]; *weights (if given) receives a, detached.
@@ -123,5 +125,18 @@ Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t 
 // Tiles that the causal or window rule hides entirely are skipped. Returns z [B, H, Lq, Dh].
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern, double scale,
                        const ClippedRelativeTerms& relative = {});
+
+// RoPE (Su et al. 2021): rotates every pair (x_2t, x_2t+1) of the rows of x [..., L, Dh] (Dh
+// even), the row l at position p = first_position + l, by the angle p theta_t, theta_t =
+// base^(-2t/Dh):
+//   y_2t = x_2t cos(p theta_t) - x_2t+1 sin(p theta_t),  y_2t+1 = x_2t sin(p theta_t) + x_2t+1 cos(p theta_t)
+// so that rope(q)_i . rope(k)_j depends on j - i only. Backward: the rotation by -p theta_t.
+Tensor rope(const Tensor& x, int64_t first_position, double base = 10000);
+// The cos and sin of those angles, [L, Dh / 2] each, in `dtype` (computed in float64)
+struct RopeTables {
+    Tensor cos, sin;
+};
+RopeTables rope_tables(int64_t length, int64_t head_dim, int64_t first_position, double base, DType dtype,
+                       Device device = Device::cpu);
 
 }  // namespace relgrad

@@ -120,8 +120,9 @@ void Backend::dropout(const Tensor& x, const Tensor& residual, const DropoutMask
     require_on_device("dropout", {&x, &residual, &out});
     for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &residual, &out}) {
         if (!t->defined()) continue;
-        RELGRAD_CHECK(t->is_contiguous() && t->shape() == out.shape(), "dropout: the kernel takes contiguous operands of one shape, got ",
-                      shape_str(t->shape()), " for ", shape_str(out.shape()));
+        RELGRAD_CHECK(t->is_contiguous() && t->shape() == out.shape(),
+                      "dropout: the kernel takes contiguous operands of one shape, got ", shape_str(t->shape()),
+                      " for ", shape_str(out.shape()));
     }
     InFloat32 f32(*this);
     do_dropout(f32.in(x), f32.in(residual), mask, f32.out(out));
@@ -242,6 +243,23 @@ void Backend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
     f32.finish();
 }
 
+void Backend::rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) {
+    require_on_device("rotate_pairs", {&x, &cos, &sin, &out});
+    const int64_t L = x.dim() >= 2 ? x.size(-2) : 0, Dh = x.dim() >= 2 ? x.size(-1) : 0;
+    const Shape table_shape{L, Dh / 2};
+    const bool ok = x.dim() >= 2 && Dh % 2 == 0 && x.is_contiguous() && out.is_contiguous() &&
+                    out.shape() == x.shape() && cos.is_contiguous() && sin.is_contiguous() &&
+                    cos.shape() == table_shape && sin.shape() == table_shape && cos.dtype() == sin.dtype() &&
+                    statistics_dtype(cos.dtype()) == statistics_dtype(x.dtype());
+    RELGRAD_CHECK(ok, "rotate_pairs: x ", shape_str(x.shape()),
+                  " must be contiguous [..., L, Dh] with Dh even, and cos ", shape_str(cos.shape()), " and sin ",
+                  shape_str(sin.shape()), " [L, Dh / 2] of its compute dtype");
+    if (x.numel() == 0) return;
+    InFloat32 f32(*this);
+    do_rotate_pairs(f32.in(x), f32.in(cos), f32.in(sin), f32.out(out));
+    f32.finish();
+}
+
 void Backend::attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
                                 double scale, Tensor& bucket_weights) {
     require_on_device("attention_softmax", {&scores, &bucket_scores, &index, &mask, &bucket_weights});
@@ -264,7 +282,7 @@ void Backend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     require_on_device("fused_attention", {&q, &k, &v, &pattern.mask, &relative.table_k, &relative.table_v, &z, &lse});
     InFloat32 f32(*this);
     const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
-                                          relative.k_right};
+                                          relative.k_right, f32.in(relative.distance_bias)};
     do_fused_attention(f32.in(q), f32.in(k), f32.in(v), pattern, scale, relative32, f32.out(z), f32.out(lse));
     f32.finish();
 }
@@ -272,15 +290,16 @@ void Backend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 void Backend::fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                        const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                        double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                       Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
-    require_on_device("fused_attention_backward", {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k,
-                                                   &relative.table_v, &dq, &dk, &dv, &d_table_k, &d_table_v});
+                                       Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias) {
+    require_on_device("fused_attention_backward",
+                      {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k, &relative.table_v,
+                       &relative.distance_bias, &dq, &dk, &dv, &d_table_k, &d_table_v, &d_distance_bias});
     InFloat32 f32(*this);
     const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
-                                          relative.k_right};
+                                          relative.k_right, f32.in(relative.distance_bias)};
     do_fused_attention_backward(f32.in(q), f32.in(k), f32.in(v), f32.in(z), f32.in(lse), f32.in(dz), pattern, scale,
                                 relative32, f32.out(dq), f32.out(dk), f32.out(dv), f32.out(d_table_k),
-                                f32.out(d_table_v));
+                                f32.out(d_table_v), f32.out(d_distance_bias));
     f32.finish();
 }
 
@@ -291,7 +310,7 @@ void Backend::do_fused_attention(const Tensor&, const Tensor&, const Tensor&, co
 }
 void Backend::do_fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const AttentionPattern&, double, const ClippedRelativeTerms&,
-                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
     throw std::logic_error(std::string("fused_attention_backward: the ") + name() + " backend has no fused kernel");
 }
 

@@ -171,6 +171,10 @@ public:
     // softmax (or log_softmax) over the last dim of a contiguous x; a row whose entries are all
     // -inf gives zeros (softmax) or -inf (log_softmax), never NaN
     void softmax_last_dim(const Tensor& x, bool log, Tensor& out);
+    // RoPE's rotation of the pairs of x's rows: x and out contiguous [..., L, Dh] (Dh even), cos and
+    // sin contiguous [L, Dh / 2]; out[.., p, 2t] = x_2t cos[p, t] - x_2t+1 sin[p, t],
+    // out[.., p, 2t+1] = x_2t sin[p, t] + x_2t+1 cos[p, t] (the inverse rotation: -sin)
+    void rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out);
 
     // --- attention (engine/ops/attention.cpp). Rows are (b, h, i) of [B, H, Lq, Lk] tensors;
     // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
@@ -184,7 +188,7 @@ public:
                            double scale, Tensor& bucket_weights);
     // In place, from dL/da to dL/ds (s the scores before scaling): with da += d_buckets[r(i, j)],
     // ds = scale * a (da - sum_j da_j a_j). If d_bucket_scores is defined it receives ds summed by
-    // bucket, as bucket_weights above.
+    // bucket, as bucket_weights above. K is d_buckets' last dim, else d_bucket_scores'.
     void attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets, const Tensor& index,
                                     double scale, Tensor& d_bucket_scores);
 
@@ -194,11 +198,13 @@ public:
     // log-sum-exp of each row's scaled scores (-inf for a row that sees no key, whose z is 0).
     void fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                          double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
-    // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v.
+    // Backward from dz: overwrites dq, dk, dv and, with relative terms, d_table_k and d_table_v;
+    // with a distance bias and a defined d_distance_bias [B, H, Lq + Lk - 1], that bias's gradient
+    // per (batch, head), which the op sums.
     void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z, const Tensor& lse,
                                   const Tensor& dz, const AttentionPattern& pattern, double scale,
                                   const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                  Tensor& d_table_k, Tensor& d_table_v);
+                                  Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias);
 
 protected:
     // The backend of `device`, whose kernels take operands of at most max_dims dims.
@@ -223,6 +229,7 @@ private:
     virtual void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
     // x and out contiguous, seen as [rows, columns] with columns > 0
     virtual void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) = 0;
+    virtual void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) = 0;
     virtual void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                       const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
     virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
@@ -232,7 +239,7 @@ private:
     virtual void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v);
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias);
 
     // Every kernel starts here: an operand on another device is a bug of the op that called it
     // (std::logic_error); one of more dims than the device's kernels take, an std::invalid_argument.

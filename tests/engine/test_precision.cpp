@@ -152,6 +152,8 @@ Tolerance tolerance_of(const std::string& op) {
         {"attention", {once, once}},
         // the backward reads the saved 16-bit output z (D_i = dz_i . z_i), as FlashAttention's does
         {"fused_attention", {once, 4}},
+        // the rotation in float32, rounded once (its backward too)
+        {"rope", {once, once}},
     };
     const auto found = stated.find(op);
     REQUIRE_MESSAGE(found != stated.end(), "no 16-bit tolerance is stated for " << op);

@@ -117,7 +117,9 @@ void CpuBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weigh
                                                const Tensor& index, double scale, Tensor& d_bucket_scores) {
     dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
         using T = decltype(tag);
-        const int64_t K = d_buckets.defined() ? d_buckets.size(-1) : 0;
+        const int64_t K = d_buckets.defined()         ? d_buckets.size(-1)
+                          : d_bucket_scores.defined() ? d_bucket_scores.size(-1)
+                                                      : 0;
         const AttentionRows rows(grad, index, Tensor(), K);
         T* g_all = device_data<T>(grad);
         const T* a_all = device_data<T>(weights);

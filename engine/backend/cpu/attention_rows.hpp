@@ -80,6 +80,16 @@ T add_scale_max(T* s, const T* bias, int64_t n, T scale, T running_max) {
         [=](int64_t j) { return scale * (s[j] + bias[j]); });
 }
 
+// s <- scale s + bias over [0, n) with a bias per element, added after the scale; returns the max
+template <class T>
+T scale_add_max(T* s, const T* bias, int64_t n, T scale, T running_max) {
+    using Batch = xsimd::batch<T>;
+    return store_max(
+        s, n, running_max,
+        [=](int64_t j) { return Batch(scale) * Batch::load_unaligned(s + j) + Batch::load_unaligned(bias + j); },
+        [=](int64_t j) { return scale * s[j] + bias[j]; });
+}
+
 // s <- exp(s - max) over [0, n); returns the sum
 template <class T>
 T exp_sum(T* s, int64_t n, T max) {

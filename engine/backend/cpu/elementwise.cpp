@@ -107,8 +107,8 @@ bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G 
 }
 
 // A binary op over packed tensors as plain loops the compiler vectorizes, where one operand is
-// full and the other is laid out as line_up finds it (full too, or another layout). Returns false for other layouts (xtensor's
-// strided broadcasting handles those).
+// full and the other is laid out as line_up finds it (full too, or another layout). Returns false for other layouts
+// (xtensor's strided broadcasting handles those).
 template <class T, class F>
 bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     if (!out.is_contiguous()) return false;
@@ -368,6 +368,30 @@ void CpuBackend::do_dropout(const Tensor& x, const Tensor& residual, const Dropo
                 dropout_chunk<T, false>(px, pr, mask, o, begin, end);
             }
         });
+    });
+}
+
+// RoPE's rotation, row by row: the row at position p (rows cycle through the L positions)
+void CpuBackend::do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) {
+    dispatch_floating(x.dtype(), "rotate_pairs", [&](auto tag) {
+        using T = decltype(tag);
+        const int64_t L = x.size(-2), pairs = x.size(-1) / 2, rows = x.numel() / std::max<int64_t>(2 * pairs, 1);
+        const T* px = device_data<T>(x);
+        const T* c = device_data<T>(cos);
+        const T* s = device_data<T>(sin);
+        T* o = device_data<T>(out);
+#pragma omp parallel for schedule(static)
+        for (int64_t row = 0; row < rows; ++row) {
+            const T* x_row = px + row * 2 * pairs;
+            const T* c_row = c + (row % L) * pairs;
+            const T* s_row = s + (row % L) * pairs;
+            T* o_row = o + row * 2 * pairs;
+            for (int64_t t = 0; t < pairs; ++t) {
+                const T even = x_row[2 * t], odd = x_row[2 * t + 1];
+                o_row[2 * t] = even * c_row[t] - odd * s_row[t];
+                o_row[2 * t + 1] = even * s_row[t] + odd * c_row[t];
+            }
+        }
     });
 }
 

@@ -21,6 +21,10 @@
 //     P[i, r] += p_ij,  S[i, r] += ds_ij                  bucket sums per query row
 //   and then: dE_V += P^T dz,  dE_K += c S^T Q,  dq += c S E_K.
 //
+// With a distance bias instead of Shaw's tables, s_ij = c q_i . k_j + b_h(j - i), read from the
+// head's bias row at distance_entry(i, j) (contiguous in j), and the backward sums ds_ij by that
+// entry: dB[entry] += ds_ij, in a row of Lq + Lk - 1 per (batch, head).
+//
 // A row that sees no key keeps l = 0: its z is 0, its lse -inf, and the backward skips it.
 // Threads: the forward splits (batch, head, query tile), the backward (batch, head, key group),
 // with groups of key tiles only when there are fewer than 8 (batch, head) pairs; each output
@@ -64,7 +68,9 @@ struct Problem {
           k_all(device_data<T>(k)),
           v_all(device_data<T>(v)),
           table_k(device_data_or_null<T>(relative.table_k)),
-          table_v(device_data_or_null<T>(relative.table_v)) {
+          table_v(device_data_or_null<T>(relative.table_v)),
+          distance_bias(device_data_or_null<T>(relative.distance_bias)),
+          bias_per_head(relative.distance_bias.defined() && relative.distance_bias.size(0) > 1) {
         if (mask) mask_strides = pattern.mask.strides();
     }
     int64_t B, H, Lq, Lk, Dh;
@@ -77,6 +83,8 @@ struct Problem {
     const bool* mask;
     Shape mask_strides;
     const T *q_all, *k_all, *v_all, *table_k, *table_v;
+    const T* distance_bias;  // [H or 1, Lq + Lk - 1], or null
+    bool bias_per_head;
 
     // where (batch, head) bh finds its queries, keys and values, and head h its tables E_K and E_V
     // (null without relative terms)
@@ -85,6 +93,12 @@ struct Problem {
     const T* values(int64_t bh) const { return v_all + bh * Lk * Dh; }
     const T* head_table_k(int64_t h) const { return table_k ? table_k + (tables_per_head ? h : 0) * K * Dh : nullptr; }
     const T* head_table_v(int64_t h) const { return table_v ? table_v + (tables_per_head ? h : 0) * K * Dh : nullptr; }
+    int64_t bias_entries() const { return distance_bias ? Lq + Lk - 1 : 0; }
+    // head h's bias for the keys of query i from key j0 on (null without a distance bias)
+    const T* bias_row(int64_t h, int64_t i, int64_t j0) const {
+        return distance_bias ? distance_bias + (bias_per_head ? h : 0) * bias_entries() + distance_entry(i, j0, Lq)
+                             : nullptr;
+    }
 
     // the keys [lo, hi) that the causal and window rules leave to query i
     int64_t visible_begin(int64_t i) const { return window >= 0 ? std::max<int64_t>(0, query_offset + i - window) : 0; }
@@ -117,19 +131,23 @@ struct Problem {
         }
         if (right_begin < j1) run(right_begin - j0, j1 - j0, K - 1);
     }
-    // s <- c (s + QE[i, r]) over the keys [j0, j1) of query i, the keys it may not see to -inf;
-    // returns the row's max
+    // s <- c (s + QE[i, r]) (or c s + b_h(j - i)) over the keys [j0, j1) of query i, the keys it
+    // may not see to -inf; returns the row's max
     T scores_row(T* s, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t j1, const T* qe_row) const {
         const T neg_inf = -std::numeric_limits<T>::infinity();
         T m = neg_inf;
-        for_each_run(
-            i, j0, j1,
-            [&](int64_t begin, int64_t end, int64_t bucket) {
-                m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
-            },
-            [&](int64_t begin, int64_t end, int64_t first) {
-                m = add_scale_max(s + begin, qe_row + first, end - begin, scale, m);
-            });
+        if (const T* bias = bias_row(h, i, j0)) {
+            m = scale_add_max(s, bias, j1 - j0, scale, m);
+        } else {
+            for_each_run(
+                i, j0, j1,
+                [&](int64_t begin, int64_t end, int64_t bucket) {
+                    m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
+                },
+                [&](int64_t begin, int64_t end, int64_t first) {
+                    m = add_scale_max(s + begin, qe_row + first, end - begin, scale, m);
+                });
+        }
         const int64_t lo = std::clamp(visible_begin(i), j0, j1), hi = std::clamp(visible_end(i), lo, j1);
         const bool all_visible = lo == j0 && hi == j1;
         if (all_visible && !mask) return m;
@@ -227,7 +245,8 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
 template <class T>
 void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& z_in, const Tensor& lse_in,
               const Tensor& dz_in, const AttentionPattern& pattern, double scale, const ClippedRelativeTerms& relative,
-              Tensor& dq_out, Tensor& dk_out, Tensor& dv_out, Tensor& d_table_k, Tensor& d_table_v) {
+              Tensor& dq_out, Tensor& dk_out, Tensor& dv_out, Tensor& d_table_k, Tensor& d_table_v,
+              Tensor& d_distance_bias) {
     const Problem<T> P(q_in, k_in, v_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
     const T c = P.scale;
@@ -249,6 +268,10 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     std::vector<T> dq_shares(shares * Lq * Dh), p_shares(shares * Lq * K), ds_shares(shares * Lq * K);
     // each (batch, head)'s share of dE_K and dE_V, summed in a fixed order afterwards
     std::vector<T> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
+    // the distance bias's gradient, [B, H, Lq + Lk - 1], each group's share apart when there are several
+    T* d_bias_all = device_data_or_null<T>(d_distance_bias);
+    const int64_t entries = d_bias_all ? P.bias_entries() : 0;
+    std::vector<T> d_bias_shares(shares * entries);
     // each thread's buffers, allocated here so that running out of memory is an exception
     struct Scratch {
         std::vector<T> s, dp, dot, qe, g, p_buckets, ds_buckets;
@@ -286,6 +309,8 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
             T* dq = groups > 1 ? dq_shares.data() + task * Lq * Dh : dq_all + bh * Lq * Dh;
             T* p_buckets = groups > 1 ? p_shares.data() + task * Lq * K : mine.p_buckets.data();
             T* ds_buckets = groups > 1 ? ds_shares.data() + task * Lq * K : mine.ds_buckets.data();
+            T* d_bias = groups > 1 ? d_bias_shares.data() + task * entries : d_bias_all + bh * entries;
+            if (d_bias_all) std::fill(d_bias, d_bias + entries, T(0));
             T* dk = dk_all + bh * Lk * Dh;
             T* dv = dv_all + bh * Lk * Dh;
             const T *ek = P.head_table_k(h), *ev = P.head_table_v(h);
@@ -342,6 +367,7 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                                                           g.data() + i * K + first, dot[i], p_buckets + i * K + first,
                                                           ds_buckets + i * K + first);
                             });  // dp_row is now ds
+                        if (d_bias_all) accumulate(d_bias + distance_entry(i, j0, Lq), dp_row, cols);
                     }
                     gemm(true, false, cols, Dh, rows, T(1), s.data(), cols, dz_t, Dh, T(1), dv + j0 * Dh, Dh);
                     gemm(true, false, cols, Dh, rows, c, dp.data(), cols, q_t, Dh, T(1), dk + j0 * Dh, Dh);
@@ -359,9 +385,11 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
             std::fill(dq, dq + Lq * Dh, T(0));
             std::fill(mine.p_buckets.begin(), mine.p_buckets.end(), T(0));
             std::fill(mine.ds_buckets.begin(), mine.ds_buckets.end(), T(0));
+            if (d_bias_all) std::fill(d_bias_all + bh * entries, d_bias_all + (bh + 1) * entries, T(0));
             for (int64_t group = 0; group < groups; ++group) {
                 const int64_t share = bh * groups + group;
                 accumulate(dq, dq_shares.data() + share * Lq * Dh, Lq * Dh);
+                if (d_bias_all) accumulate(d_bias_all + bh * entries, d_bias_shares.data() + share * entries, entries);
                 accumulate(mine.p_buckets.data(), p_shares.data() + share * Lq * K, Lq * K);
                 accumulate(mine.ds_buckets.data(), ds_shares.data() + share * Lq * K, Lq * K);
             }
@@ -399,12 +427,15 @@ void CpuBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tens
 void CpuBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
+                                             Tensor& d_distance_bias) {
     cpu::use_one_blas_thread();
     if (q.dtype() == DType::float32) {
-        cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+        cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
+                             d_distance_bias);
     } else {
-        cpu::backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v);
+        cpu::backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
+                              d_distance_bias);
     }
 }
 

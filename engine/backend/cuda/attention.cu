@@ -148,7 +148,7 @@ void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scor
 
 void CudaBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                                 const Tensor& index, double scale, Tensor& d_bucket_scores) {
-    const ScoreRows rows(grad, d_buckets);
+    const ScoreRows rows(grad, d_buckets.defined() ? d_buckets : d_bucket_scores);
     launch_checked("attention_softmax_backward", grad, rows.K, [&](auto tag, DeviceError* error) {
         using T = decltype(tag);
         launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows.count, 1),

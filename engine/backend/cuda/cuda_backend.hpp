@@ -44,6 +44,7 @@ private:
     void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
     void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
     void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) override;
+    void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) override;
     void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
                               double scale, Tensor& bucket_weights) override;
     void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
@@ -53,7 +54,7 @@ private:
     void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                      const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
                                      const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     Tensor& d_table_k, Tensor& d_table_v) override;
+                                     Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias) override;
 
     CachingAllocator allocator_;
 };

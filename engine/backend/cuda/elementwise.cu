@@ -114,6 +114,18 @@ __global__ void dropout_kernel(const T* x, const T* residual, DropoutMask mask, 
     }
 }
 
+// RoPE's rotation: one thread per pair; row r of x sits at position r % L
+template <class T>
+__global__ void rotate_pairs_kernel(const T* x, const T* cos, const T* sin, T* out, int64_t L, int64_t pairs,
+                                    int64_t n) {
+    RELGRAD_FOR_EACH_INDEX(e, n) {
+        const int64_t row = e / pairs, t = e % pairs, angle = (row % L) * pairs + t;
+        const T even = x[2 * e], odd = x[2 * e + 1];
+        out[2 * e] = even * cos[angle] - odd * sin[angle];
+        out[2 * e + 1] = even * sin[angle] + odd * cos[angle];
+    }
+}
+
 }  // namespace
 
 void CudaBackend::do_fill(Tensor& out, double value) {
@@ -193,6 +205,16 @@ void CudaBackend::do_dropout(const Tensor& x, const Tensor& residual, const Drop
         using T = decltype(tag);
         launch("dropout", dropout_kernel<T>, grid_for((n + 3) / 4, kElementThreads), kElementThreads, 0,
                device_data<T>(x), device_data_or_null<T>(residual), mask, device_data<T>(out), n);
+    });
+}
+
+void CudaBackend::do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) {
+    const int64_t pairs = x.size(-1) / 2, n = x.numel() / 2;
+    if (pairs == 0) return;
+    dispatch_floating(x.dtype(), "rotate_pairs", [&](auto tag) {
+        using T = decltype(tag);
+        launch("rotate_pairs", rotate_pairs_kernel<T>, grid_for(n, kElementThreads), kElementThreads, 0,
+               device_data<T>(x), device_data<T>(cos), device_data<T>(sin), device_data<T>(out), x.size(-2), pairs, n);
     });
 }
 

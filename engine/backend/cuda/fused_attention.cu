@@ -21,6 +21,9 @@
 //     key_gradients: a block per key tile, a thread per key row, walking query tiles:
 //       dv_j += p_ij dz_i,  dk_j += c ds_ij q_i
 //   then by cuBLAS: dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q.
+//     distance_bias_gradient (with a distance bias b_h(j - i), added to every s_ij above): a
+//       thread per entry of the (batch, head)'s bias row, walking the pairs at its distance:
+//       dB[entry] = sum_i ds_{i, i + entry - (Lq - 1)}
 //
 // Tiles that the causal or window rule hides from a whole block are never loaded. QE, G, W, P and
 // S are [B, H, Lq, K]: for a fixed clipping distance, memory grows linearly in L.
@@ -46,6 +49,7 @@ struct Problem {
     int64_t window, query_offset;
     const bool* mask;  // nullptr, or [B, H, Lq, Lk] with mask_strides
     int64_t mask_strides[4];
+    int64_t bias_stride;  // a distance bias row per head (Lq + Lk - 1), or 0 for one shared row
 
     // the keys [begin, end) the causal and window rules leave to queries [i0, i1)
     __device__ int64_t keys_begin(int64_t i0) const {
@@ -82,6 +86,12 @@ struct Problem {
     }
 };
 
+// b_h(j - i) from the distance bias (0 without one)
+template <class T>
+__device__ T bias_of(const Problem& p, const T* bias, int64_t bh, int64_t i, int64_t j) {
+    return bias ? bias[(bh % p.H) * p.bias_stride + distance_entry(i, j, p.Lq)] : T(0);
+}
+
 template <class T>
 __device__ T dot(const T* x, const T* y, int64_t n) {
     T total(0);
@@ -101,7 +111,7 @@ __device__ void load_tile(T* tile, const T* matrix, int64_t first, int64_t count
 
 template <class T>
 __global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, const T* qe, const T* table_v,
-                               int64_t table_stride, T scale, int64_t key_tile, T* w, T* z, T* lse) {
+                               int64_t table_stride, const T* bias, T scale, int64_t key_tile, T* w, T* z, T* lse) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
     T* keys = shared;                      // [key_tile, Dh]
     T* values = shared + key_tile * p.Dh;  // [key_tile, Dh]
@@ -129,7 +139,8 @@ __global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, co
             const int64_t j = j0 + t;
             if (!p.visible(bh, i, j)) continue;
             const int64_t r = p.K ? p.bucket(i, j) : 0;
-            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0)));
+            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0))) +
+                        bias_of(p, bias, bh, i, j);
             if (s > m) {  // a new maximum: rescale the row's sums
                 const T alpha = exp(m - s);
                 l *= alpha;
@@ -161,8 +172,8 @@ __global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, co
 
 template <class T>
 __global__ void query_gradients_kernel(Problem p, const T* q, const T* k, const T* v, const T* z, const T* lse,
-                                       const T* dz, const T* qe, const T* g, T scale, int64_t key_tile, T* dq,
-                                       T* p_sums, T* s_sums, T* d_rows) {
+                                       const T* dz, const T* qe, const T* g, const T* bias, T scale, int64_t key_tile,
+                                       T* dq, T* p_sums, T* s_sums, T* d_rows) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
     T* keys = shared;
     T* values = shared + key_tile * p.Dh;
@@ -192,7 +203,8 @@ __global__ void query_gradients_kernel(Problem p, const T* q, const T* k, const 
             const int64_t j = j0 + t;
             if (!p.visible(bh, i, j)) continue;
             const int64_t r = p.K ? p.bucket(i, j) : 0;
-            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0)));
+            const T s = scale * (dot(qi, keys + t * p.Dh, p.Dh) + (p.K ? qe[row * p.K + r] : T(0))) +
+                        bias_of(p, bias, bh, i, j);
             const T prob = exp(s - lse[row]);
             const T ds = prob * (dot(dzi, values + t * p.Dh, p.Dh) + (p.K ? g[row * p.K + r] : T(0)) - d_row);
             for (int64_t d = 0; d < p.Dh; ++d) dqi[d] += scale * ds * keys[t * p.Dh + d];
@@ -210,8 +222,8 @@ __global__ void query_gradients_kernel(Problem p, const T* q, const T* k, const 
 
 template <class T>
 __global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T* v, const T* lse, const T* dz,
-                                     const T* qe, const T* g, const T* d_rows, T scale, int64_t query_tile, T* dk,
-                                     T* dv) {
+                                     const T* qe, const T* g, const T* d_rows, const T* bias, T scale,
+                                     int64_t query_tile, T* dk, T* dv) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
     T* queries = shared;                           // [query_tile, Dh]
     T* output_grads = shared + query_tile * p.Dh;  // [query_tile, Dh]
@@ -240,7 +252,8 @@ __global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T*
             const int64_t r = p.K ? p.bucket(i, j) : 0;
             const T* qi = queries + t * p.Dh;
             const T* dzi = output_grads + t * p.Dh;
-            const T s = scale * (dot(qi, kj, p.Dh) + (p.K ? qe[query_row * p.K + r] : T(0)));
+            const T s =
+                scale * (dot(qi, kj, p.Dh) + (p.K ? qe[query_row * p.K + r] : T(0))) + bias_of(p, bias, bh, i, j);
             const T prob = exp(s - lse[query_row]);
             const T ds = prob * (dot(dzi, vj, p.Dh) + (p.K ? g[query_row * p.K + r] : T(0)) - d_rows[query_row]);
             for (int64_t d = 0; d < p.Dh; ++d) {
@@ -255,6 +268,30 @@ __global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T*
         dk[row * p.Dh + d] = dkj[d];
         dv[row * p.Dh + d] = dvj[d];
     }
+}
+
+// dB[bh, entry] = sum over the visible pairs (i, j) at that entry's distance of ds_ij, a thread per
+// entry, the pairs in order of i: each sum has one owner, no atomics
+template <class T>
+__global__ void distance_bias_gradient_kernel(Problem p, const T* q, const T* k, const T* v, const T* lse, const T* dz,
+                                              const T* qe, const T* g, const T* d_rows, const T* bias, T scale,
+                                              T* d_bias) {
+    const int64_t bh = blockIdx.y, entry = int64_t{blockIdx.x} * kTileRows + threadIdx.x;
+    const int64_t entries = p.Lq + p.Lk - 1;
+    if (entry >= entries) return;
+    T total(0);
+    for (int64_t i = 0; i < p.Lq; ++i) {
+        const int64_t j = i + entry - (p.Lq - 1), row = bh * p.Lq + i;
+        if (j < 0 || j >= p.Lk || !(lse[row] > -std::numeric_limits<T>::infinity()) || !p.visible(bh, i, j)) continue;
+        const int64_t r = p.K ? p.bucket(i, j) : 0;
+        const T* qi = q + row * p.Dh;
+        const T* kj = k + (bh * p.Lk + j) * p.Dh;
+        const T s = scale * (dot(qi, kj, p.Dh) + (p.K ? qe[row * p.K + r] : T(0))) + bias_of(p, bias, bh, i, j);
+        const T prob = exp(s - lse[row]);
+        total += prob * (dot(dz + row * p.Dh, v + (bh * p.Lk + j) * p.Dh, p.Dh) + (p.K ? g[row * p.K + r] : T(0)) -
+                         d_rows[row]);
+    }
+    d_bias[bh * entries + entry] = total;
 }
 
 Problem problem_of(const Tensor& q, const Tensor& k, const AttentionPattern& pattern,
@@ -274,6 +311,8 @@ Problem problem_of(const Tensor& q, const Tensor& k, const AttentionPattern& pat
     p.query_offset = pattern.query_offset;
     p.mask = device_data_or_null<bool>(pattern.mask);
     for (int d = 0; d < 4 && p.mask; ++d) p.mask_strides[d] = pattern.mask.strides()[d];
+    const Tensor& bias = relative.distance_bias;
+    p.bias_stride = bias.defined() && bias.size(0) > 1 ? bias.size(1) : 0;
     return p;
 }
 
@@ -353,15 +392,17 @@ void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Ten
         const int64_t key_tile = tile_rows<T>(p.Dh);
         launch("fused_attention", forward_kernel<T>, grid_of(p.Lq, B * p.H, "fused_attention"), kTileRows,
                2 * key_tile * p.Dh * sizeof(T), p, device_data<T>(q), device_data<T>(k), device_data<T>(v),
-               device_data_or_null<T>(qe), device_data_or_null<T>(relative.table_v), table_stride, T(scale), key_tile,
-               p.K ? device_data<T>(w) : nullptr, device_data<T>(z), device_data<T>(lse));
+               device_data_or_null<T>(qe), device_data_or_null<T>(relative.table_v), table_stride,
+               device_data_or_null<T>(relative.distance_bias), T(scale), key_tile, p.K ? device_data<T>(w) : nullptr,
+               device_data<T>(z), device_data<T>(lse));
     });
 }
 
 void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                               const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                               double scale, const ClippedRelativeTerms& relative, Tensor& dq,
-                                              Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v) {
+                                              Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
+                                              Tensor& d_distance_bias) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
     const int64_t B = q.size(0);
     dispatch_floating(q.dtype(), "fused_attention_backward", [&](auto tag) {
@@ -382,13 +423,21 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
                grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
-               device_data_or_null<T>(qe), device_data_or_null<T>(g), T(scale), tile, device_data<T>(dq),
-               p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr, device_data<T>(d_rows));
+               device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data_or_null<T>(relative.distance_bias),
+               T(scale), tile, device_data<T>(dq), p.K ? device_data<T>(p_sums) : nullptr,
+               p.K ? device_data<T>(s_sums) : nullptr, device_data<T>(d_rows));
         launch("fused_attention_backward (keys)", key_gradients_kernel<T>,
                grid_of(p.Lk, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
-               device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows), T(scale), tile,
-               device_data<T>(dk), device_data<T>(dv));
+               device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows),
+               device_data_or_null<T>(relative.distance_bias), T(scale), tile, device_data<T>(dk), device_data<T>(dv));
+        if (d_distance_bias.defined()) {
+            launch("fused_attention_backward (distance bias)", distance_bias_gradient_kernel<T>,
+                   grid_of(p.Lq + p.Lk - 1, B * p.H, "fused_attention_backward"), kTileRows, 0, p, device_data<T>(q),
+                   device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
+                   device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows),
+                   device_data<T>(relative.distance_bias), T(scale), device_data<T>(d_distance_bias));
+        }
         if (!p.K) return;
         // dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q
         per_head_product<T>(false, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums),
