@@ -133,8 +133,8 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         TransformerOptions o;
         block_option_fields(spec, o);  // layers/transformer.hpp
         spec.check(o.position != PositionMode::sinusoidal && o.position != PositionMode::learned, "position",
-                   "none, relative or gated (sinusoidal and learned positions are added to the embeddings, "
-                   "outside the layer)");
+                   "none, relative, gated, rope, alibi or t5 (sinusoidal and learned positions are added to the "
+                   "embeddings, outside the layer)");
         spec.require_parameter("ff_dim", o.ff_dim, "dim", o.dim);  // [D, D] and the tables are within it
         run.causal = spec.flag("causal", false);
         auto layer = std::make_unique<EncoderLayer>(o, init);
@@ -207,7 +207,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     try {
         layer = build_layer(spec, gen);
     } catch (const std::bad_alloc&) {  // sizes each within bounds whose product is not
-        throw std::invalid_argument(spec_path + ": the layer's parameters do not fit in memory; make its sizes smaller");
+        throw std::invalid_argument(spec_path +
+                                    ": the layer's parameters do not fit in memory; make its sizes smaller");
     }
     const std::string mask_type =
         layer.takes_mask ? spec.reader().text("mask_type", std::string("auto"), {"auto", "key_padding", "attention"})

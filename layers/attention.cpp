@@ -100,8 +100,8 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
         throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
                                     " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, heads, Lq, Lk}));
     }
-    const Tensor q = split_heads(w_q.forward(query));
-    const Tensor k = split_heads(w_k.forward(key_value));
+    const Tensor q = at_positions(split_heads(w_q.forward(query)), query_offset);
+    const Tensor k = at_positions(split_heads(w_k.forward(key_value)), 0);
     const Tensor v = split_heads(w_v.forward(key_value));
     AttentionPattern pattern{mask, causal, window, query_offset};
     return w_o.forward(merge_heads(attend(query, q, k, v, pattern)));
@@ -109,8 +109,8 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
 
 Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) {
     const int64_t offset = cache.length(), n = x.size(1);
-    const Tensor q = split_heads(w_q.forward(x));
-    Tensor k = split_heads(w_k.forward(x)), v = split_heads(w_v.forward(x));
+    const Tensor q = at_positions(split_heads(w_q.forward(x)), offset);
+    Tensor k = at_positions(split_heads(w_k.forward(x)), offset), v = split_heads(w_v.forward(x));
     if (offset > 0) {
         k = concat({cache.k, k}, 2);
         v = concat({cache.v, v}, 2);
@@ -124,6 +124,8 @@ Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) 
 
 double MultiHeadAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
+Tensor MultiHeadAttention::at_positions(const Tensor& x, int64_t) const { return x; }
+
 Tensor MultiHeadAttention::attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const AttentionPattern& pattern) {
     return attention(q, k, v, pattern_mask(pattern, q.size(2), k.size(2), q.device()), scale(), {}, &last_weights);
@@ -136,6 +138,7 @@ Tensor MultiHeadAttention::attend_composed(const Tensor& query_input, const Tens
     const Tensor mask = pattern_mask(pattern, q.size(2), k.size(2), q.device());
     const Scores s = scores(query_input, q, k, query_offset);
     Tensor e = mul(s.scores, scalar(scale(), q.dtype(), q.device()));
+    if (s.bias.defined()) e = add(e, s.bias);
     if (mask.defined()) e = where(mask, e, scalar(-std::numeric_limits<double>::infinity(), q.dtype(), q.device()));
     const Tensor a = softmax(e, -1);
     last_weights = a.detach();
@@ -294,6 +297,169 @@ MultiHeadAttention::Scores GatedPositionAttention::scores(const Tensor& query_in
     return {add(MultiHeadAttention::scores(query_input, q, k, query_offset).scores,
                 add(mul(g, relative), mul(sub(one, g), absolute))),
             g};
+}
+
+// ---------------------------------------------------------------- RoPE
+
+RotaryMultiHeadAttention::RotaryMultiHeadAttention(int64_t d, int64_t h, double base_, AttentionImpl impl_,
+                                                   const Init& init)
+    : MultiHeadAttention(d, h, init), base(base_), impl(impl_) {
+    if (head_dim % 2 != 0) {
+        throw std::invalid_argument("RotaryMultiHeadAttention: the head dim " + std::to_string(head_dim) +
+                                    " must be even (RoPE rotates pairs)");
+    }
+    rope_tables(0, head_dim, 0, base, init.dtype);  // checks the base
+}
+
+// Reference: the rotation op by op, on the pairs [..., L, Dh / 2, 2] of x; the other forms: the
+// rope op, one kernel each way.
+Tensor RotaryMultiHeadAttention::at_positions(const Tensor& x, int64_t first_position) const {
+    if (impl != AttentionImpl::reference) return rope(x, first_position, base);
+    const int64_t L = x.size(2);
+    const RopeTables t = rope_tables(L, head_dim, first_position, base, x.dtype(), x.device());
+    const Tensor pairs = x.reshape({x.size(0), x.size(1), L, head_dim / 2, 2});
+    const Tensor even = pairs.narrow(-1, 0, 1), odd = pairs.narrow(-1, 1, 1);
+    const Tensor c = t.cos.unsqueeze(-1), s = t.sin.unsqueeze(-1);  // [L, Dh / 2, 1]
+    return concat({sub(mul(even, c), mul(odd, s)), add(mul(even, s), mul(odd, c))}, -1).reshape(x.shape());
+}
+
+Tensor RotaryMultiHeadAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionPattern& pattern) {
+    switch (impl) {
+        case AttentionImpl::reference: return attend_composed(query_input, q, k, v, pattern);
+        case AttentionImpl::bucketed: return MultiHeadAttention::attend(query_input, q, k, v, pattern);
+        case AttentionImpl::fused: last_weights = Tensor(); return fused_attention(q, k, v, pattern, scale());
+    }
+    throw std::logic_error("unknown attention implementation");
+}
+
+// ---------------------------------------------------------------- a bias by distance (ALiBi, T5)
+
+DistanceBiasAttention::DistanceBiasAttention(int64_t d, int64_t h, AttentionImpl impl_, const Init& init)
+    : MultiHeadAttention(d, h, init), impl(impl_) {}
+
+std::vector<int64_t> DistanceBiasAttention::entry_distances(int64_t query_len, int64_t key_len, int64_t query_offset) {
+    // entry e = j - i + Lq - 1 holds d = j - (query_offset + i) = e - (Lq - 1) - query_offset
+    std::vector<int64_t> distances(std::max<int64_t>(query_len + key_len - 1, 0));
+    for (std::size_t e = 0; e < distances.size(); ++e)
+        distances[e] = static_cast<int64_t>(e) - (query_len - 1) - query_offset;
+    return distances;
+}
+
+Tensor DistanceBiasAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionPattern& pattern) {
+    const int64_t Lq = q.size(2), Lk = k.size(2), offset = pattern.query_offset;
+    switch (impl) {
+        case AttentionImpl::reference: return attend_composed(query_input, q, k, v, pattern);
+        case AttentionImpl::bucketed:
+            return attention(q, k, v, pattern_mask(pattern, Lq, Lk, q.device()), scale(), bucketed_bias(Lq, Lk, offset),
+                             &last_weights);
+        case AttentionImpl::fused: {
+            last_weights = Tensor();
+            ClippedRelativeTerms terms;
+            terms.distance_bias = distance_bias(Lq, Lk, offset);
+            return fused_attention(q, k, v, pattern, scale(), terms);
+        }
+    }
+    throw std::logic_error("unknown attention implementation");
+}
+
+MultiHeadAttention::Scores DistanceBiasAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
+                                                         int64_t query_offset) {
+    Scores s = MultiHeadAttention::scores(query_input, q, k, query_offset);
+    s.bias = bias_matrix(q.size(2), k.size(2), query_offset);
+    return s;
+}
+
+// ---------------------------------------------------------------- ALiBi
+
+AlibiAttention::AlibiAttention(int64_t d, int64_t h, AttentionImpl impl_, const Init& init)
+    : DistanceBiasAttention(d, h, impl_, init), slopes(alibi_slopes(h)) {}
+
+// -m_h |d| = m_h * (-|d|): the slopes [H, 1, 1] times the distances [Lq, Lk]
+Tensor AlibiAttention::bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    std::vector<double> minus_distance(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j)
+            minus_distance[i * key_len + j] = -static_cast<double>(std::llabs(j - (query_offset + i)));
+    const DType dtype = w_q.weight.dtype();
+    const Device device = w_q.weight.device();
+    return mul(from_vector(slopes, {heads, 1, 1}, dtype, device),
+               from_vector(minus_distance, {query_len, key_len}, dtype, device));
+}
+
+// the bucket of a pair is its entry of the distance row
+RelativeTerms AlibiAttention::bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    std::vector<double> entry(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j)
+            entry[i * key_len + j] = static_cast<double>(distance_entry(i, j, query_len));
+    RelativeTerms terms;
+    terms.index = from_vector(entry, {query_len, key_len}, DType::int64, w_q.weight.device());
+    terms.bias = distance_bias(query_len, key_len, query_offset);
+    return terms;
+}
+
+Tensor AlibiAttention::distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    const std::vector<int64_t> distances = entry_distances(query_len, key_len, query_offset);
+    const int64_t n = static_cast<int64_t>(distances.size());
+    std::vector<double> bias(heads * n);
+    for (int64_t h = 0; h < heads; ++h)
+        for (int64_t e = 0; e < n; ++e) bias[h * n + e] = -slopes[h] * static_cast<double>(std::llabs(distances[e]));
+    return from_vector(bias, {heads, n}, w_q.weight.dtype(), w_q.weight.device());
+}
+
+// ---------------------------------------------------------------- T5's bias
+
+T5BiasAttention::T5BiasAttention(int64_t d, int64_t h, const RelativeFamilyOptions& options, bool bidirectional_,
+                                 AttentionImpl impl_, const Init& init, const Embedding* shared_table)
+    : DistanceBiasAttention(d, h, impl_, init),
+      num_buckets(options.t5_buckets),
+      max_distance(options.t5_max_distance),
+      bidirectional(bidirectional_),
+      shared_table_(shared_table) {
+    if (num_buckets < 4 || max_distance <= num_buckets / 2) {
+        throw std::invalid_argument("T5BiasAttention: t5_buckets " + std::to_string(num_buckets) +
+                                    " must be >= 4 and t5_max_distance " + std::to_string(max_distance) +
+                                    " more than t5_buckets / 2");
+    }
+    if (shared_table_) {
+        if (shared_table_->num_embeddings != num_buckets || shared_table_->dim != heads)
+            throw std::invalid_argument("T5BiasAttention: a shared table must be [t5_buckets, heads]");
+        return;
+    }
+    own_table_ = std::make_unique<Embedding>(num_buckets, h, init);
+    register_module("relative_attention_bias", *own_table_);
+}
+
+Tensor T5BiasAttention::buckets_of(const std::vector<int64_t>& distances, const Shape& shape) const {
+    std::vector<double> buckets(distances.size());
+    for (std::size_t e = 0; e < distances.size(); ++e)
+        buckets[e] = static_cast<double>(t5_bucket(distances[e], bidirectional, num_buckets, max_distance));
+    return from_vector(buckets, shape, DType::int64, table().weight.device());
+}
+
+// W[bucket(d), h] for every pair: [Lq, Lk, H] -> [H, Lq, Lk]
+Tensor T5BiasAttention::bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    std::vector<int64_t> distances(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j) distances[i * key_len + j] = j - (query_offset + i);
+    return table().forward(buckets_of(distances, {query_len, key_len})).permute({2, 0, 1});
+}
+
+RelativeTerms T5BiasAttention::bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    std::vector<int64_t> distances(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j) distances[i * key_len + j] = j - (query_offset + i);
+    RelativeTerms terms;
+    terms.index = buckets_of(distances, {query_len, key_len});
+    terms.bias = table().weight.transpose(0, 1);  // [H, buckets]
+    return terms;
+}
+
+Tensor T5BiasAttention::distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
+    const std::vector<int64_t> distances = entry_distances(query_len, key_len, query_offset);
+    return table().forward(buckets_of(distances, {static_cast<int64_t>(distances.size())})).transpose(0, 1);
 }
 
 }  // namespace relgrad

@@ -15,6 +15,10 @@
 //   z_i  += g_h sum_j a_ij E_V[r]
 // so g = 1 is Shaw's relative attention and g = 0 attention with an untied absolute term built
 // from the sinusoidal positions P (projected per layer by U_q = w_pq, U_k = w_pk).
+// The relative family beside Shaw (position.hpp), with d = j - i:
+//   RoPE    q_i, k_j rotated by their positions (rope), so q'_i . k'_j depends on d alone
+//   ALiBi   e_ij += -m_h |d|                         (after the scale; no parameters)
+//   T5      e_ij += W[bucket(d), h]                  (after the scale; W [buckets, H] learned)
 #pragma once
 
 #include "engine/enum_names.hpp"
@@ -98,15 +102,21 @@ protected:
     // The same, composed op by op from scores() and values(): the readable form
     Tensor attend_composed(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                            const AttentionPattern& pattern);
-    // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]; and the gate g the gated
-    // layer weighed its position terms with, which values() applies again (undefined elsewhere)
+    // q k^T plus any position terms, before scaling: [B, H, Lq, Lk]; the gate g the gated layer
+    // weighed its position terms with, which values() applies again; and a bias added after the
+    // scale, [H, Lq, Lk] (ALiBi's, T5's). Undefined where a layer has none.
     struct Scores {
         Tensor scores, gate;
+        Tensor bias = Tensor();  // (a default: the layers without one need not name it)
     };
     virtual Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset);
     // a v plus any position terms (the relative one weighed by `gate` where it is defined): [B, H, Lq, Dh]
     virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate);
     double scale() const;  // 1 / sqrt(Dh)
+    // The queries or keys x [B, H, L, Dh] of positions first_position.. as attention reads them:
+    // themselves here, rotated in RoPE's layer. forward() and forward_incremental() call it before
+    // any attention form, and the cache keeps the keys it returns.
+    virtual Tensor at_positions(const Tensor& x, int64_t first_position) const;
 
     Tensor split_heads(const Tensor& x) const;  // [B, L, D] -> [B, H, L, Dh]
     Tensor merge_heads(const Tensor& z) const;  // [B, H, L, Dh] -> [B, L, D]
@@ -158,6 +168,80 @@ protected:
 
 private:
     Tensor gate_for(const Tensor& query_input) const;  // [1, H, 1, 1] or [B, H, Lq, 1]
+};
+
+// RoPE: attention of the rotated queries and keys, in any form (the reference one rotates them op
+// by op, the others with the rope op).
+class RotaryMultiHeadAttention : public MultiHeadAttention {
+public:
+    RotaryMultiHeadAttention(int64_t dim, int64_t heads, double base, AttentionImpl impl, const Init& init);
+
+    double base;  // theta_t = base^(-2t/Dh)
+    AttentionImpl impl;
+
+protected:
+    Tensor at_positions(const Tensor& x, int64_t first_position) const override;
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionPattern& pattern) override;
+};
+
+// A score bias that depends on the head and the distance d = j - (query_offset + i) alone, in
+// the three forms: reference, the [H, Lq, Lk] bias built op by op; bucketed, the attention op's
+// bias per bucket; fused, fused_attention's bias by distance, a row of Lq + Lk - 1 per head.
+class DistanceBiasAttention : public MultiHeadAttention {
+public:
+    AttentionImpl impl;
+
+protected:
+    DistanceBiasAttention(int64_t dim, int64_t heads, AttentionImpl impl, const Init& init);
+    // [H, Lq, Lk], built by ops
+    virtual Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
+    // the bias per bucket [H, K] with the bucket index [Lq, Lk] (RelativeTerms' index and bias)
+    virtual RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
+    // [H, Lq + Lk - 1], entry distance_entry(i, j, Lq) for the pair (i, j)
+    virtual Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
+    // the distances d of the entries of a distance_bias row
+    static std::vector<int64_t> entry_distances(int64_t query_len, int64_t key_len, int64_t query_offset);
+
+    Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionPattern& pattern) override;
+    Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
+};
+
+// ALiBi (Press et al. 2022): b_h(d) = -m_h |d|, the slopes of alibi_slopes; no parameters.
+class AlibiAttention : public DistanceBiasAttention {
+public:
+    AlibiAttention(int64_t dim, int64_t heads, AttentionImpl impl, const Init& init);
+    std::vector<double> slopes;
+
+protected:
+    Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+    RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+};
+
+// T5's bias (Raffel et al. 2020): b_h(d) = W[t5_bucket(d), h], W = relative_attention_bias.weight
+// [buckets, H]. T5 shares one table across the layers of a stack: a layer built with another's
+// table (`shared_table`) reads that one and has no parameter of its own.
+class T5BiasAttention : public DistanceBiasAttention {
+public:
+    T5BiasAttention(int64_t dim, int64_t heads, const RelativeFamilyOptions& options, bool bidirectional,
+                    AttentionImpl impl, const Init& init, const Embedding* shared_table = nullptr);
+    const Embedding& table() const { return shared_table_ ? *shared_table_ : *own_table_; }
+
+    int64_t num_buckets, max_distance;
+    bool bidirectional;  // false: causal buckets (T5's decoder)
+
+protected:
+    Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+    RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
+
+private:
+    // the buckets of distances, int64 on the table's device
+    Tensor buckets_of(const std::vector<int64_t>& distances, const Shape& shape) const;
+    std::unique_ptr<Embedding> own_table_;
+    const Embedding* shared_table_ = nullptr;
 };
 
 }  // namespace relgrad

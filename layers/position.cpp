@@ -1,8 +1,10 @@
 #include "layers/position.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/attention_pattern.hpp"
 #include "engine/ops.hpp"
@@ -115,6 +117,43 @@ Tensor RelativePositionEmbedding::lookup(int64_t query_len, int64_t key_len, int
     const Tensor rows = embedding(full_weight(), r);  // [Lq, Lk, Dh] or [Lq, Lk, H * Dh]
     if (shared) return rows.unsqueeze(0);
     return rows.reshape({query_len, key_len, heads, head_dim}).permute({2, 0, 1, 3});  // [H, Lq, Lk, Dh]
+}
+
+// ---------------------------------------------------------------- the relative family
+
+std::vector<double> alibi_slopes(int64_t heads) {
+    if (heads <= 0) throw std::invalid_argument("alibi_slopes: heads must be positive, got " + std::to_string(heads));
+    // the n slopes of n heads, a power of two: 2^(-8h/n), h = 1..n
+    auto power_of_two_slopes = [](int64_t n) {
+        std::vector<double> slopes(n);
+        for (int64_t h = 1; h <= n; ++h)
+            slopes[h - 1] = std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n));
+        return slopes;
+    };
+    int64_t n = 1;
+    while (n * 2 <= heads) n *= 2;
+    std::vector<double> slopes = power_of_two_slopes(n);
+    const std::vector<double> finer = power_of_two_slopes(2 * n);
+    for (int64_t e = 0; static_cast<int64_t>(slopes.size()) < heads; e += 2) slopes.push_back(finer[e]);
+    return slopes;
+}
+
+int64_t t5_bucket(int64_t distance, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+    int64_t bucket = 0, n = 0;
+    if (bidirectional) {
+        num_buckets /= 2;
+        bucket = distance > 0 ? num_buckets : 0;
+        n = distance < 0 ? -distance : distance;
+    } else {
+        n = distance < 0 ? -distance : 0;  // keys after the query share bucket 0
+    }
+    const int64_t max_exact = num_buckets / 2;
+    if (n < max_exact) return bucket + n;
+    // log-spaced from max_exact to max_distance, in float64 as T5 computes it
+    const int64_t large = max_exact + static_cast<int64_t>(std::log(static_cast<double>(n) / max_exact) /
+                                                           std::log(static_cast<double>(max_distance) / max_exact) *
+                                                           static_cast<double>(num_buckets - max_exact));
+    return bucket + std::min(large, num_buckets - 1);
 }
 
 }  // namespace relgrad

@@ -49,7 +49,8 @@ struct RelativeOptions {
 // spec and Python's keyword arguments all read it.
 template <class Fields>
 void relative_option_fields(Fields& f, RelativeOptions& o) {
-    const int64_t k = f.shorthand("k", 0, 4096, 8, "the clipping distance of both sides: the default of k_left and k_right");
+    const int64_t k =
+        f.shorthand("k", 0, 4096, 8, "the clipping distance of both sides: the default of k_left and k_right");
     f.integer("k_left", o.k_left, 0, 4096, k, "distances below -k_left share the table's first row");
     f.integer("k_right", o.k_right, 0, 4096, k, "distances above k_right share the table's last row");
     f.flag("share_across_heads", o.share_across_heads, true, "one table for all heads (false: one per head)");
@@ -61,6 +62,41 @@ void relative_option_fields(Fields& f, RelativeOptions& o) {
 inline RelativeOptions::RelativeOptions() {
     DefaultFields defaults;
     relative_option_fields(defaults, *this);
+}
+
+// --- the relative family beside Shaw (docs/layers/rope.md, alibi.md, t5_bias.md): RoPE rotates q
+// and k (engine/ops.hpp, rope); ALiBi and T5 add a score bias b_h(j - i) after the scale.
+
+// ALiBi's slopes m_h, h = 1..H (Press et al. 2022): 2^(-8h/H) for H a power of two; otherwise,
+// with n = 2^floor(log2 H), the n slopes of n heads and then every other slope of 2n heads, the
+// first H - n of them (the paper's code)
+std::vector<double> alibi_slopes(int64_t heads);
+
+// T5's bucket of a distance r = j - i (Raffel et al. 2020; HF's _relative_position_bucket): exact
+// for short distances, log-spaced up to max_distance, then the last bucket; bidirectional: half
+// the buckets for keys after the query, causal: only keys before it (later ones share bucket 0).
+int64_t t5_bucket(int64_t distance, bool bidirectional, int64_t num_buckets, int64_t max_distance);
+
+// The family's options; relative_family_option_fields below gives each one's range and default.
+struct RelativeFamilyOptions {
+    RelativeFamilyOptions();  // every default of relative_family_option_fields
+    double rope_base;         // RoPE: theta_t = base^(-2t/Dh)
+    int64_t t5_buckets;       // T5: the bias table's rows
+    int64_t t5_max_distance;  // T5: distances from here on share the last bucket
+};
+template <class Fields>
+void relative_family_option_fields(Fields& f, RelativeFamilyOptions& o) {
+    f.number("rope_base", o.rope_base, 0, 1e12, true, 10000, "RoPE: the base of the angles theta_t = base^(-2t/Dh)");
+    f.integer("t5_buckets", o.t5_buckets, 4, 4096, 32,
+              "T5 bias: the buckets of distances (half per side if bidirectional)");
+    f.integer("t5_max_distance", o.t5_max_distance, 1, int64_t{1} << 30, 128,
+              "T5 bias: distances from here on share the last bucket");
+    f.check(o.t5_max_distance > o.t5_buckets / 2, "t5_max_distance",
+            "more than t5_buckets / 2 = " + std::to_string(o.t5_buckets / 2) + " (the exact buckets end there)");
+}
+inline RelativeFamilyOptions::RelativeFamilyOptions() {
+    DefaultFields defaults;
+    relative_family_option_fields(defaults, *this);
 }
 
 class RelativePositionEmbedding : public Module {

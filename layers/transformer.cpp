@@ -17,8 +17,15 @@ PositionMode parse_position_mode(const std::string& name) {
 const char* position_mode_name(PositionMode mode) { return name_of(position_mode_names, mode); }
 
 // The self-attention a position mode calls for.
-static std::unique_ptr<MultiHeadAttention> make_self_attention(const TransformerOptions& o, const Init& init) {
+static std::unique_ptr<MultiHeadAttention> make_self_attention(const TransformerOptions& o, const Init& init,
+                                                               const Embedding* t5_table) {
     switch (o.position) {
+        case PositionMode::rope:
+            return std::make_unique<RotaryMultiHeadAttention>(o.dim, o.heads, o.family.rope_base, o.impl, init);
+        case PositionMode::alibi: return std::make_unique<AlibiAttention>(o.dim, o.heads, o.impl, init);
+        case PositionMode::t5:
+            return std::make_unique<T5BiasAttention>(o.dim, o.heads, o.family, /*bidirectional=*/true, o.impl, init,
+                                                     t5_table);
         case PositionMode::relative:
             return std::make_unique<RelativeMultiHeadAttention>(o.dim, o.heads, o.relative, o.impl, init);
         case PositionMode::gated:
@@ -27,10 +34,21 @@ static std::unique_ptr<MultiHeadAttention> make_self_attention(const Transformer
     }
 }
 
-EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init)
+// The T5 table a stack's later layers share with its first (t5_share_layers), or null.
+static const Embedding* shared_t5_table(const TransformerOptions& o, MultiHeadAttention& first_attention) {
+    if (o.position != PositionMode::t5 || !o.t5_share_layers) return nullptr;
+    return &dynamic_cast<T5BiasAttention&>(first_attention).table();
+}
+
+void make_causal(MultiHeadAttention& attention) {
+    attention.causal = true;
+    if (auto* t5 = dynamic_cast<T5BiasAttention*>(&attention)) t5->bidirectional = false;
+}
+
+EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init, const Embedding* t5_table)
     : options(o),
       norm1(o.dim, init),
-      self_attention(make_self_attention(o, init)),
+      self_attention(make_self_attention(o, init, t5_table)),
       norm2(o.dim, init),
       feed_forward(o.dim, o.ff_dim, o.dropout, init),
       dropout(o.dropout, init.gen.next_u64()) {
@@ -52,10 +70,10 @@ Tensor EncoderLayer::forward_incremental(const Tensor& x, KVCache& cache) {
     return dropout.add_to(x1, feed_forward.forward(norm2.forward(x1)));
 }
 
-DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init)
+DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init, const Embedding* t5_table)
     : options(o),
       norm1(o.dim, init),
-      self_attention(make_self_attention(o, init)),
+      self_attention(make_self_attention(o, init, t5_table)),
       norm2(o.dim, init),
       cross_attention(o.dim, o.heads, init),
       norm3(o.dim, init),
@@ -122,7 +140,8 @@ Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.d
     if (o.layers <= 0)
         throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
     for (int64_t i = 0; i < o.layers; ++i) {
-        layers.push_back(std::make_unique<EncoderLayer>(o, init));
+        const Embedding* t5_table = i > 0 ? shared_t5_table(o, *layers[0]->self_attention) : nullptr;
+        layers.push_back(std::make_unique<EncoderLayer>(o, init, t5_table));
         register_module("layers." + std::to_string(i), *layers.back());
     }
     register_module("final_norm", final_norm);
@@ -207,7 +226,7 @@ std::vector<std::vector<double>> SequenceClassifier::gates() const { return atte
 CausalLanguageModel::CausalLanguageModel(int64_t vocab, const TransformerOptions& o, const Init& init)
     : embed(vocab, o, init), decoder(o, init), lm_head(o.dim, vocab, init) {
     // causal by the layers' rule, not by an [L, L] mask: the fused form skips the hidden tiles
-    for (auto& layer : decoder.layers) layer->self_attention->causal = true;
+    for (auto& layer : decoder.layers) make_causal(*layer->self_attention);
     register_module("embed", embed);
     register_module("decoder", decoder);
     register_module("lm_head", lm_head);
@@ -262,8 +281,9 @@ EncoderDecoder::EncoderDecoder(int64_t source_vocab, int64_t target_vocab, const
     register_module("target_embed", target_embed);
     register_module("encoder", encoder);
     for (int64_t i = 0; i < o.layers; ++i) {
-        decoder_layers.push_back(std::make_unique<DecoderLayer>(o, init));
-        decoder_layers.back()->self_attention->causal = true;  // the layers' rule (see CausalLanguageModel)
+        const Embedding* t5_table = i > 0 ? shared_t5_table(o, *decoder_layers[0]->self_attention) : nullptr;
+        decoder_layers.push_back(std::make_unique<DecoderLayer>(o, init, t5_table));
+        make_causal(*decoder_layers.back()->self_attention);  // the layers' rule (see CausalLanguageModel)
         register_module("decoder_layers." + std::to_string(i), *decoder_layers.back());
     }
     register_module("decoder_norm", decoder_norm);

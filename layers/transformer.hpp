@@ -6,8 +6,10 @@
 //                   x = x + drop(ff(norm3(x)))
 //
 // Every model takes a position mode: none, sinusoidal or learned (added to the token
-// embeddings), relative (Shaw's terms in every self-attention) or gated (relative and an
-// absolute term mixed by a learned gate in every self-attention). Cross-attention carries no
+// embeddings), relative (Shaw's terms in every self-attention), gated (relative and an absolute
+// term mixed by a learned gate in every self-attention), or one of the relative family in every
+// self-attention: rope (q and k rotated), alibi (-m_h |j - i|) or t5 (a learned bias per bucket;
+// causal buckets in causal self-attention, bidirectional ones elsewhere). Cross-attention carries no
 // position terms: its queries and keys live in different sequences.
 #pragma once
 
@@ -15,12 +17,12 @@
 
 namespace relgrad {
 
-enum class PositionMode { none, sinusoidal, learned, relative, gated };
-inline constexpr EnumName<PositionMode> position_mode_names[] = {{PositionMode::none, "none"},
-                                                                 {PositionMode::sinusoidal, "sinusoidal"},
-                                                                 {PositionMode::learned, "learned"},
-                                                                 {PositionMode::relative, "relative"},
-                                                                 {PositionMode::gated, "gated"}};
+enum class PositionMode { none, sinusoidal, learned, relative, gated, rope, alibi, t5 };
+inline constexpr EnumName<PositionMode> position_mode_names[] = {
+    {PositionMode::none, "none"},       {PositionMode::sinusoidal, "sinusoidal"},
+    {PositionMode::learned, "learned"}, {PositionMode::relative, "relative"},
+    {PositionMode::gated, "gated"},     {PositionMode::rope, "rope"},
+    {PositionMode::alibi, "alibi"},     {PositionMode::t5, "t5"}};
 PositionMode parse_position_mode(const std::string& name);
 const char* position_mode_name(PositionMode mode);
 
@@ -33,7 +35,9 @@ struct TransformerOptions {
     int64_t layers;
     double dropout;
     PositionMode position;
-    RelativeOptions relative;  // k_left, k_right, share_across_heads, rank, values, init_std (relative and gated)
+    RelativeOptions relative;      // k_left, k_right, share_across_heads, rank, values, init_std (relative and gated)
+    RelativeFamilyOptions family;  // rope_base, t5_buckets, t5_max_distance (rope and t5)
+    bool t5_share_layers;          // t5: one bias table for all layers of a stack, as T5 has
     AttentionImpl impl;
     bool token_gate;        // gated: a token-dependent gate
     int64_t max_positions;  // learned positions: the table's rows, so the longest input
@@ -55,15 +59,19 @@ void block_option_fields(Fields& f, TransformerOptions& o) {
     f.number("dropout", o.dropout, 0, 0.99, false, 0.1, "dropout after attention, feed-forward and embeddings");
     f.named("position", o.position, position_mode_names, PositionMode::relative, "how positions enter");
     relative_option_fields(f, o.relative);
+    relative_family_option_fields(f, o.family);
     attention_form_field(f, o.impl);
     f.check(o.position != PositionMode::gated || o.impl != AttentionImpl::fused, "attention",
             "reference or bucketed with position \"gated\" (the gated layer has no fused form)");
+    f.check(o.position != PositionMode::rope || (o.dim / o.heads) % 2 == 0, "heads",
+            "such that the head dim dim / heads is even with position \"rope\" (it rotates pairs)");
     token_gate_field(f, o.token_gate);
 }
 template <class Fields>
 void transformer_option_fields(Fields& f, TransformerOptions& o) {
     f.integer("layers", o.layers, 1, 64, 2, "blocks in the stack (the encoder's and the decoder's each)");
     block_option_fields(f, o);
+    f.flag("t5_share_layers", o.t5_share_layers, false, "T5 bias: one table for all layers of a stack, as T5 has");
 }
 template <class Fields>
 void gradient_checkpointing_field(Fields& f, TransformerOptions& o) {
@@ -81,9 +89,13 @@ inline TransformerOptions::TransformerOptions() {
     max_positions_field(defaults, *this);
 }
 
+// Makes a self-attention causal: only keys at or before each query, and T5's causal buckets.
+void make_causal(MultiHeadAttention& attention);
+
 class EncoderLayer : public Module {
 public:
-    EncoderLayer(const TransformerOptions& options, const Init& init);
+    // t5_table: the stack's shared T5 table (t5_share_layers), or null for a table of its own
+    EncoderLayer(const TransformerOptions& options, const Init& init, const Embedding* t5_table = nullptr);
     Tensor forward(const Tensor& x, const Tensor& mask, int64_t query_offset = 0);
     // x [B, n, D]: new positions under a causal mask, attending to the cached ones (see KVCache)
     Tensor forward_incremental(const Tensor& x, KVCache& cache);
@@ -98,7 +110,7 @@ public:
 
 class DecoderLayer : public Module {
 public:
-    DecoderLayer(const TransformerOptions& options, const Init& init);
+    DecoderLayer(const TransformerOptions& options, const Init& init, const Embedding* t5_table = nullptr);
     Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& self_mask, const Tensor& memory_mask);
     Tensor forward_incremental(const Tensor& x, KVCache& cache, const Tensor& memory, const Tensor& memory_mask);
 

@@ -146,7 +146,8 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
                            ": /ff_dim: got 65536, expected a size that keeps each parameter within 2^28 elements: "
                            "[ff_dim, dim] = [65536, 8192] would have 536870912");
     w.write_spec(R"({"type": "encoder_layer", "dim": 4, "heads": 2, "position": "learned"})");
-    CHECK(w.error().find(spec + ": /position: got \"learned\", expected none, relative or gated") == 0);
+    CHECK(w.error().find(spec + ": /position: got \"learned\", expected none, relative, gated, rope, alibi or t5") ==
+          0);
     w.write_spec(R"({"type": "layer_norm", "dim": 4, "eps": 0})");
     CHECK(w.error() == spec + ": /eps: got 0, expected a number in (0, 1]");
     // a directory where the spec goes

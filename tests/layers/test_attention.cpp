@@ -304,3 +304,160 @@ TEST_CASE("the key-side term alone (values = false): E_V is no parameter, the sa
         }
     }
 }
+
+// ---------------------------------------------------------------- the relative family
+
+namespace {
+
+enum class Family { rope, alibi, t5, t5_causal };
+const char* family_name(Family f) {
+    return f == Family::rope ? "rope" : f == Family::alibi ? "alibi" : f == Family::t5 ? "t5" : "t5 causal";
+}
+
+// A layer of the family in one form, from the seed 11 (so the forms share their parameters).
+std::unique_ptr<MultiHeadAttention> family_layer(Family f, int64_t dim, int64_t heads, AttentionImpl impl,
+                                                 Generator& gen) {
+    const Init init{gen, DType::float64};
+    RelativeFamilyOptions o;
+    o.rope_base = 100;  // angles that turn visibly over a few positions
+    o.t5_buckets = 8;   // exact distances up to 2 (bidirectional) or 4 (causal), log buckets to 6
+    o.t5_max_distance = 6;
+    switch (f) {
+        case Family::rope: return std::make_unique<RotaryMultiHeadAttention>(dim, heads, o.rope_base, impl, init);
+        case Family::alibi: return std::make_unique<AlibiAttention>(dim, heads, impl, init);
+        case Family::t5: return std::make_unique<T5BiasAttention>(dim, heads, o, true, impl, init);
+        case Family::t5_causal: return std::make_unique<T5BiasAttention>(dim, heads, o, false, impl, init);
+    }
+    return nullptr;
+}
+
+// the output and every gradient, with queries x at positions query_offset.. and keys kv from 0
+std::vector<Tensor> offset_output_and_grads(MultiHeadAttention& layer, const Tensor& x, const Tensor& kv,
+                                            const Tensor& dy, const Tensor& mask, int64_t query_offset) {
+    Tensor input = x.detach().requires_grad_(true), keys = kv.detach().requires_grad_(true);
+    layer.zero_grad();
+    const Tensor y = layer.forward(input, keys, mask, query_offset);
+    y.backward(dy);
+    std::vector<Tensor> result = {y, input.grad(), keys.grad()};
+    for (const Tensor& p : layer.parameters()) result.push_back(p.grad());
+    return result;
+}
+
+}  // namespace
+
+TEST_CASE("RoPE, ALiBi and T5's bias: reference, bucketed and fused agree to 1e-12, offsets and masked rows too") {
+    for (Family f : {Family::rope, Family::alibi, Family::t5, Family::t5_causal}) {
+        CAPTURE(family_name(f));
+        std::unique_ptr<MultiHeadAttention> forms[3];
+        const AttentionImpl impls[3] = {AttentionImpl::reference, AttentionImpl::bucketed, AttentionImpl::fused};
+        for (int n = 0; n < 3; ++n) {
+            Generator gen(11);
+            forms[n] = family_layer(f, 12, 3, impls[n], gen);  // 3 heads: ALiBi's slopes beyond a power of two
+        }
+        // self-attention under every mask (row 1 sees no key in padding and all)
+        for (const auto& [mask_name, mask] : masks_for(3, 9)) {
+            CAPTURE(mask_name);
+            const Tensor x = random_input({3, 9, 12}, 3);
+            const Tensor dy = random_input({3, 9, 12}, 4).detach();
+            const std::vector<Tensor> expected = output_and_grads(*forms[0], x, dy, mask);
+            for (int n = 1; n < 3; ++n) {
+                CAPTURE(attention_impl_name(impls[n]));
+                const std::vector<Tensor> got = output_and_grads(*forms[n], x, dy, mask);
+                REQUIRE(got.size() == expected.size());
+                for (std::size_t e = 0; e < got.size(); ++e) CHECK(max_difference(got[e], expected[e]) <= 1e-12);
+            }
+        }
+        // 4 queries at positions 5..8 of 9 keys, under the causal rule
+        const Tensor x = random_input({2, 4, 12}, 5), kv = random_input({2, 9, 12}, 6);
+        const Tensor dy = random_input({2, 4, 12}, 7).detach();
+        const Tensor causal = causal_mask(4, 9, 5);
+        const std::vector<Tensor> expected = offset_output_and_grads(*forms[0], x, kv, dy, causal, 5);
+        for (int n = 1; n < 3; ++n) {
+            CAPTURE(attention_impl_name(impls[n]));
+            const std::vector<Tensor> got = offset_output_and_grads(*forms[n], x, kv, dy, causal, 5);
+            for (std::size_t e = 0; e < got.size(); ++e) CHECK(max_difference(got[e], expected[e]) <= 1e-12);
+        }
+    }
+}
+
+TEST_CASE("RoPE, ALiBi and T5's bias: gradient checks in every form and on every device") {
+    for (Family f : {Family::rope, Family::alibi, Family::t5, Family::t5_causal}) {
+        for (AttentionImpl impl : {AttentionImpl::reference, AttentionImpl::bucketed, AttentionImpl::fused}) {
+            CAPTURE(family_name(f));
+            CAPTURE(attention_impl_name(impl));
+            Generator gen(12);
+            std::unique_ptr<MultiHeadAttention> layer = family_layer(f, 6, 3, impl, gen);
+            const Tensor mask = masks_for(2, 7).back().second;  // padding, causal and a window
+            gradcheck_layer(*layer, {random_input({2, 7, 6}, 1)}, [&](const auto& in) {
+                return layer->forward(in[0], in[0], mask_on(mask, layer->device()));
+            });
+            gradcheck_layer(*layer, {random_input({1, 2, 6}, 2), random_input({1, 5, 6}, 3)},
+                            [&](const auto& in) { return layer->forward(in[0], in[1], Tensor(), 3); });  // an offset
+        }
+    }
+}
+
+TEST_CASE("RoPE: rotated q . k depends on j - i alone, and the rotation keeps lengths") {
+    const Tensor q = random_input({1, 1, 1, 8}, 1).detach(), k = random_input({1, 1, 1, 8}, 2).detach();
+    // q at position i, k at position j: the same product for every (i, j) with j - i = 3
+    std::vector<double> products;
+    for (int64_t i : {0, 2, 7, 40}) products.push_back(sum(mul(rope(q, i), rope(k, i + 3))).item());
+    for (double p : products) CHECK(std::fabs(p - products[0]) <= 1e-12);
+    CHECK(std::fabs(sum(mul(rope(q, 0), rope(k, 0))).item() - sum(mul(q, k)).item()) <= 1e-12);  // p = 0: q . k
+    CHECK(std::fabs(sum(mul(rope(q, 9), rope(q, 9))).item() - sum(mul(q, q)).item()) <= 1e-12);
+    // pair t = 0 of position 1 turns by theta_0 = 1 radian: (1, 0) -> (cos 1, sin 1)
+    check_values(rope(from_vector({1, 0, 0, 0}, {1, 4}, DType::float64), 1).narrow(1, 0, 2),
+                 {std::cos(1.0), std::sin(1.0)}, 1e-15);
+    CHECK_THROWS_WITH_AS(rope(random_input({2, 3}, 1), 0), "rope: x [2, 3] must be [..., L, Dh] with Dh even",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(rope(q, -1), "rope: first position -1 must be >= 0", std::invalid_argument);
+    CHECK_THROWS_AS(rope(q, 0, 0.0), std::invalid_argument);
+    Generator gen(1);
+    CHECK_THROWS_WITH_AS(RotaryMultiHeadAttention(6, 2, 10000, AttentionImpl::fused, Init{gen}),
+                         "RotaryMultiHeadAttention: the head dim 3 must be even (RoPE rotates pairs)",
+                         std::invalid_argument);
+}
+
+TEST_CASE("ALiBi's slopes and T5's buckets, as the papers' code computes them") {
+    // a power of two: 2^(-8h/H); 6 heads: the 4 of H = 4, then every other one of H = 8
+    check_values(from_vector(alibi_slopes(8), {8}, DType::float64),
+                 {1.0 / 2, 1.0 / 4, 1.0 / 8, 1.0 / 16, 1.0 / 32, 1.0 / 64, 1.0 / 128, 1.0 / 256}, 0);
+    check_values(from_vector(alibi_slopes(6), {6}, DType::float64),
+                 {1.0 / 4, 1.0 / 16, 1.0 / 64, 1.0 / 256, 1.0 / 2, 1.0 / 8}, 0);
+    check_values(from_vector(alibi_slopes(1), {1}, DType::float64), {1.0 / 256}, 0);
+    // bidirectional, 32 buckets to 128: 16 a side, exact below 8, then 8 + floor(log(n/8)/log(16) * 8)
+    // (n = 20: log 2.5 / log 16 * 8 = 2.64)
+    CHECK(t5_bucket(0, true, 32, 128) == 0);
+    CHECK(t5_bucket(-7, true, 32, 128) == 7);
+    CHECK(t5_bucket(1, true, 32, 128) == 17);
+    CHECK(t5_bucket(-8, true, 32, 128) == 8);
+    CHECK(t5_bucket(-20, true, 32, 128) == 10);
+    CHECK(t5_bucket(20, true, 32, 128) == 26);
+    CHECK(t5_bucket(-500, true, 32, 128) == 15);
+    CHECK(t5_bucket(500, true, 32, 128) == 31);
+    // causal: keys after the query in bucket 0, exact below 16, then 16 + floor(log(n/16)/log(8) * 16)
+    // (n = 40: log 2.5 / log 8 * 16 = 7.05)
+    CHECK(t5_bucket(5, false, 32, 128) == 0);
+    CHECK(t5_bucket(-3, false, 32, 128) == 3);
+    CHECK(t5_bucket(-40, false, 32, 128) == 23);
+    CHECK(t5_bucket(-1000, false, 32, 128) == 31);
+    Generator gen(2);
+    RelativeFamilyOptions bad;
+    bad.t5_max_distance = 16;  // not above t5_buckets / 2
+    CHECK_THROWS_AS(T5BiasAttention(6, 2, bad, true, AttentionImpl::bucketed, Init{gen}), std::invalid_argument);
+}
+
+TEST_CASE("ALiBi adds no parameters; T5's table is relative_attention_bias.weight [buckets, H]") {
+    Generator gen(3);
+    AlibiAttention alibi(6, 3, AttentionImpl::fused, Init{gen});
+    CHECK(alibi.named_parameters().size() == MultiHeadAttention(6, 3, Init{gen}).named_parameters().size());
+    T5BiasAttention t5(6, 3, RelativeFamilyOptions{}, true, AttentionImpl::fused, Init{gen});
+    bool found = false;
+    for (const auto& [name, p] : t5.named_parameters()) {
+        if (name == "relative_attention_bias.weight") found = p.shape() == Shape{32, 3};
+    }
+    CHECK(found);
+    // another layer reading that table owns no parameter of its own
+    T5BiasAttention sharing(6, 3, RelativeFamilyOptions{}, true, AttentionImpl::fused, Init{gen}, &t5.table());
+    CHECK(sharing.named_parameters().size() == alibi.named_parameters().size());
+}

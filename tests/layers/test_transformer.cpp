@@ -10,19 +10,26 @@ using namespace relgrad::testing;
 
 namespace {
 
-const PositionMode all_modes[] = {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
-                                  PositionMode::relative, PositionMode::gated};
+const PositionMode all_modes[] = {PositionMode::none,     PositionMode::sinusoidal, PositionMode::learned,
+                                  PositionMode::relative, PositionMode::gated,      PositionMode::rope,
+                                  PositionMode::alibi,    PositionMode::t5};
 
 TransformerOptions tiny(PositionMode mode) {
     TransformerOptions o;
     o.dim = 6;
-    o.heads = 2;
+    // the relative family with 3 heads: an even head dim for RoPE, ALiBi's slopes for a head count
+    // that is not a power of two
+    const bool family = mode == PositionMode::rope || mode == PositionMode::alibi || mode == PositionMode::t5;
+    o.heads = family ? 3 : 2;
     o.ff_dim = 5;
     o.layers = 2;
     o.dropout = 0.1;
     o.position = mode;
     o.relative.k_left = o.relative.k_right = 2;
     o.max_positions = 8;
+    o.family.t5_buckets = 6;  // bidirectional: exact distances -1 .. 1, then log buckets up to 4
+    o.family.t5_max_distance = 4;
+    o.t5_share_layers = true;
     return o;
 }
 
@@ -32,8 +39,9 @@ Tensor ids(const std::vector<double>& values, const Shape& shape) { return from_
 
 TEST_CASE("position modes by name") {
     for (PositionMode mode : all_modes) CHECK(parse_position_mode(position_mode_name(mode)) == mode);
-    CHECK_THROWS_WITH_AS(parse_position_mode("rotary"),
-                         "unknown position mode 'rotary' (expected none, sinusoidal, learned, relative or gated)",
+    CHECK_THROWS_WITH_AS(parse_position_mode("kerple"),
+                         "unknown position mode 'kerple' (expected none, sinusoidal, learned, relative, gated, rope, "
+                         "alibi or t5)",
                          std::invalid_argument);
 }
 

@@ -39,9 +39,9 @@ TEST_CASE("every kind of bad value is reported with its JSON path, what came and
           "c.json: /training/learning_rate: got -1, expected a number in (0, 10]");
     CHECK(error_of({{"training", {{"learning_rate", 0}}}}) ==
           "c.json: /training/learning_rate: got 0, expected a number in (0, 10]");
-    CHECK(error_of({{"model", {{"position", "rotary"}}}}) ==
-          "c.json: /model/position: got \"rotary\", expected one of \"none\", \"sinusoidal\", \"learned\", "
-          "\"relative\", \"gated\"");
+    CHECK(error_of({{"model", {{"position", "kerple"}}}}) ==
+          "c.json: /model/position: got \"kerple\", expected one of \"none\", \"sinusoidal\", \"learned\", "
+          "\"relative\", \"gated\", \"rope\", \"alibi\", \"t5\"");
     CHECK(error_of({{"model", {{"dim", 10}, {"heads", 4}}}}) ==
           "c.json: /model/heads: got 4, expected a divisor of dim = 10");
     CHECK(error_of({{"model", {{"token_gate", 1}}}}) == "c.json: /model/token_gate: got 1, expected true or false");
