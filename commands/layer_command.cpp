@@ -82,7 +82,8 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
     spec.named("dtype", dtype, floating_dtype_names, DType::float32);
     const Init init{gen, dtype};
     LayerRun run;
-    if (type == "attention" || type == "relative_attention" || type == "gated_attention") {
+    const bool family = type == "rope_attention" || type == "alibi_attention" || type == "t5_attention";
+    if (type == "attention" || type == "relative_attention" || type == "gated_attention" || family) {
         const int64_t dim = spec.size("dim"), heads = spec.size("heads");
         run.causal = spec.flag("causal", false);
         // W_q .. W_o are [D, D]; the tables [K, D] at most and the low-rank factors [rank, D] stay
@@ -91,6 +92,22 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         std::unique_ptr<MultiHeadAttention> attention;
         if (type == "attention") {
             attention = std::make_unique<MultiHeadAttention>(dim, heads, init);
+        } else if (family) {
+            RelativeFamilyOptions options;
+            if (type == "rope_attention") rope_option_fields(spec, options);
+            if (type == "t5_attention") t5_option_fields(spec, options);
+            bool bidirectional = true;
+            if (type == "t5_attention") t5_direction_field(spec, bidirectional, !run.causal);
+            AttentionImpl impl = AttentionImpl::bucketed;
+            attention_form_field(spec, impl);
+            if (type == "rope_attention") {
+                spec.check((dim / heads) % 2 == 0, "heads", "such that the head dim dim / heads is even (RoPE)");
+                attention = std::make_unique<RotaryMultiHeadAttention>(dim, heads, options.rope_base, impl, init);
+            } else if (type == "alibi_attention") {
+                attention = std::make_unique<AlibiAttention>(dim, heads, impl, init);
+            } else {
+                attention = std::make_unique<T5BiasAttention>(dim, heads, options, bidirectional, impl, init);
+            }
         } else {
             RelativeOptions relative;
             relative_option_fields(spec, relative);
@@ -145,8 +162,8 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         run.takes_mask = true;
     } else {
         r.fail("type",
-               "a layer type: attention, relative_attention, gated_attention, sinusoidal, learned_positions, "
-               "linear, layer_norm, feed_forward or encoder_layer");
+               "a layer type: attention, relative_attention, gated_attention, rope_attention, alibi_attention, "
+               "t5_attention, sinusoidal, learned_positions, linear, layer_norm, feed_forward or encoder_layer");
     }
     run.dtype = dtype;
     run.module->eval();

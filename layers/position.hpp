@@ -85,14 +85,28 @@ struct RelativeFamilyOptions {
     int64_t t5_max_distance;  // T5: distances from here on share the last bucket
 };
 template <class Fields>
-void relative_family_option_fields(Fields& f, RelativeFamilyOptions& o) {
+void rope_option_fields(Fields& f, RelativeFamilyOptions& o) {
     f.number("rope_base", o.rope_base, 0, 1e12, true, 10000, "RoPE: the base of the angles theta_t = base^(-2t/Dh)");
+}
+template <class Fields>
+void t5_option_fields(Fields& f, RelativeFamilyOptions& o) {
     f.integer("t5_buckets", o.t5_buckets, 4, 4096, 32,
               "T5 bias: the buckets of distances (half per side if bidirectional)");
     f.integer("t5_max_distance", o.t5_max_distance, 1, int64_t{1} << 30, 128,
               "T5 bias: distances from here on share the last bucket");
     f.check(o.t5_max_distance > o.t5_buckets / 2, "t5_max_distance",
             "more than t5_buckets / 2 = " + std::to_string(o.t5_buckets / 2) + " (the exact buckets end there)");
+}
+template <class Fields>
+void relative_family_option_fields(Fields& f, RelativeFamilyOptions& o) {
+    rope_option_fields(f, o);
+    t5_option_fields(f, o);
+}
+// A T5 layer's own choice (a model makes it from its causal rule)
+template <class Fields>
+void t5_direction_field(Fields& f, bool& bidirectional, bool fallback) {
+    f.flag("bidirectional", bidirectional, fallback,
+           "T5 bias: buckets for keys on both sides (false: causal buckets, later keys share bucket 0)");
 }
 inline RelativeFamilyOptions::RelativeFamilyOptions() {
     DefaultFields defaults;

@@ -1,6 +1,6 @@
 // relgrad.nn's attention layers: plain multi-head attention, Shaw's relative attention in its
-// three forms, and the gated mix of relative and absolute terms; the relative layers read their
-// keyword options through RelativeOptions' description (layers/position.hpp).
+// three forms, the gated mix of relative and absolute terms, and RoPE, ALiBi and T5's bias; the
+// relative layers read their keyword options through the descriptions of layers/position.hpp.
 #include <optional>
 
 #include "layers/attention.hpp"
@@ -28,6 +28,82 @@ struct RelativeLayerDescription {
         if (gated) token_gate_field(f, o.token_gate);
     }
 };
+
+// The relative family's keyword options: the form, and RoPE's or T5's own.
+enum class FamilyLayer { rope, alibi, t5 };
+struct FamilyLayerOptions {
+    RelativeFamilyOptions family;
+    AttentionImpl impl = AttentionImpl::bucketed;
+    bool bidirectional = true;
+};
+struct FamilyLayerDescription {
+    FamilyLayer layer;
+    template <class Fields>
+    void operator()(Fields& f, FamilyLayerOptions& o) const {
+        if (layer == FamilyLayer::rope) rope_option_fields(f, o.family);
+        if (layer == FamilyLayer::t5) {
+            t5_option_fields(f, o.family);
+            t5_direction_field(f, o.bidirectional, true);
+        }
+        attention_form_field(f, o.impl);
+    }
+};
+
+// A family layer's `impl` attribute, by name as the keyword takes it
+template <class Layer, class Class>
+void impl_property(Class& c) {
+    c.def_property(
+        "impl", [](const Layer& layer) { return std::string(attention_impl_name(layer.impl)); },
+        [](Layer& layer, const std::string& name) { layer.impl = parse_attention_impl(name); });
+}
+
+// RoPE, ALiBi and T5's bias (after MultiHeadAttention, their base)
+void bind_family(py::module_& nn) {
+    py::class_<RotaryMultiHeadAttention, MultiHeadAttention> rotary(
+        nn, "RotaryMultiHeadAttention", "RoPE: attention of q and k rotated by their positions");
+    rotary
+        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 const FamilyLayerOptions o =
+                     read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::rope});
+                 return std::make_unique<RotaryMultiHeadAttention>(dim, heads, o.family.rope_base, o.impl, b.init());
+             }),
+             py::arg("dim"), py::arg("heads"),
+             options_doc<FamilyLayerOptions>("RoPE (Su et al. 2021)", FamilyLayerDescription{FamilyLayer::rope}))
+        .def_readonly("base", &RotaryMultiHeadAttention::base);
+    impl_property<RotaryMultiHeadAttention>(rotary);
+
+    py::class_<AlibiAttention, MultiHeadAttention> alibi(nn, "AlibiAttention",
+                                                         "ALiBi: the score bias -m_h |j - i|, no parameters");
+    alibi
+        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
+                 LayerKwargs b(kwargs);
+                 const FamilyLayerOptions o =
+                     read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::alibi});
+                 return std::make_unique<AlibiAttention>(dim, heads, o.impl, b.init());
+             }),
+             py::arg("dim"), py::arg("heads"),
+             options_doc<FamilyLayerOptions>("ALiBi (Press et al. 2022)", FamilyLayerDescription{FamilyLayer::alibi}))
+        .def_readonly("slopes", &AlibiAttention::slopes, "m_h per head");
+    impl_property<AlibiAttention>(alibi);
+
+    py::class_<T5BiasAttention, MultiHeadAttention> t5(
+        nn, "T5BiasAttention", "T5's bias: a learned score bias per head and log-spaced bucket of j - i");
+    t5.def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
+               LayerKwargs b(kwargs);
+               const FamilyLayerOptions o =
+                   read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::t5});
+               return std::make_unique<T5BiasAttention>(dim, heads, o.family, o.bidirectional, o.impl, b.init());
+           }),
+           py::arg("dim"), py::arg("heads"),
+           options_doc<FamilyLayerOptions>("T5's bias (Raffel et al. 2020)", FamilyLayerDescription{FamilyLayer::t5}))
+        .def_readonly("num_buckets", &T5BiasAttention::num_buckets)
+        .def_readonly("max_distance", &T5BiasAttention::max_distance)
+        .def_readwrite("bidirectional", &T5BiasAttention::bidirectional);
+    impl_property<T5BiasAttention>(t5);
+    t5.def_property_readonly(
+        "relative_attention_bias", [](T5BiasAttention& l) { return &l.table(); }, kChild);
+}
 
 }  // namespace
 
@@ -101,6 +177,7 @@ void bind_attention(py::module_& nn) {
             "w_gate", [](GatedPositionAttention& l) { return l.w_gate.get(); }, kChild);
     child(gated, "w_pq", &GatedPositionAttention::w_pq);
     child(gated, "w_pk", &GatedPositionAttention::w_pk);
+    bind_family(nn);
 }
 
 }  // namespace relgrad::python

@@ -3,6 +3,7 @@
 // the layer computes, which the last case confirms with a gradient check of the same layer.)
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "../layers/layer_check.hpp"
 #include "engine/npy.hpp"
@@ -36,7 +37,7 @@ struct Workspace {
 };
 
 // A relative attention layer's parameters and inputs written as relgrad layer reads them.
-void write_relative_attention(Workspace& w, RelativeMultiHeadAttention& layer, const Tensor& x, const Tensor& dy) {
+void write_relative_attention(Workspace& w, MultiHeadAttention& layer, const Tensor& x, const Tensor& dy) {
     w.save("x.npy", x);
     w.save("dy.npy", dy);
     for (const auto& [name, p] : layer.named_parameters()) w.save(name + ".npy", p);
@@ -92,6 +93,57 @@ TEST_CASE("relgrad layer runs the fused form and low-rank tables: the files matc
         CAPTURE(name);
         CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) <= 1e-12);
     }
+}
+
+TEST_CASE("relgrad layer runs RoPE, ALiBi and T5's bias in the fused form: the files match the reference form") {
+    RelativeFamilyOptions o;
+    o.rope_base = 50;
+    o.t5_buckets = 8;
+    o.t5_max_distance = 6;
+    struct Case {
+        std::string spec;
+        std::function<std::unique_ptr<MultiHeadAttention>(const Init&)> reference;
+    };
+    const std::vector<Case> cases = {
+        {R"({"type": "rope_attention", "dim": 8, "heads": 2, "rope_base": 50)",
+         [&](const Init& init) {
+             return std::make_unique<RotaryMultiHeadAttention>(8, 2, 50, AttentionImpl::reference, init);
+         }},
+        {R"({"type": "alibi_attention", "dim": 8, "heads": 2)",
+         [&](const Init& init) { return std::make_unique<AlibiAttention>(8, 2, AttentionImpl::reference, init); }},
+        // causal, so T5's causal buckets unless told otherwise
+        {R"({"type": "t5_attention", "dim": 8, "heads": 2, "t5_buckets": 8, "t5_max_distance": 6)",
+         [&](const Init& init) {
+             return std::make_unique<T5BiasAttention>(8, 2, o, false, AttentionImpl::reference, init);
+         }},
+        {R"({"type": "t5_attention", "dim": 8, "heads": 2, "t5_buckets": 8, "t5_max_distance": 6, "bidirectional": true)",
+         [&](const Init& init) {
+             return std::make_unique<T5BiasAttention>(8, 2, o, true, AttentionImpl::reference, init);
+         }},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.spec);
+        Workspace w;
+        w.write_spec(c.spec + R"(, "attention": "fused", "causal": true, "dtype": "float64"})");
+        Generator gen(4);
+        std::unique_ptr<MultiHeadAttention> reference = c.reference(Init{gen, DType::float64});
+        const Tensor x = random_input({2, 5, 8}, 6), dy = random_input({2, 5, 8}, 7).detach();
+        write_relative_attention(w, *reference, x.detach(), dy);
+        REQUIRE(w.error() == "no error");
+        const Tensor y = reference->forward(x, x, causal_mask(5, 5));
+        y.backward(dy);
+        CHECK(max_difference(load_npy((w.out / "y.npy").string()), y) <= 1e-12);
+        CHECK(max_difference(load_npy((w.out / "dx.npy").string()), x.grad()) <= 1e-12);
+        for (const auto& [name, p] : reference->named_parameters()) {
+            CAPTURE(name);
+            CHECK(max_difference(load_npy((w.out / ("grad." + name + ".npy")).string()), p.grad()) <= 1e-12);
+        }
+    }
+    Workspace w;
+    w.write_spec(R"({"type": "rope_attention", "dim": 6, "heads": 2})");
+    CHECK(w.error() == w.spec.string() + ": /heads: got 2, expected such that the head dim dim / heads is even (RoPE)");
+    w.write_spec(R"({"type": "alibi_attention", "dim": 6, "heads": 2, "rope_base": 100})");
+    CHECK(w.error().find("rope_base") != std::string::npos);
 }
 
 TEST_CASE("bad specs and files are reported with the file and what was expected") {

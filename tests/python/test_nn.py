@@ -290,7 +290,46 @@ def test_three_attention_forms_agree_in_float64():
             np.testing.assert_allclose(a, b, atol=1e-12)
 
 
-@pytest.mark.parametrize("position", ["none", "sinusoidal", "learned", "relative", "gated"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda impl: nn.RotaryMultiHeadAttention(8, 2, rope_base=100.0, attention=impl, seed=5, dtype="float64"),
+        lambda impl: nn.AlibiAttention(8, 2, attention=impl, seed=5, dtype="float64"),
+        lambda impl: nn.T5BiasAttention(8, 2, t5_buckets=8, t5_max_distance=5, attention=impl, seed=5, dtype="float64"),
+        lambda impl: nn.T5BiasAttention(8, 2, bidirectional=False, attention=impl, seed=5, dtype="float64"),
+    ],
+    ids=["rope", "alibi", "t5", "t5_causal"],
+)
+def test_the_relative_family_agrees_in_its_three_forms(make):
+    x_values = np.random.default_rng(1).standard_normal((2, 7, 8))
+    outputs, grads = [], []
+    for impl in ("reference", "bucketed", "fused"):
+        layer = make(impl)
+        assert layer.impl == impl
+        x = relgrad.tensor(x_values, requires_grad=True)
+        out = layer(x[:, 4:], x, mask=nn.key_padding_mask([7, 5]), query_offset=4)
+        (out * out).sum().backward()
+        outputs.append(out.numpy())
+        grads.append([x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()])
+    for other, other_grads in zip(outputs[1:], grads[1:]):
+        np.testing.assert_allclose(other, outputs[0], atol=1e-12)
+        for a, b in zip(other_grads, grads[0]):
+            np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_the_relative_family_options():
+    assert nn.AlibiAttention(8, 4).slopes == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+    t5 = nn.T5BiasAttention(8, 2, t5_buckets=16)
+    assert t5.num_buckets == 16 and t5.bidirectional and t5.relative_attention_bias.weight.shape == (16, 2)
+    with pytest.raises(TypeError, match="rope_base"):
+        nn.AlibiAttention(8, 2, rope_base=3.0)
+    with pytest.raises(ValueError, match="t5_max_distance"):
+        nn.T5BiasAttention(8, 2, t5_buckets=16, t5_max_distance=8)
+    with pytest.raises(ValueError, match="even"):
+        nn.RotaryMultiHeadAttention(6, 2)
+
+
+@pytest.mark.parametrize("position", ["none", "sinusoidal", "learned", "relative", "gated", "rope", "alibi", "t5"])
 def test_models_forward_and_decode(position):
     ids = relgrad.tensor([[4, 5, 6, 7], [5, 6, 0, 0]])
     classifier = nn.SequenceClassifier(10, 3, position=position, **MODEL)
@@ -363,7 +402,7 @@ def test_child_layers_keep_their_parent_alive():
 
 @pytest.mark.parametrize("build, error, message", [
     (lambda: nn.Linear(3, 2, sede=1), TypeError, "unexpected keyword argument 'sede'"),
-    (lambda: nn.SequenceClassifier(10, 2, position="rotary"), ValueError, "rotary"),
+    (lambda: nn.SequenceClassifier(10, 2, position="kerple"), ValueError, "kerple"),
     (lambda: nn.SequenceClassifier(10, 2, pooling="max"), ValueError, "pooling"),
     (lambda: nn.RelativeMultiHeadAttention(8, 2, attention="flash"), ValueError, "flash"),
     (lambda: nn.MultiHeadAttention(8, 3), ValueError, "heads"),

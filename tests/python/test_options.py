@@ -60,7 +60,7 @@ def test_config_spec_and_python_resolve_the_same_options(tmp_path, options):
 BAD = [  # (option, value, what was expected, Python's exception); the value as JSON or Python writes it
     ("dim", 0, "an integer in [1, 8192]", ValueError),
     ("dropout", 1.5, "a number in [0, 0.99]", ValueError),
-    ("position", "rotary", 'one of "none", "sinusoidal", "learned", "relative", "gated"', ValueError),
+    ("position", "kerple", 'one of "none", "sinusoidal", "learned", "relative", "gated", "rope", "alibi", "t5"', ValueError),
     ("heads", 3, "a divisor of dim = 64", ValueError),
     ("k_left", 5000, "an integer in [0, 4096]", ValueError),
     ("token_gate", 1, "true or false", TypeError),

@@ -46,7 +46,7 @@ def test_config_as_dict_path_and_overrides_agree(tmp_path):
 @pytest.mark.parametrize("config, overrides, message", [
     ({"training": {"steps": -1}}, [], "config: /training/steps: got -1"),
     ({"training": {"stepz": 1}}, [], "stepz"),
-    ({"model": {"position": "rotary"}}, [], "rotary"),
+    ({"model": {"position": "kerple"}}, [], "kerple"),
     (None, ["training.steps"], "training.steps"),
     ({"training": {"learning_rate": float("nan")}}, [], "not valid JSON"),
 ])
