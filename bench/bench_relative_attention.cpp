@@ -22,9 +22,17 @@
 //     through the CPU's gemm on one thread, and the exponentials it takes (each score once in the
 //     forward and once in the backward) timed through its exp_sum row kernel; the sum over the
 //     B H (batch, head) pairs, divided by the threads as if they shared it perfectly
+//
+//   build/bench/bench_relative_attention family L [B D H repeats]
+//     the relative family beside the fused kernel without position terms (float32, no mask, median
+//     seconds of forward + backward): the kernel alone (fused_attention from q, k, v) with no terms,
+//     with ALiBi's bias and with T5's bias by distance; the whole fused layer (projections
+//     included) without position terms, with RoPE, ALiBi and T5; and the rope op alone on q and k
+//     (forward + backward), as a share of the RoPE layer's time. One JSON line.
 // bench/relative_attention.py runs these for every configuration next to the PyTorch versions.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -128,8 +136,8 @@ int fused_floor(int64_t L, int64_t B, int64_t D, int64_t H) {
     std::printf(
         "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"threads\": %d, \"product_seconds\": %.6f, "
         "\"product_gflop_per_second\": %.1f, \"exp_seconds\": %.6f, \"floor_seconds\": %.6f}\n",
-        (long long)L, (long long)B, (long long)D, (long long)H, omp_get_max_threads(), product_seconds * pairs_per_thread,
-        flops / product_seconds / 1e9, exp_seconds * pairs_per_thread,
+        (long long)L, (long long)B, (long long)D, (long long)H, omp_get_max_threads(),
+        product_seconds * pairs_per_thread, flops / product_seconds / 1e9, exp_seconds * pairs_per_thread,
         (product_seconds + exp_seconds) * pairs_per_thread);
     if (!(sink > 0)) std::fprintf(stderr, "bench_relative_attention floor: exp_sum gave no positive sum\n");
     return 0;
@@ -141,6 +149,73 @@ struct AttentionCore : RelativeMultiHeadAttention {
     using RelativeMultiHeadAttention::RelativeMultiHeadAttention;
 };
 
+// The fused layer without position terms: multi-head attention through fused_attention.
+struct PlainFusedAttention : MultiHeadAttention {
+    using MultiHeadAttention::MultiHeadAttention;
+    Tensor attend(const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const AttentionPattern& pattern) override {
+        return fused_attention(q, k, v, pattern, scale());
+    }
+};
+
+// The median seconds of `repeats` calls of step after one to warm up.
+template <class Step>
+double median_seconds(int64_t repeats, Step&& step) {
+    std::vector<double> seconds;
+    for (int64_t r = 0; r < repeats + 1; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        step();
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (r > 0) seconds.push_back(elapsed);
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return seconds[seconds.size() / 2];
+}
+
+int family(int64_t L, int64_t B, int64_t D, int64_t H, int64_t repeats) {
+    Generator gen(1);
+    const int64_t Dh = D / H;
+    const Tensor q = randn({B, H, L, Dh}, gen).requires_grad_(true), k = randn({B, H, L, Dh}, gen).requires_grad_(true),
+                 v = randn({B, H, L, Dh}, gen).requires_grad_(true), dz = randn({B, H, L, Dh}, gen);
+    const double scale = 1 / std::sqrt(static_cast<double>(Dh));
+    // ALiBi's row is a constant; T5's is looked up from a learned table, so its gradient is formed
+    std::vector<double> alibi_row(H * (2 * L - 1));
+    const std::vector<double> slopes = alibi_slopes(H);
+    for (int64_t h = 0; h < H; ++h)
+        for (int64_t e = 0; e < 2 * L - 1; ++e) alibi_row[h * (2 * L - 1) + e] = -slopes[h] * std::abs(e - (L - 1));
+    const Tensor alibi = from_vector(alibi_row, {H, 2 * L - 1}, DType::float32);
+    const Tensor t5 = randn({H, 2 * L - 1}, gen).requires_grad_(true);
+    auto kernel = [&](const Tensor& bias) {
+        return median_seconds(repeats, [&] {
+            ClippedRelativeTerms terms;
+            terms.distance_bias = bias;
+            fused_attention(q, k, v, AttentionPattern{}, scale, terms).backward(dz);
+        });
+    };
+    const double kernel_none = kernel(Tensor()), kernel_alibi = kernel(alibi), kernel_t5 = kernel(t5);
+    const Init init{gen};
+    PlainFusedAttention plain(D, H, init);
+    RotaryMultiHeadAttention rotary(D, H, 10000, AttentionImpl::fused, init);
+    AlibiAttention alibi_layer(D, H, AttentionImpl::fused, init);
+    T5BiasAttention t5_layer(D, H, RelativeFamilyOptions{}, true, AttentionImpl::fused, init);
+    const Tensor x = randn({B, L, D}, gen).requires_grad_(true), dy = randn({B, L, D}, gen);
+    auto layer = [&](MultiHeadAttention& m) { return median_seconds(repeats, [&] { m.forward(x, x).backward(dy); }); };
+    const double layer_none = layer(plain), layer_rope = layer(rotary), layer_alibi = layer(alibi_layer),
+                 layer_t5 = layer(t5_layer);
+    const double rope_alone = median_seconds(repeats, [&] {
+        rope(q, 0).backward(dz);
+        rope(k, 0).backward(dz);
+    });
+    std::printf(
+        "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"kernel_none\": %.6f, \"kernel_alibi\": %.6f, "
+        "\"kernel_t5\": %.6f, \"layer_none\": %.6f, \"layer_rope\": %.6f, \"layer_alibi\": %.6f, \"layer_t5\": %.6f, "
+        "\"rope_alone\": %.6f, \"alibi_over_none\": %.3f, \"t5_over_none\": %.3f, \"rope_share\": %.4f}\n",
+        (long long)L, (long long)B, (long long)D, (long long)H, kernel_none, kernel_alibi, kernel_t5, layer_none,
+        layer_rope, layer_alibi, layer_t5, rope_alone, kernel_alibi / kernel_none, kernel_t5 / kernel_none,
+        rope_alone / layer_rope);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,7 +223,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr,
                      "usage: bench_relative_attention reference|bucketed|fused L [B D H k repeats window part]\n"
                      "       bench_relative_attention sgemm [N]\n"
-                     "       bench_relative_attention floor L [B D H]\n");
+                     "       bench_relative_attention floor L [B D H]\n"
+                     "       bench_relative_attention family L [B D H repeats]\n");
         return 2;
     }
     auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
@@ -160,6 +236,16 @@ int main(int argc, char** argv) {
             return 2;
         }
         return fused_floor(L, B, D, H);
+    }
+    if (std::string(argv[1]) == "family") {
+        const int64_t L = arg(2, 0), B = arg(3, 8), D = arg(4, 256), H = arg(5, 8), repeats = arg(6, 5);
+        if (L <= 0 || B <= 0 || H <= 0 || D <= 0 || D % H != 0 || (D / H) % 2 != 0 || repeats <= 0) {
+            std::fprintf(stderr,
+                         "bench_relative_attention family: L, B, D, H and repeats must be positive, H divide D "
+                         "and D / H be even\n");
+            return 2;
+        }
+        return family(L, B, D, H, repeats);
     }
     try {
         const AttentionImpl impl = parse_attention_impl(argv[1]);

@@ -10,6 +10,7 @@
 
 #include "engine/enum_names.hpp"
 #include "engine/system.hpp"
+#include "train/datasets.hpp"
 #include "train/json_reader.hpp"
 #include "train/option_fields.hpp"
 
@@ -19,7 +20,8 @@ namespace {
 
 const EnumName<TaskKind> task_kinds[] = {
     {TaskKind::copy, "copy"},           {TaskKind::reverse, "reverse"},
-    {TaskKind::dedupe, "dedupe"},       {TaskKind::relative_order, "relative_order"},
+    {TaskKind::dedupe, "dedupe"},       {TaskKind::sort, "sort"},
+    {TaskKind::addition, "addition"},   {TaskKind::relative_order, "relative_order"},
     {TaskKind::symbol_at, "symbol_at"}, {TaskKind::classification, "classification"},
     {TaskKind::pairs, "pairs"},         {TaskKind::language_model, "language_model"}};
 
@@ -140,6 +142,8 @@ void config_fields(Fields& f, Config& c) {
     f.integer("symbol_position", c.task.symbol_position, 0, 1 << 20, 2);
     f.check(c.task.kind != TaskKind::symbol_at || c.task.vocab >= 8, "vocab",
             "at least 8 for symbol_at (ids 0..5 are reserved, two symbols at least)");
+    f.check(c.task.kind != TaskKind::addition || c.task.vocab >= kAdditionVocab, "vocab",
+            "at least 15 for addition (ids 0..3 are reserved, then ten digits and '+')");
     const std::pair<const char*, const std::vector<int64_t>*> ranges[] = {{"train_lengths", &c.task.train_lengths},
                                                                           {"test_lengths", &c.task.test_lengths}};
     for (const auto& [key, range] : ranges) f.check((*range)[0] <= (*range)[1], key, "[min, max] with min <= max");
@@ -152,11 +156,17 @@ void config_fields(Fields& f, Config& c) {
     }
     f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
     f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
+    f.flag("decoder_only", c.task.decoder_only, false);
+    f.check(!c.task.decoder_only || is_pair_task(c.task.kind), "decoder_only",
+            "false for a task that is not one of pairs (copy, reverse, dedupe, sort, addition, pairs)");
     // a synthetic data set is held in memory whole: at most kMostTokens tokens per split
     const std::tuple<const char*, int64_t, const char*, int64_t> splits[] = {
         {"train_examples", c.task.train_examples, "train_lengths", c.task.train_lengths[1]},
         {"test_examples", c.task.test_examples, "test_lengths", c.task.test_lengths[1]}};
-    for (const auto& [key, examples, lengths, longest] : splits) {
+    // addition: operands of `length` digits, about 4 length tokens with the sum
+    const int64_t tokens_per_length = c.task.kind == TaskKind::addition ? 4 : 1;
+    for (auto [key, examples, lengths, longest] : splits) {
+        longest *= tokens_per_length;
         f.check(reads_files(c.task.kind) || examples <= kMostTokens / longest, key,
                 "at most " + std::to_string(kMostTokens / longest) + " examples of up to " + std::to_string(longest) +
                     " tokens (/task/" + lengths + "): a synthetic split holds at most 2^27 tokens");
@@ -234,6 +244,11 @@ TaskKind parse_task_kind(const nlohmann::json& document) {
 
 bool reads_files(TaskKind kind) {
     return kind == TaskKind::classification || kind == TaskKind::pairs || kind == TaskKind::language_model;
+}
+
+bool is_pair_task(TaskKind kind) {
+    return kind == TaskKind::copy || kind == TaskKind::reverse || kind == TaskKind::dedupe || kind == TaskKind::sort ||
+           kind == TaskKind::addition || kind == TaskKind::pairs;
 }
 
 Config Config::parse(const nlohmann::json& document, const std::string& file) {

@@ -20,11 +20,25 @@ struct ModelConfig {
 };
 
 // The task decides the model: classification tasks train a SequenceClassifier, sequence-pair
-// tasks an EncoderDecoder, language modelling a CausalLanguageModel. copy, reverse, dedupe,
+// tasks an EncoderDecoder (or, with task.decoder_only, a CausalLanguageModel reading prompt and
+// answer), language modelling a CausalLanguageModel. copy, reverse, dedupe, sort, addition,
 // relative_order and symbol_at are generated from the seed (train/datasets.hpp); the others read
 // the files of the data section.
-enum class TaskKind { copy, reverse, dedupe, relative_order, symbol_at, classification, pairs, language_model };
+enum class TaskKind {
+    copy,
+    reverse,
+    dedupe,
+    sort,
+    addition,
+    relative_order,
+    symbol_at,
+    classification,
+    pairs,
+    language_model
+};
 bool reads_files(TaskKind kind);
+// a task of (source, target) pairs: copy, reverse, dedupe, sort, addition, pairs
+bool is_pair_task(TaskKind kind);
 
 // Limits that keep a valid config from asking for hours of work or more memory than there is
 // (docs/training.md): sequences of at most 2^16 tokens (task.train_lengths, task.test_lengths,
@@ -43,6 +57,9 @@ struct TaskConfig {
     int64_t symbol_position = 2;                // symbol_at: the label is the symbol here (from 0)
     int64_t train_examples = 4000;
     int64_t test_examples = 500;
+    // pair tasks: one CausalLanguageModel reads source, a separator (bos) and the target, the loss
+    // on the target and eos alone, instead of an EncoderDecoder
+    bool decoder_only = false;
 };
 
 // Files for classification (TSV label<TAB>text or JSONL {"text", "label"}), pairs (TSV

@@ -269,6 +269,46 @@ std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int6
     return make_sequence_task("make_reverse_task", count, min_length, max_length, vocab, seed, true);
 }
 
+std::vector<TokenPair> make_sort_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                      uint64_t seed) {
+    std::vector<TokenPair> pairs =
+        make_sequence_task("make_sort_task", count, min_length, max_length, vocab, seed, false);
+    for (TokenPair& pair : pairs) std::sort(pair.target.begin(), pair.target.end());
+    return pairs;
+}
+
+std::vector<TokenPair> make_addition_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                          uint64_t seed) {
+    const std::string task = "make_addition_task";
+    check_sizes(task, count, min_length, max_length, 1, "1");
+    require_at_least(task, "vocab", vocab, kAdditionVocab, "15 (ids 0..3 are reserved, then ten digits and '+')");
+    const int64_t plus = first_symbol + 10;
+    return draw_examples<TokenPair>(count, seed, [&](Generator& gen) {
+        const int64_t length = uniform_int(gen, min_length, max_length);
+        // the digits of a and b, most significant first, the first not 0 unless the number is 0
+        auto number = [&] {
+            std::vector<int64_t> digits(length);
+            for (int64_t d = 0; d < length; ++d) digits[d] = uniform_int(gen, d == 0 && length > 1 ? 1 : 0, 9);
+            return digits;
+        };
+        const std::vector<int64_t> a = number(), b = number();
+        std::vector<int64_t> sum;  // least significant first while adding
+        int64_t carry = 0;
+        for (int64_t d = length - 1; d >= 0; --d) {
+            const int64_t total = a[d] + b[d] + carry;
+            sum.push_back(total % 10);
+            carry = total / 10;
+        }
+        if (carry) sum.push_back(carry);
+        TokenPair pair;
+        for (int64_t digit : a) pair.source.push_back(first_symbol + digit);
+        pair.source.push_back(plus);
+        for (int64_t digit : b) pair.source.push_back(first_symbol + digit);
+        for (auto digit = sum.rbegin(); digit != sum.rend(); ++digit) pair.target.push_back(first_symbol + *digit);
+        return pair;
+    });
+}
+
 std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
                                         uint64_t seed) {
     const std::string task = "make_dedupe_task";

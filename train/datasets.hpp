@@ -80,6 +80,17 @@ std::vector<TokenPair> make_reverse_task(int64_t count, int64_t min_length, int6
 std::vector<TokenPair> make_dedupe_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
                                         uint64_t seed);
 
+// Sorting: random symbols 4 .. vocab-1, the target the same symbols in ascending order (vocab >= 5)
+std::vector<TokenPair> make_sort_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                      uint64_t seed);
+
+// Addition, most significant digit first: the source "a + b" for two numbers of `length` digits
+// each (no leading zero but for 0 itself), the target the digits of a + b. Digit d is id 4 + d,
+// '+' id 14 (vocab >= 15). The length drawn from [min_length, max_length] is that of the operands.
+std::vector<TokenPair> make_addition_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
+                                          uint64_t seed);
+constexpr int64_t kAdditionVocab = 15;  // the reserved ids, ten digits and '+'
+
 // Symbol at a position: random symbols from 6 .. vocab-1 (vocab >= 8); the label is the symbol at
 // `position` (counting from 0), as a class 0 .. vocab-7. Only the absolute position says which
 // symbol counts: min_length > position.

@@ -34,8 +34,7 @@ DataConfig with_data_paths_resolved(DataConfig d) {
 
 // The tokenizer the data section asks for, learned from the training texts.
 Tokenizer tokenizer_for(const DataConfig& d, const std::vector<std::string>& texts) {
-    return Tokenizer::build(d.tokenizer, texts, d.min_frequency,
-                            {d.lowercase, d.split_punctuation});
+    return Tokenizer::build(d.tokenizer, texts, d.min_frequency, {d.lowercase, d.split_punctuation});
 }
 
 // Training and test examples from the data section: the test file, or a held-out part of train.
@@ -85,12 +84,17 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
                                 seed + 1),
             init);
     }
-    const auto make = t.kind == TaskKind::copy     ? make_copy_task
-                      : t.kind == TaskKind::dedupe ? make_dedupe_task
-                                                   : make_reverse_task;
-    return std::make_unique<SequencePairTask>(
-        c.model, t.vocab, make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
-        make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1), init);
+    const auto make = t.kind == TaskKind::copy       ? make_copy_task
+                      : t.kind == TaskKind::dedupe   ? make_dedupe_task
+                      : t.kind == TaskKind::sort     ? make_sort_task
+                      : t.kind == TaskKind::addition ? make_addition_task
+                                                     : make_reverse_task;
+    std::vector<TokenPair> train = make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
+                           test = make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1);
+    if (t.decoder_only) {
+        return std::make_unique<PromptAnswerTask>(c.model, t.vocab, std::move(train), std::move(test), init);
+    }
+    return std::make_unique<SequencePairTask>(c.model, t.vocab, std::move(train), std::move(test), init);
 }
 
 // classification: labels are the distinct labels of the training data, in sorted order
@@ -147,6 +151,10 @@ std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, cons
         short_enough(encode(train), d.train_max_tokens, "train_max_tokens", d.train, length);
     std::vector<TokenPair> test_pairs =
         short_enough(encode(test), d.test_max_tokens, "test_max_tokens", test_source(d), length);
+    if (c.task.decoder_only) {
+        return std::make_unique<PromptAnswerTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
+                                                  std::move(test_pairs), init);
+    }
     return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
                                               std::move(test_pairs), init);
 }

@@ -55,6 +55,31 @@ json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, c
     return out;
 }
 
+// Exact match (accuracy), token accuracy and BLEU of the outputs against the targets, over all
+// and per length bucket (bucket_of_example[i] the bucket of example i).
+json scored_by_length(const std::vector<std::vector<int64_t>>& outputs,
+                      const std::vector<std::vector<int64_t>>& targets, const std::vector<int64_t>& bucket_of_example,
+                      const LengthBuckets& buckets) {
+    auto scores = [](const std::vector<std::vector<int64_t>>& out, const std::vector<std::vector<int64_t>>& tgt) {
+        const SequenceScores s = sequence_scores(out, tgt, Tokenizer::unk);
+        return json{{"accuracy", s.accuracy}, {"token_accuracy", s.token_accuracy}, {"bleu", s.bleu}};
+    };
+    json result = scores(outputs, targets);
+    result["by_length"] = json::object();
+    for (int64_t b = 0; b < buckets.count(); ++b) {
+        std::vector<std::vector<int64_t>> bucket_outputs, bucket_targets;
+        for (std::size_t i = 0; i < outputs.size(); ++i) {
+            if (bucket_of_example[i] != b) continue;
+            bucket_outputs.push_back(outputs[i]);
+            bucket_targets.push_back(targets[i]);
+        }
+        if (bucket_outputs.empty()) continue;
+        result["by_length"][buckets.name(b)] = scores(bucket_outputs, bucket_targets);
+        result["by_length"][buckets.name(b)]["examples"] = static_cast<int64_t>(bucket_outputs.size());
+    }
+    return result;
+}
+
 std::vector<int64_t> with_bos(std::vector<int64_t> t) {
     t.insert(t.begin(), Tokenizer::bos);
     return t;
@@ -167,24 +192,7 @@ json SequencePairTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
         for (auto& output : greedy_decode(sources, longest + 1)) outputs.push_back(std::move(output));
         evaluation_batch_done(start, batch_size, test_.size());
     }
-    auto scores = [](const std::vector<std::vector<int64_t>>& out, const std::vector<std::vector<int64_t>>& tgt) {
-        const SequenceScores s = sequence_scores(out, tgt, Tokenizer::unk);
-        return json{{"accuracy", s.accuracy}, {"token_accuracy", s.token_accuracy}, {"bleu", s.bleu}};
-    };
-    json result = scores(outputs, targets);
-    result["by_length"] = json::object();
-    for (int64_t b = 0; b < buckets.count(); ++b) {
-        std::vector<std::vector<int64_t>> bucket_outputs, bucket_targets;
-        for (std::size_t i = 0; i < outputs.size(); ++i) {
-            if (bucket_of_example[i] != b) continue;
-            bucket_outputs.push_back(outputs[i]);
-            bucket_targets.push_back(targets[i]);
-        }
-        if (bucket_outputs.empty()) continue;
-        result["by_length"][buckets.name(b)] = scores(bucket_outputs, bucket_targets);
-        result["by_length"][buckets.name(b)]["examples"] = static_cast<int64_t>(bucket_outputs.size());
-    }
-    return result;
+    return scored_by_length(outputs, targets, bucket_of_example, buckets);
 }
 
 std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vector<std::vector<int64_t>>& sources,
@@ -196,6 +204,105 @@ std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vec
 std::vector<int64_t> SequencePairTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
     if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
     return greedy_decode({prompt}, max_tokens)[0];
+}
+
+// ---------------------------------------------------------------- prompt and answer, decoder-only
+
+PromptAnswerTask::PromptAnswerTask(const ModelConfig& model, int64_t vocab, std::vector<TokenPair> train,
+                                   std::vector<TokenPair> test, const Init& init)
+    : model_(vocab, model.transformer, init), train_(std::move(train)), test_(std::move(test)) {}
+
+std::vector<Tensor> PromptAnswerTask::attention(const std::vector<int64_t>& tokens) {
+    model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
+    return weights_of(model_.decoder);
+}
+
+// inputs source bos target, labels pad... target eos: position |source| (the separator) predicts
+// the first answer token, and the source's own positions predict nothing
+Tensor PromptAnswerTask::loss(const std::vector<int64_t>& indices, int64_t& tokens) {
+    std::vector<std::vector<int64_t>> inputs, labels;
+    tokens = 0;
+    for (int64_t i : indices) {
+        const TokenPair& pair = train_[i];
+        std::vector<int64_t> input = pair.source;
+        input.push_back(Tokenizer::bos);
+        input.insert(input.end(), pair.target.begin(), pair.target.end());
+        std::vector<int64_t> label(pair.source.size(), Tokenizer::pad);
+        label.insert(label.end(), pair.target.begin(), pair.target.end());
+        label.push_back(Tokenizer::eos);
+        tokens += static_cast<int64_t>(input.size());
+        inputs.push_back(std::move(input));
+        labels.push_back(std::move(label));
+    }
+    const Padded input = pad_rows(inputs, model_.device()), label = pad_rows(labels, model_.device());
+    const Tensor logits = model_.forward(input.ids, input.lengths);
+    return cross_entropy(logits.reshape({-1, logits.size(-1)}), label.ids.reshape({-1}), Tokenizer::pad);
+}
+
+std::vector<std::vector<int64_t>> PromptAnswerTask::answers(const std::vector<std::vector<int64_t>>& sources,
+                                                            int64_t max_steps) {
+    const int64_t B = static_cast<int64_t>(sources.size());
+    std::vector<std::vector<int64_t>> prompts = sources, out(B);
+    for (auto& prompt : prompts) prompt.push_back(Tokenizer::bos);
+    std::vector<bool> done(B, false);
+    std::vector<KVCache> caches;
+    Tensor ids = pad_rows(prompts, model_.device()).ids;  // one length: no padding
+    for (int64_t step = 0; step < max_steps; ++step) {
+        const Tensor logits = model_.forward_incremental(ids, caches);
+        const std::vector<int64_t> next = argmax_rows(logits.narrow(1, logits.size(1) - 1, 1));
+        std::vector<double> fed(B);
+        bool all_done = true;
+        for (int64_t b = 0; b < B; ++b) {
+            if (next[b] == Tokenizer::eos) done[b] = true;
+            if (!done[b]) out[b].push_back(next[b]);
+            all_done = all_done && done[b];
+            fed[b] = static_cast<double>(next[b]);
+        }
+        if (all_done) break;
+        ids = from_vector(fed, {B, 1}, DType::int64, model_.device());
+    }
+    return out;
+}
+
+// Prompts of one length decode together: the test set in order of source length, batch by batch
+json PromptAnswerTask::evaluate(int64_t batch_size, const LengthBuckets& buckets) {
+    NoGradGuard no_grad;
+    std::vector<std::size_t> order(test_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return test_[a].source.size() < test_[b].source.size(); });
+    std::vector<std::vector<int64_t>> outputs(test_.size()), targets;
+    std::vector<int64_t> bucket_of_example;
+    for (const TokenPair& pair : test_) {
+        targets.push_back(pair.target);
+        bucket_of_example.push_back(buckets.bucket_of(static_cast<int64_t>(pair.source.size())));
+    }
+    // the batches: runs of at most batch_size prompts of one length, [begin, end) of `order`
+    std::vector<std::pair<std::size_t, std::size_t>> batches;
+    for (std::size_t begin = 0, end = 0; begin < order.size(); begin = end) {
+        while (end < order.size() && static_cast<int64_t>(end - begin) < batch_size &&
+               test_[order[end]].source.size() == test_[order[begin]].source.size())
+            ++end;
+        batches.emplace_back(begin, end);
+    }
+    for (std::size_t n = 0; n < batches.size(); ++n) {
+        const auto [begin, end] = batches[n];
+        std::vector<std::vector<int64_t>> sources;
+        int64_t longest = 0;
+        for (std::size_t i = begin; i < end; ++i) {
+            sources.push_back(test_[order[i]].source);
+            longest = std::max<int64_t>(longest, static_cast<int64_t>(test_[order[i]].target.size()));
+        }
+        std::vector<std::vector<int64_t>> got = answers(sources, longest + 1);
+        for (std::size_t i = begin; i < end; ++i) outputs[order[i]] = std::move(got[i - begin]);
+        if (on_evaluation_batch) on_evaluation_batch(static_cast<int64_t>(n + 1), static_cast<int64_t>(batches.size()));
+    }
+    return scored_by_length(outputs, targets, bucket_of_example, buckets);
+}
+
+std::vector<int64_t> PromptAnswerTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+    if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
+    return answers({prompt}, max_tokens)[0];
 }
 
 // ---------------------------------------------------------------- language model

@@ -3,6 +3,7 @@
 //
 //   ClassificationTask  relative_order, symbol_at, classification  a SequenceClassifier   metric accuracy
 //   SequencePairTask    copy, reverse, dedupe, pairs               an EncoderDecoder      metric bleu
+//   PromptAnswerTask    the pair tasks with task.decoder_only      a CausalLanguageModel  metric accuracy
 //   LanguageModelTask   language_model                             a CausalLanguageModel  metric perplexity
 //
 // The examples are token ids; train/make_task.hpp builds a task from a config and its data.
@@ -94,6 +95,35 @@ private:
                                                     int64_t max_steps);
 
     EncoderDecoder model_;
+    std::vector<TokenPair> train_, test_;
+};
+
+// The pair tasks decoder-only (as Kazemnejad et al. 2023 train them): one CausalLanguageModel reads
+// source, bos (the separator) and target, and predicts target + eos after the separator; the loss
+// counts those predictions alone. Evaluation decodes greedily after source + bos.
+class PromptAnswerTask : public Task {
+public:
+    PromptAnswerTask(const ModelConfig& model, int64_t vocab, std::vector<TokenPair> train, std::vector<TokenPair> test,
+                     const Init& init);
+    Module& model() override { return model_; }
+    int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
+    int64_t train_length(int64_t i) const override {
+        return static_cast<int64_t>(train_[i].source.size() + train_[i].target.size() + 1);
+    }
+    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    // exact match (accuracy), token accuracy and BLEU of the answers, over the test set and per
+    // source-length bucket
+    nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
+    std::vector<std::vector<double>> gates() const override { return model_.gates(); }
+    const char* metric() const override { return "accuracy"; }
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+
+private:
+    // the answers after prompts of one length, greedily, at most max_steps tokens each
+    std::vector<std::vector<int64_t>> answers(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps);
+
+    CausalLanguageModel model_;
     std::vector<TokenPair> train_, test_;
 };
 

@@ -385,3 +385,44 @@ TEST_CASE("symbol at a position: the label is the symbol there, every class draw
                          "make_symbol_at_task: vocab must be >= 8 (ids 0..5 are reserved, two symbols at least), got 7",
                          std::invalid_argument);
 }
+
+TEST_CASE("sort and addition: the target is the sorted source, or the sum's digits") {
+    const std::vector<TokenPair> sorted = make_sort_task(200, 2, 9, 8, 5);
+    REQUIRE(sorted.size() == 200);
+    for (const TokenPair& pair : sorted) {
+        Ids expected = pair.source;
+        std::sort(expected.begin(), expected.end());
+        CHECK(pair.target == expected);
+        CHECK((pair.source.size() >= 2 && pair.source.size() <= 9));
+    }
+    CHECK(make_sort_task(50, 2, 9, 8, 5)[3].source == sorted[3].source);  // seeded
+    const std::vector<TokenPair> sums = make_addition_task(300, 1, 7, 15, 6);
+    std::set<size_t> lengths;
+    bool a_carry_out = false;
+    for (const TokenPair& pair : sums) {
+        // source: the digits of a, '+' (id 14), the digits of b, of one length, no leading zero
+        const auto plus = std::find(pair.source.begin(), pair.source.end(), 14);
+        REQUIRE(plus != pair.source.end());
+        const Ids a(pair.source.begin(), plus), b(plus + 1, pair.source.end());
+        REQUIRE(a.size() == b.size());
+        lengths.insert(a.size());
+        auto value = [](const Ids& digits) {
+            int64_t v = 0;
+            for (int64_t d : digits) {
+                REQUIRE((d >= 4 && d <= 13));
+                v = 10 * v + (d - 4);
+            }
+            return v;
+        };
+        if (a.size() > 1) CHECK((a[0] != 4 && b[0] != 4));
+        CHECK(value(pair.target) == value(a) + value(b));
+        CHECK((pair.target[0] != 4 || pair.target.size() == 1));
+        a_carry_out = a_carry_out || pair.target.size() > a.size();
+    }
+    CHECK(lengths == std::set<size_t>{1, 2, 3, 4, 5, 6, 7});
+    CHECK(a_carry_out);
+    CHECK_THROWS_WITH_AS(make_addition_task(5, 1, 4, 14, 0),
+                         "make_addition_task: vocab must be >= 15 (ids 0..3 are reserved, then ten digits and '+'), "
+                         "got 14",
+                         std::invalid_argument);
+}

@@ -298,6 +298,62 @@ TEST_CASE("the loss falls: copying short sequences") {
     CHECK(!generate((out.path / "one_bucket").string(), "4 5", 5).empty());
 }
 
+TEST_CASE("decoder-only pairs: the loss counts the answer alone, and the answers are decoded after the prompt") {
+    TempDir out("relgrad_test_train_prompt_answer");
+    nlohmann::json c = tiny_run(out.path);
+    c["model"]["position"] = "alibi";
+    c["task"] = {{"kind", "reverse"},     {"vocab", 9},          {"train_lengths", {2, 4}}, {"test_lengths", {2, 6}},
+                 {"train_examples", 300}, {"test_examples", 40}, {"decoder_only", true}};
+    c["training"] = {{"steps", 60}, {"batch_size", 16}, {"learning_rate", 5e-3}, {"warmup_steps", 4}, {"log_every", 1}};
+    c["evaluation"] = {{"every", 60}, {"length_buckets", {4, 6}}};
+    const Config config = Config::parse(c, "reverse");
+    Generator gen(1);
+    std::optional<Tokenizer> no_tokenizer;
+    std::unique_ptr<Task> task = make_task(config, Init{gen}, no_tokenizer);
+    CHECK(std::string(task->metric()) == "accuracy");
+    REQUIRE(dynamic_cast<PromptAnswerTask*>(task.get()) != nullptr);
+    // one example: source s, then bos and target t; only |t| + 1 positions are predicted, so the
+    // loss is the mean over those, as a cross entropy over exactly those positions computes it
+    task->model().eval();  // no dropout: the two forwards below see one model
+    int64_t tokens = 0;
+    const Tensor loss = task->loss({0}, tokens);
+    // the training set's first example
+    const TokenPair first = make_reverse_task(300, 2, 4, 9, config.training.seed)[0];
+    CHECK(tokens == static_cast<int64_t>(first.source.size() + 1 + first.target.size()));
+    auto& model = dynamic_cast<CausalLanguageModel&>(task->model());
+    std::vector<int64_t> input = first.source;
+    input.push_back(2);  // bos
+    input.insert(input.end(), first.target.begin(), first.target.end());
+    const Tensor ids =
+        from_vector(std::vector<double>(input.begin(), input.end()), {1, (int64_t)input.size()}, DType::int64);
+    const Tensor logits = model.forward(ids, {(int64_t)input.size()});
+    const int64_t answer_from = static_cast<int64_t>(first.source.size());
+    std::vector<int64_t> labels = first.target;
+    labels.push_back(3);  // eos
+    const Tensor expected = cross_entropy(
+        logits.squeeze(0).narrow(0, answer_from, (int64_t)labels.size()),
+        from_vector(std::vector<double>(labels.begin(), labels.end()), {(int64_t)labels.size()}, DType::int64));
+    CHECK(std::fabs(loss.item() - expected.item()) <= 1e-6);
+    task->model().train();
+    // a run: the loss falls, and every test example is scored per source-length bucket
+    const nlohmann::json summary = train(config, TrainOptions{});
+    std::vector<double> losses;
+    for (const auto& line : read_lines(out.path / "metrics.jsonl"))
+        if (line.contains("loss")) losses.push_back(line["loss"].get<double>());
+    REQUIRE(losses.size() == 60);
+    CHECK((losses[57] + losses[58] + losses[59]) < 0.8 * (losses[0] + losses[1] + losses[2]));
+    int64_t examples = 0;
+    for (const auto& bucket : summary["final"]["by_length"]) examples += bucket["examples"].get<int64_t>();
+    CHECK(examples == 40);
+    CHECK(!generate(out.path.string(), "4 5 6", 5).empty());
+    // only the pair tasks go decoder-only
+    c["task"] = {{"kind", "relative_order"}, {"decoder_only", true}};
+    CHECK_THROWS_WITH_AS(Config::parse(c, "c.json"),
+                         "c.json: /task/decoder_only: got true, expected false for a task that is not one of pairs "
+                         "(copy, reverse, dedupe, sort, addition, pairs)",
+                         std::invalid_argument);
+}
+
 TEST_CASE("an interrupted run resumed reaches the uninterrupted result") {
     TempDir whole("relgrad_test_train_whole"), parts("relgrad_test_train_parts");
     train(Config::parse(tiny_run(whole.path), "tiny"), TrainOptions{});
@@ -447,10 +503,12 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
     REQUIRE(fs::exists(stopped / "checkpoint" / "model" / weight));
     CHECK(resume_error([&](const fs::path& run) {
               save_npy(zeros({32, 16}, DType::int64), (run / "checkpoint" / "model" / weight).string());
-          }) == named(checkpoint / "model" / weight) + ": a corrupt state: int64 values, expected float32, float64, bfloat16 or float16");
+          }) == named(checkpoint / "model" / weight) +
+                    ": a corrupt state: int64 values, expected float32, float64, bfloat16 or float16");
     CHECK(resume_error([&](const fs::path& run) {
               save_npy(zeros({32, 16}, DType::boolean), (run / "checkpoint" / "optimizer" / "m.0.npy").string());
-          }).find(": a corrupt state: bool values, expected float32, float64, bfloat16 or float16") != std::string::npos);
+          }).find(": a corrupt state: bool values, expected float32, float64, bfloat16 or float16") !=
+          std::string::npos);
     CHECK(resume_error([&](const fs::path& run) {
               const fs::path file = run / "checkpoint" / "model" / weight;
               std::vector<double> values = load_npy(file.string()).to_vector();
