@@ -70,32 +70,45 @@ void bind_ops(py::module_& m) {
         "attention",
         [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,
            const std::optional<double>& scale, const std::optional<Tensor>& table_k,
-           const std::optional<Tensor>& table_v, const std::optional<Tensor>& index) {
+           const std::optional<Tensor>& table_v, const std::optional<Tensor>& index,
+           const std::optional<Tensor>& bias) {
             py::gil_scoped_release release;
             const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-            return attention(
-                q, k, v, mask.value_or(Tensor()), s,
-                RelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), index.value_or(Tensor())});
+            return attention(q, k, v, mask.value_or(Tensor()), s,
+                             RelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()),
+                                           index.value_or(Tensor()), bias.value_or(Tensor())});
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale") = py::none(),
         py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("index") = py::none(),
-        "Scaled dot-product attention with Shaw's relative terms in the bucketed form, one op (engine/ops.hpp)");
+        py::arg("bias") = py::none(),
+        "Scaled dot-product attention with Shaw's relative terms and/or a score bias per bucket [H or 1, K] "
+        "(added after the scale) in the bucketed form, one op (engine/ops.hpp)");
     m.def(
         "fused_attention",
         [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask, bool causal,
            int64_t window, int64_t query_offset, const std::optional<double>& scale,
-           const std::optional<Tensor>& table_k, const std::optional<Tensor>& table_v, int64_t k_left,
-           int64_t k_right) {
+           const std::optional<Tensor>& table_k, const std::optional<Tensor>& table_v, int64_t k_left, int64_t k_right,
+           const std::optional<Tensor>& distance_bias) {
             py::gil_scoped_release release;
             const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-            return fused_attention(
-                q, k, v, AttentionPattern{mask.value_or(Tensor()), causal, window, query_offset}, s,
-                ClippedRelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), k_left, k_right});
+            return fused_attention(q, k, v, AttentionPattern{mask.value_or(Tensor()), causal, window, query_offset}, s,
+                                   ClippedRelativeTerms{table_k.value_or(Tensor()), table_v.value_or(Tensor()), k_left,
+                                                        k_right, distance_bias.value_or(Tensor())});
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("causal") = false,
         py::arg("window") = -1, py::arg("query_offset") = 0, py::arg("scale") = py::none(),
         py::arg("table_k") = py::none(), py::arg("table_v") = py::none(), py::arg("k_left") = 0, py::arg("k_right") = 0,
-        "The same attention in memory linear in L: no [Lq, Lk] tensor is ever made");
+        py::arg("distance_bias") = py::none(),
+        "The same attention in memory linear in L: no [Lq, Lk] tensor is ever made (distance_bias: [H or 1, "
+        "Lq + Lk - 1], entry j - i + Lq - 1 added after the scale)");
+    m.def(
+        "rope",
+        [](const Tensor& x, int64_t first_position, double base) {
+            py::gil_scoped_release release;
+            return rope(x, first_position, base);
+        },
+        py::arg("x"), py::arg("first_position") = 0, py::arg("base") = 10000.0,
+        "RoPE: the pairs of x [..., L, Dh] rotated by their positions first_position.. (engine/ops.hpp)");
 
     m.def(
         "set_threads",

@@ -317,6 +317,20 @@ def test_the_relative_family_agrees_in_its_three_forms(make):
             np.testing.assert_allclose(a, b, atol=1e-12)
 
 
+def test_the_relative_family_functions():
+    assert nn.alibi_slopes(6) == [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
+    assert [nn.t5_bucket(r) for r in (-20, -7, 0, 1, 500)] == [10, 7, 0, 17, 31]
+    assert nn.t5_bucket(5, bidirectional=False) == 0
+    x = np.random.default_rng(2).standard_normal((3, 4))
+    y = relgrad.rope(relgrad.tensor(x), first_position=2, base=100.0).numpy()
+    for p in range(3):
+        for t in range(2):
+            angle = (2 + p) * 100.0 ** (-2 * t / 4)
+            c, s = np.cos(angle), np.sin(angle)
+            np.testing.assert_allclose(y[p, 2 * t], x[p, 2 * t] * c - x[p, 2 * t + 1] * s, atol=1e-14)
+            np.testing.assert_allclose(y[p, 2 * t + 1], x[p, 2 * t] * s + x[p, 2 * t + 1] * c, atol=1e-14)
+
+
 def test_the_relative_family_options():
     assert nn.AlibiAttention(8, 4).slopes == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
     t5 = nn.T5BiasAttention(8, 2, t5_buckets=16)
