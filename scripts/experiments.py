@@ -36,6 +36,7 @@ NO_DECAY = [{"match": "*bias", "weight_decay": 0}, {"match": "*norm*", "weight_d
 SENTIMENT_PROMPT = "the food was not good but the service was really great"
 TRANSLATION_PROMPT = "ich habe heute keine zeit , weil ich arbeiten muss ."
 LENGTH_PROMPT = " ".join("4" if i == 10 else "5" if i == 13 else str(6 + i % 10) for i in range(32))
+FAMILY_TASK_SETS = {"addition": ["evaluation.length_buckets=[21,41,61,81]"]}
 EXPERIMENTS = {
     # 1. sentiment: sinusoidal vs relative k=8 vs relative k=16 vs gated, per source
     "sentiment": {
@@ -100,6 +101,19 @@ EXPERIMENTS = {
         "config": "configs/experiments/length.json",
         "attention_prompt": LENGTH_PROMPT,
         "variants": {name: [f"model.position={name}"] for name in ("sinusoidal", "learned", "relative", "gated")},
+    },
+    # 6. the relative family beside Shaw (docs/results.md): decoder-only models trained on lengths up
+    # to 20 and tested up to 40, every scheme on four tasks, as Kazemnejad et al. (2023) compare them
+    # (addition: lengths are digits per operand, so its buckets count the prompt's 2n + 1 tokens)
+    "family": {
+        "config": "configs/experiments/family.json",
+        "variants": {
+            f"{task}/{name}": [f"task.kind={task}"] + FAMILY_TASK_SETS.get(task, []) + sets
+            for task in ("copy", "reverse", "addition", "sort")
+            for name, sets in [(p, [f"model.position={p}"])
+                               for p in ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "gated")] +
+            [(f"relative-k{k}", ["model.position=relative", f"model.k={k}"]) for k in (2, 8)]
+        },
     },
 }
 

@@ -644,10 +644,11 @@ TEST_CASE("docs/layers/transformer.md: a pre-LN encoder layer by hand") {
 }
 
 TEST_CASE("docs/layers/transformer.md: what each position mode adds, in parameters") {
-    const int64_t expected[] = {225, 225, 257, 245, 287};
+    const int64_t expected[] = {225, 225, 257, 245, 287, 225, 225, 289};
     int n = 0;
-    for (PositionMode mode : {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned,
-                              PositionMode::relative, PositionMode::gated}) {
+    for (PositionMode mode :
+         {PositionMode::none, PositionMode::sinusoidal, PositionMode::learned, PositionMode::relative,
+          PositionMode::gated, PositionMode::rope, PositionMode::alibi, PositionMode::t5}) {
         CAPTURE(position_mode_name(mode));
         TransformerOptions o;
         o.dim = 4;
@@ -678,6 +679,7 @@ TEST_CASE("docs/layers/transformer.md: what each position mode adds, in paramete
     }
     // counted by hand: tokens 5*4, layer 2*4 + 4*(16+4) + 2*4 + (4*8+8 + 8*4+4), final norm 2*4, head 4*5+5
     CHECK(20 + (8 + 80 + 8 + 76) + 8 + 25 == 225);
+    CHECK(225 + 32 * 2 == 289);  // t5: one [t5_buckets, H] table in the one layer
     TransformerOptions o;
     o.dim = 4;
     o.heads = 2;
@@ -862,4 +864,349 @@ TEST_CASE("docs/layers/fused_attention.md: two key groups by hand, the backward 
     }
     gradcheck_layer(attention, {random_input({2, 3, 1}, 14)},
                     [&](const auto& in) { return attention.forward(in[0], in[0]); });
+}
+
+// ---------------------------------------------------------------- rope.md
+
+namespace {
+
+// The weights of the four projections: w_q (zero when zero_queries), w_k, w_v, w_o the identity
+// [2, 2], every bias 0 (a D = 2 attention layer)
+std::vector<Tensor> two_wide_projections(bool zero_queries = false) {
+    std::vector<Tensor> values;
+    for (int i = 0; i < 4; ++i) {
+        values.push_back(i == 0 && zero_queries ? param({0, 0, 0, 0}, {2, 2}) : param({1, 0, 0, 1}, {2, 2}));
+        values.push_back(param({0, 0}, {2}));
+    }
+    return values;
+}
+
+const AttentionImpl all_forms[] = {AttentionImpl::reference, AttentionImpl::bucketed, AttentionImpl::fused};
+
+}  // namespace
+
+TEST_CASE("docs/layers/rope.md: a rotation by hand, scores by distance and the inverse rotation in the backward") {
+    const double c1 = std::cos(1.0), s1 = std::sin(1.0), c2 = std::cos(2.0), s2 = std::sin(2.0);
+    CHECK(std::fabs(c1 - 0.540302305868) <= 1e-12);
+    CHECK(std::fabs(s1 - 0.841470984808) <= 1e-12);
+    CHECK(std::fabs(c2 - -0.416146836547) <= 1e-12);
+    CHECK(std::fabs(s2 - 0.909297426826) <= 1e-12);
+
+    // the angles p theta_t for Dh = 4, base 10000: theta = (1, 1/100), sinusoidal.md's frequencies
+    const RopeTables tables = rope_tables(3, 4, 0, 10000, DType::float64);
+    check_values(tables.cos, {1, 1, c1, 0.999950000417, c2, 0.999800006667}, 1e-11);
+    check_values(tables.sin, {0, 0, s1, 0.009999833334, s2, 0.019998666693}, 1e-11);
+    check_values(tables.cos, {1, 1, c1, std::cos(0.01), c2, std::cos(0.02)});
+
+    // the op: x_p rotated by the angle p (Dh = 2); from position 1 on, the same last two rows
+    const Tensor x_heads = param({1, 0, 1, 0, 0, 1}, {1, 1, 3, 2});
+    const Tensor rotated = rope(x_heads, 0);
+    check_values(rotated, {1, 0, c1, s1, -s2, c2});
+    check_values(rotated, {1, 0, 0.540302305868, 0.841470984808, -0.909297426826, -0.416146836547}, 1e-11);
+    check_values(rope(x_heads.detach().narrow(2, 1, 2), 1), {c1, s1, -s2, c2});
+    // its backward rotates by -p: the page's dk' into dk
+    rotated.backward(f64({0.046673974553, 0, 0.033721356559, 0, -0.080395331112, 0}, {1, 1, 3, 2}));
+    check_values(x_heads.grad(), {0.046673974553, 0, 0.018219726706, -0.028375543113, 0.033456262715, 0.073103267709},
+                 1e-11);
+    check_values(x_heads.grad().narrow(2, 1, 1), {0.033721356559 * c1, -0.033721356559 * s1}, 1e-12);
+
+    // the layer: D = 2, H = 1 (Dh = 2, c = 1/sqrt 2), identity projections, x = (1, 0), (1, 0), (0, 1)
+    const double c = 1 / std::sqrt(2.0);
+    const std::vector<double> dots{1, c1, -s2, c1, 1, -s1, -s2, -s1, 1};  // q'_i . k'_j
+    std::vector<double> scores;
+    for (double d : dots) scores.push_back(c * d);
+    check_values(f64(scores, {3, 3}),
+                 {0.707106781187, 0.382051424370, -0.642970376624, 0.382051424370, 0.707106781187, -0.595009839529,
+                  -0.642970376624, -0.595009839529, 0.707106781187},
+                 1e-11);
+    const std::vector<double> weights{0.504615308258, 0.364578180837, 0.130806510905,  //
+                                      0.362250206638, 0.501393142260, 0.136356651102,  //
+                                      0.169294901576, 0.177612233596, 0.653092864828};
+    check_values(softmax(f64(scores, {3, 3}), -1), weights, 1e-11);
+    for (AttentionImpl impl : all_forms) {
+        CAPTURE(attention_impl_name(impl));
+        Generator gen(22);
+        RotaryMultiHeadAttention attention(2, 1, 10000, impl, Init{gen, DType::float64});
+        CHECK(attention.parameter_count() == 24);  // the projections alone
+        attention.assign_parameters(two_wide_projections());
+        const Tensor x = param({1, 0, 1, 0, 0, 1}, {1, 3, 2});
+        const Tensor y = attention.forward(x, x);
+        if (impl == AttentionImpl::fused) {
+            CHECK(!attention.last_weights.defined());
+        } else {
+            check_values(attention.last_weights, weights, 1e-11);
+        }
+        check_values(
+            y, {0.869193489095, 0.130806510905, 0.863643348898, 0.136356651102, 0.346907135172, 0.653092864828}, 1e-11);
+        check_values(y.narrow(1, 0, 1), {weights[0] + weights[1], weights[2]}, 1e-11);
+
+        y.backward(f64({1, 0, 0, 0, 0, 0}, {1, 3, 2}));
+        // dq = dq'_0 at position 0 (no rotation); dk_j = Rot(-j) dk'_j; W_q, W_k = I so dW = dq^T x, dk^T x
+        check_values(attention.w_q.weight.grad(), {0.137996968968, 0, 0.061831805828, 0}, 1e-11);
+        check_values(attention.w_k.weight.grad(),
+                     {0.046673974553 + 0.018219726706, 0.033456262715, -0.028375543113, 0.073103267709}, 1e-11);
+        check_values(attention.w_k.bias.grad(),
+                     {0.046673974553 + 0.018219726706 + 0.033456262715, -0.028375543113 + 0.073103267709}, 1e-11);
+        check_values(x.grad(),
+                     {0.689286251779, 0.061831805828, 0.382797907543, -0.028375543113, 0.164262773621, 0.073103267709},
+                     1e-11);
+        gradcheck_layer(attention, {random_input({2, 3, 2}, 15)},
+                        [&](const auto& in) { return attention.forward(in[0], in[0]); });
+    }
+    // ds_0 = a_0 (da_0 - y_00) with da_0 = (1, 1, 0), and dq'_0 = c sum_j ds_0j k'_j
+    const double y00 = weights[0] + weights[1];
+    const double ds0[3] = {weights[0] * (1 - y00), weights[1] * (1 - y00), weights[2] * (0 - y00)};
+    CHECK(std::fabs(ds0[0] - 0.066006967823) <= 1e-11);
+    CHECK(std::fabs(ds0[1] - 0.047689199787) <= 1e-11);
+    CHECK(std::fabs(ds0[2] - -0.113696167610) <= 1e-11);
+    CHECK(std::fabs(c * (ds0[0] + ds0[1] * c1 - ds0[2] * s2) - 0.137996968968) <= 1e-11);
+    CHECK(std::fabs(c * (ds0[1] * s1 + ds0[2] * c2) - 0.061831805828) <= 1e-11);
+    CHECK(std::fabs(c * ds0[0] - 0.046673974553) <= 1e-11);  // dk'_j = c ds_0j q'_0, q'_0 = (1, 0)
+    CHECK(std::fabs(c * ds0[1] - 0.033721356559) <= 1e-11);
+    CHECK(std::fabs(c * ds0[2] - -0.080395331112) <= 1e-11);
+    // float32 numbers near 10^5 are 2^-7 apart (the angles of "Where relgrad differs")
+    CHECK(std::nextafter(1e5f, 2e5f) - 1e5f == 0.0078125f);
+}
+
+// ---------------------------------------------------------------- alibi.md
+
+TEST_CASE("docs/layers/alibi.md: the slopes, a bias by distance alone, and the three forms") {
+    const auto slopes = [](int64_t heads) { return from_vector(alibi_slopes(heads), {heads}, DType::float64); };
+    check_values(slopes(8), {1.0 / 2, 1.0 / 4, 1.0 / 8, 1.0 / 16, 1.0 / 32, 1.0 / 64, 1.0 / 128, 1.0 / 256}, 0);
+    check_values(slopes(6), {1.0 / 4, 1.0 / 16, 1.0 / 64, 1.0 / 256, 1.0 / 2, 1.0 / 8}, 0);
+    check_values(slopes(3), {1.0 / 16, 1.0 / 256, 1.0 / 4}, 0);
+    check_values(slopes(2), {1.0 / 16, 1.0 / 256}, 0);
+    check_values(slopes(1), {1.0 / 256}, 0);
+    CHECK(std::fabs(std::exp(-1.0 / 16) - 0.939413062813) <= 1e-12);
+    CHECK(std::fabs(std::exp(-1.0 / 8) - 0.882496902585) <= 1e-12);
+    // exp(-m n) = 1/2 at n = ln 2 / m: every 1.4 positions for m = 1/2, every 177 for m = 1/256
+    CHECK(std::log(2.0) * 2 == doctest::Approx(1.4).epsilon(0.01));
+    CHECK(std::log(2.0) * 256 == doctest::Approx(177).epsilon(0.003));
+
+    // D = 2, H = 2 (Dh = 1, c = 1), W_q = 0 so that the scores are the bias alone; x_i = (i + 1, i + 1)
+    const double e1 = std::exp(-1.0 / 16), e2 = std::exp(-1.0 / 8);
+    const double a0[3] = {1 / (1 + e1 + e2), e1 / (1 + e1 + e2), e2 / (1 + e1 + e2)};  // head 0, row 0
+    CHECK(std::fabs(a0[0] - 0.354369916922) <= 1e-12);
+    CHECK(std::fabs(a0[1] - 0.332899729025) <= 1e-12);
+    CHECK(std::fabs(a0[2] - 0.312730354053) <= 1e-12);
+    CHECK(std::fabs(a0[0] + 2 * a0[1] + 3 * a0[2] - 1.958360437131) <= 1e-11);
+    const std::vector<double> weights{
+        0.354369916922, 0.332899729025, 0.312730354053, 0.326318096967, 0.347363806066, 0.326318096967,  // head 0
+        0.312730354053, 0.332899729025, 0.354369916922,                                                  //
+        0.334636261063, 0.333331637919, 0.332032101019, 0.332899023354, 0.334201953292, 0.332899023354,  // head 1
+        0.332032101019, 0.333331637919, 0.334636261063};
+    const std::vector<double> y_printed{1.958360437131, 1.997395839956, 2, 2, 2.041639562869, 2.002604160044};
+    for (AttentionImpl impl : all_forms) {
+        CAPTURE(attention_impl_name(impl));
+        Generator gen(23);
+        AlibiAttention attention(2, 2, impl, Init{gen, DType::float64});
+        std::vector<std::string> names;
+        for (const auto& [name, p] : attention.named_parameters()) names.push_back(name);
+        CHECK(names == std::vector<std::string>{"w_q.weight", "w_q.bias", "w_k.weight", "w_k.bias", "w_v.weight",
+                                                "w_v.bias", "w_o.weight", "w_o.bias"});
+        CHECK(attention.slopes == std::vector<double>{1.0 / 16, 1.0 / 256});
+        attention.assign_parameters(two_wide_projections(true));
+        const Tensor x = param({1, 1, 2, 2, 3, 3}, {1, 3, 2});
+        const Tensor y = attention.forward(x, x);
+        if (impl != AttentionImpl::fused) check_values(attention.last_weights, weights, 1e-11);
+        check_values(y, y_printed, 1e-11);
+
+        y.backward(f64({1, 0, 0, 0, 0, 0}, {1, 3, 2}));
+        // ds_0j = a_0j (v_j - y_00), dq_0 = c sum_j ds_0j k_j (head 0); dk = c ds^T q = 0; dv_j = a_0j
+        check_values(attention.w_q.weight.grad(), {0.665366417779, 0.665366417779, 0, 0}, 1e-11);
+        check_values(attention.w_q.bias.grad(), {0.665366417779, 0}, 1e-11);
+        check_values(attention.w_k.weight.grad(), {0, 0, 0, 0});
+        check_values(x.grad(), {a0[0], 0, a0[1], 0, a0[2], 0}, 1e-12);
+        std::vector<Tensor> with_queries = two_wide_projections();  // queries with content, for the check
+        with_queries[0] = param({0.5, -1, 2, 0.25}, {2, 2});
+        attention.assign_parameters(with_queries);
+        gradcheck_layer(attention, {random_input({2, 3, 2}, 16)},
+                        [&](const auto& in) { return attention.forward(in[0], in[0]); });
+    }
+    const double ds0[3] = {a0[0] * (1 - 1.958360437131), a0[1] * (2 - 1.958360437131), a0[2] * (3 - 1.958360437131)};
+    CHECK(std::fabs(ds0[0] - -0.339614108488) <= 1e-11);
+    CHECK(std::fabs(ds0[1] - 0.013861799196) <= 1e-11);
+    CHECK(std::fabs(ds0[2] - 0.325752309292) <= 1e-11);
+    CHECK(std::fabs(ds0[0] + 2 * ds0[1] + 3 * ds0[2] - 0.665366417779) <= 1e-11);
+
+    // what the bucketed and fused forms are given: a row of Lq + Lk - 1 = 5 biases per head, for
+    // d = -2 .. 2, read at entry j - i + 2
+    const Tensor row =
+        f64({-1.0 / 8, -1.0 / 16, 0, -1.0 / 16, -1.0 / 8, -1.0 / 128, -1.0 / 256, 0, -1.0 / 256, -1.0 / 128}, {2, 5});
+    const Tensor entries = from_vector({2, 3, 4, 1, 2, 3, 0, 1, 2}, {3, 3}, DType::int64);
+    for (int64_t i = 0; i < 3; ++i)
+        for (int64_t j = 0; j < 3; ++j) CHECK(distance_entry(i, j, 3) == entries.to_vector()[i * 3 + j]);
+    const Tensor q = zeros({1, 2, 3, 1}, DType::float64);
+    const Tensor kv = f64({1, 2, 3, 1, 2, 3}, {1, 2, 3, 1});
+    ClippedRelativeTerms by_distance;
+    by_distance.distance_bias = row;
+    const Tensor fused = fused_attention(q, kv, kv, AttentionPattern{}, 1.0, by_distance);
+    check_values(fused, {1.958360437131, 2, 2.041639562869, 1.997395839956, 2, 2.002604160044}, 1e-11);
+    RelativeTerms by_bucket;
+    by_bucket.index = entries;
+    by_bucket.bias = row;
+    check_values(attention(q, kv, kv, Tensor(), 1.0, by_bucket), fused.to_vector(), 1e-14);
+}
+
+// ---------------------------------------------------------------- t5_bias.md
+
+TEST_CASE("docs/layers/t5_bias.md: the buckets, a learned bias by hand and its gradient per bucket") {
+    // 8 buckets, max_distance 8: bidirectional for d = -9 .. 9, causal for d = -9 .. 2
+    const int64_t both_ways[] = {3, 3, 3, 3, 3, 3, 2, 2, 1, 0, 5, 6, 6, 7, 7, 7, 7, 7, 7};
+    for (int64_t d = -9; d <= 9; ++d) {
+        CAPTURE(d);
+        CHECK(t5_bucket(d, true, 8, 8) == both_ways[d + 9]);
+    }
+    const int64_t causal[] = {7, 7, 7, 6, 5, 4, 3, 2, 1, 0, 0, 0};
+    for (int64_t d = -9; d <= 2; ++d) {
+        CAPTURE(d);
+        CHECK(t5_bucket(d, false, 8, 8) == causal[d + 9]);
+    }
+    // the defaults, 32 buckets and max_distance 128: the exact buckets, then the first distance of
+    // each log bucket (the one before it still in the bucket below)
+    for (int64_t n = 0; n < 8; ++n) {
+        CHECK(t5_bucket(-n, true, 32, 128) == n);
+        if (n > 0) CHECK(t5_bucket(n, true, 32, 128) == 16 + n);
+    }
+    for (int64_t n = 0; n < 16; ++n) CHECK(t5_bucket(-n, false, 32, 128) == n);
+    const int64_t starts_both[] = {8, 12, 16, 23, 32, 46, 64, 91};
+    for (int64_t b = 0; b < 8; ++b) {
+        const int64_t n = starts_both[b];
+        CAPTURE(n);
+        CHECK(t5_bucket(-n, true, 32, 128) == 8 + b);
+        CHECK(t5_bucket(-(n - 1), true, 32, 128) == 7 + b);
+        CHECK(t5_bucket(n, true, 32, 128) == 24 + b);
+        CHECK(t5_bucket(n - 1, true, 32, 128) == 23 + b);
+    }
+    const int64_t starts_causal[] = {16, 19, 21, 24, 27, 31, 35, 40, 46, 52, 59, 67, 77, 87, 99, 113};
+    for (int64_t b = 0; b < 16; ++b) {
+        const int64_t n = starts_causal[b];
+        CAPTURE(n);
+        CHECK(t5_bucket(-n, false, 32, 128) == 16 + b);
+        CHECK(t5_bucket(-(n - 1), false, 32, 128) == 15 + b);
+    }
+    CHECK(t5_bucket(-128, true, 32, 128) == 15);
+    CHECK(t5_bucket(-100000, true, 32, 128) == 15);
+    CHECK(t5_bucket(100000, true, 32, 128) == 31);
+    CHECK(t5_bucket(-100000, false, 32, 128) == 31);
+    CHECK(t5_bucket(5, false, 32, 128) == 0);
+    // a quotient that is 4 exactly in real numbers lands just below it in float64
+    const double quotient = std::log(64.0 / 4) / std::log(128.0 / 4) * (9 - 4);
+    CHECK(quotient == std::nextafter(4.0, 0.0));  // 3.9999999999999996
+    CHECK(t5_bucket(-64, true, 18, 128) == 7);
+    CHECK(t5_bucket(64, true, 18, 128) == 16);
+    CHECK(t5_bucket(-63, true, 18, 128) == 7);
+
+    // the layer: D = 2, H = 1 (Dh = 2, c = 1/sqrt 2), identity projections, 8 buckets, max_distance 8
+    const double c = 1 / std::sqrt(2.0);
+    const std::vector<double> table{0, 0.5, 1, 1.5, 0, -0.5, -1, -1.5};
+    const int64_t buckets[9] = {0, 5, 6, 1, 0, 5, 2, 1, 0};  // [i, j] for L = 3
+    const double dots[9] = {1, 0, 1, 0, 1, 1, 1, 1, 2};      // q_i . k_j
+    std::vector<double> scores;
+    for (int e = 0; e < 9; ++e) {
+        CHECK(t5_bucket(e % 3 - e / 3, true, 8, 8) == buckets[e]);
+        scores.push_back(c * dots[e] + table[buckets[e]]);
+    }
+    check_values(f64(scores, {3, 3}),
+                 {0.707106781187, -0.5, -0.292893218813, 0.5, 0.707106781187, 0.207106781187, 1.707106781187,
+                  1.207106781187, 1.414213562373},
+                 1e-11);
+    const std::vector<double> weights{0.599901357075, 0.179407266926, 0.220691375999,  //
+                                      0.335997149662, 0.413314770138, 0.250688080200,  //
+                                      0.425055768183, 0.257809355491, 0.317134876326};
+    check_values(softmax(f64(scores, {3, 3}), -1), weights, 1e-11);
+    const std::vector<double> y_printed{0.820592733074, 0.400098642925, 0.586685229862,
+                                        0.664002850338, 0.742190644509, 0.574944231817};
+    const std::vector<double> ds{-0.132393055956, -0.039593636602, 0.171986692559,  //
+                                 -0.084230480402, -0.103613086244, 0.187843566646,  //
+                                 -0.134800008474, -0.081760338069, 0.216560346544};
+    // ds_ij = a_ij (da_ij - sum_l a_il da_il), da_ij = dz_i . v_j = (1, 1, 2) for dy = 1
+    for (int e = 0; e < 9; ++e) {
+        const int i = e / 3;
+        const double mean = weights[3 * i] + weights[3 * i + 1] + 2 * weights[3 * i + 2];
+        CHECK(std::fabs(weights[e] * ((e % 3 == 2 ? 2 : 1) - mean) - ds[e]) <= 1e-11);
+    }
+    for (int i = 0; i < 3; ++i) {  // sum_l a_il da_il = 1 + a_i2
+        const double printed[3] = {1.220691375999, 1.250688080200, 1.317134876326};
+        CHECK(std::fabs(1 + weights[3 * i + 2] - printed[i]) <= 1e-11);
+        CHECK(std::fabs(weights[3 * i] + weights[3 * i + 1] + 2 * weights[3 * i + 2] - printed[i]) <= 1e-11);
+    }
+    const std::vector<double> d_table{
+        -0.019445795657, -0.165990818471, -0.134800008474, 0, 0, 0.148249930044, 0.171986692559, 0};
+    CHECK(std::fabs(ds[0] + ds[4] + ds[8] - d_table[0]) <= 1e-11);  // bucket 0: the diagonal
+    CHECK(std::fabs(ds[3] + ds[7] - d_table[1]) <= 1e-11);          // bucket 1: d = -1
+    CHECK(std::fabs(ds[1] + ds[5] - d_table[5]) <= 1e-11);          // bucket 5: d = +1
+    RelativeFamilyOptions options;
+    options.t5_buckets = 8;
+    options.t5_max_distance = 8;
+    for (AttentionImpl impl : all_forms) {
+        CAPTURE(attention_impl_name(impl));
+        Generator gen(24);
+        T5BiasAttention attention(2, 1, options, true, impl, Init{gen, DType::float64});
+        std::vector<std::string> names;
+        for (const auto& [name, p] : attention.named_parameters()) names.push_back(name);
+        CHECK(names.back() == "relative_attention_bias.weight");
+        CHECK(attention.parameter_count() == 24 + 8);
+        std::vector<Tensor> values = two_wide_projections();
+        values.push_back(param(table, {8, 1}));
+        attention.assign_parameters(values);
+        const Tensor x = param({1, 0, 0, 1, 1, 1}, {1, 3, 2});
+        const Tensor y = attention.forward(x, x);
+        if (impl != AttentionImpl::fused) check_values(attention.last_weights, weights, 1e-11);
+        check_values(y, y_printed, 1e-11);
+        y.backward(ones_like(y));
+        check_values(attention.table().weight.grad(), d_table, 1e-11);
+        CHECK(std::fabs(sum(attention.table().weight.grad()).item()) <= 1e-15);
+        gradcheck_layer(attention, {random_input({2, 3, 2}, 17)},
+                        [&](const auto& in) { return attention.forward(in[0], in[0]); });
+    }
+
+    // what the fused form is given: the row W[bucket(d)] for d = -2 .. 2, and its gradient per distance
+    const Tensor q = f64({1, 0, 0, 1, 1, 1}, {1, 1, 3, 2});
+    ClippedRelativeTerms by_distance;
+    by_distance.distance_bias = param({1, 0.5, 0, -0.5, -1}, {1, 5});
+    const Tensor fused = fused_attention(q, q, q, AttentionPattern{}, c, by_distance);
+    check_values(fused, y_printed, 1e-11);
+    fused.backward(ones_like(fused));
+    check_values(by_distance.distance_bias.grad(),
+                 {-0.134800008474, -0.165990818471, -0.019445795657, 0.148249930044, 0.171986692559}, 1e-11);
+    // the bucketed form: the bucket index [Lq, Lk] and the table as a bias [H, buckets]
+    RelativeTerms by_bucket;
+    by_bucket.index = from_vector(std::vector<double>(buckets, buckets + 9), {3, 3}, DType::int64);
+    by_bucket.bias = param(table, {1, 8});
+    const Tensor bucketed = attention(q, q, q, Tensor(), c, by_bucket);
+    check_values(bucketed, y_printed, 1e-11);
+    bucketed.backward(ones_like(bucketed));
+    check_values(by_bucket.bias.grad(), d_table, 1e-11);
+
+    // the causal buckets of the same pairs: [[0, 0, 0], [1, 0, 0], [2, 1, 0]]
+    const int64_t causal_buckets[9] = {0, 0, 0, 1, 0, 0, 2, 1, 0};
+    for (int e = 0; e < 9; ++e) CHECK(t5_bucket(e % 3 - e / 3, false, 8, 8) == causal_buckets[e]);
+
+    // a causal model's layers take causal buckets; t5_share_layers gives the stack one table
+    TransformerOptions o;
+    o.dim = 4;
+    o.heads = 2;
+    o.ff_dim = 8;
+    o.layers = 2;
+    o.position = PositionMode::t5;
+    Generator gen(25);
+    o.position = PositionMode::none;
+    CHECK(CausalLanguageModel(5, o, Init{gen, DType::float64}).parameter_count() == 397);
+    o.position = PositionMode::t5;
+    CausalLanguageModel own(5, o, Init{gen, DType::float64});
+    CHECK(own.parameter_count() == 525);
+    CHECK(!dynamic_cast<T5BiasAttention&>(*own.decoder.layers[0]->self_attention).bidirectional);
+    o.t5_share_layers = true;
+    CausalLanguageModel shared(5, o, Init{gen, DType::float64});
+    CHECK(shared.parameter_count() == 461);
+    CHECK(20 + 2 * 172 + 8 + 25 + 2 * 64 == 525);
+    std::vector<std::string> tables;
+    for (const auto& [name, p] : shared.named_parameters()) {
+        if (name.find("relative_attention_bias") != std::string::npos) tables.push_back(name);
+    }
+    CHECK(tables == std::vector<std::string>{"decoder.layers.0.self_attention.relative_attention_bias.weight"});
+    auto& first = dynamic_cast<T5BiasAttention&>(*shared.decoder.layers[0]->self_attention);
+    auto& second = dynamic_cast<T5BiasAttention&>(*shared.decoder.layers[1]->self_attention);
+    CHECK(&first.table() == &second.table());
 }
