@@ -36,7 +36,12 @@ NO_DECAY = [{"match": "*bias", "weight_decay": 0}, {"match": "*norm*", "weight_d
 SENTIMENT_PROMPT = "the food was not good but the service was really great"
 TRANSLATION_PROMPT = "ich habe heute keine zeit , weil ich arbeiten muss ."
 LENGTH_PROMPT = " ".join("4" if i == 10 else "5" if i == 13 else str(6 + i % 10) for i in range(32))
-FAMILY_TASK_SETS = {"addition": ["evaluation.length_buckets=[21,41,61,81]"]}
+# the paper's lengths: copy and reverse train on 2-20 and test on 21-40 (the config's), addition and
+# sort train on 1-8 and test on 9-16 (addition: digits per operand, so its buckets count the
+# prompt's 2n + 1 tokens)
+FAMILY_SHORT = ["task.train_lengths=[1,8]", "task.test_lengths=[1,16]"]
+FAMILY_TASK_SETS = {"addition": FAMILY_SHORT + ["evaluation.length_buckets=[9,17,25,33]"],
+                    "sort": FAMILY_SHORT + ["evaluation.length_buckets=[4,8,12,16]"]}
 EXPERIMENTS = {
     # 1. sentiment: sinusoidal vs relative k=8 vs relative k=16 vs gated, per source
     "sentiment": {
@@ -102,9 +107,9 @@ EXPERIMENTS = {
         "attention_prompt": LENGTH_PROMPT,
         "variants": {name: [f"model.position={name}"] for name in ("sinusoidal", "learned", "relative", "gated")},
     },
-    # 6. the relative family beside Shaw (docs/results.md): decoder-only models trained on lengths up
-    # to 20 and tested up to 40, every scheme on four tasks, as Kazemnejad et al. (2023) compare them
-    # (addition: lengths are digits per operand, so its buckets count the prompt's 2n + 1 tokens)
+    # 6. the relative family beside Shaw (docs/results.md): decoder-only models, every scheme on four
+    # tasks, trained on short lengths and tested on longer ones as Kazemnejad et al. (2023) do
+    # (docs/results/data/family/paper.json holds their released numbers)
     "family": {
         "config": "configs/experiments/family.json",
         "variants": {
