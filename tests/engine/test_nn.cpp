@@ -1,6 +1,8 @@
 // softmax, log_softmax, layer_norm, dropout, cross_entropy.
 #include "check.hpp"
 
+#include "engine/backend/backend.hpp"
+
 #include <cmath>
 #include <limits>
 
@@ -236,4 +238,18 @@ TEST_CASE("the attention op equals its composition from ops, and rejects bad inp
     check_values(q_leaf.grad(), std::vector<double>(q.numel(), 0.0), 0.0);
     check_values(table_leaf.grad(), std::vector<double>(table_k.numel(), 0.0), 0.0);
     gradcheck_op("attention");
+}
+
+TEST_CASE("rope: the rotation of pairs passes the gradient check on every device, its inverse undoes it") {
+    gradcheck_op("rope");
+    Generator gen(3);
+    const Tensor x = randn({2, 5, 6}, gen, DType::float64);
+    const RopeTables t = rope_tables(5, 6, 4, 100, DType::float64);
+    // the kernel's inverse rotation (the backward's) brings rope(x) back to x
+    Tensor back = empty(x.shape(), DType::float64);
+    backend_for(Device::cpu).rotate_pairs(rope(x, 4, 100).contiguous(), t.cos, neg(t.sin), back);
+    check_values(back, x.to_vector(), 1e-14);
+    CHECK_THROWS_WITH_AS(rope_tables(3, 5, 0, 10000, DType::float64),
+                         "rope: length 3 and head dim 5 must be >= 0, the head dim even", std::invalid_argument);
+    CHECK_THROWS_AS(rope(from_vector({1, 2}, {2}, DType::int64), 0), std::invalid_argument);
 }
