@@ -273,41 +273,27 @@ def test_attention_layers_and_weights():
     assert gated.w_gate is None and nn.GatedPositionAttention(8, 2, token_gate=True).w_gate is not None
 
 
-def test_three_attention_forms_agree_in_float64():
-    x_values = np.random.default_rng(0).standard_normal((2, 6, 8))
-    outputs, grads = [], []
-    for impl in ("reference", "bucketed", "fused"):
-        layer = nn.RelativeMultiHeadAttention(8, 2, k=2, attention=impl, seed=5, dtype="float64")
-        assert layer.impl == impl
-        x = relgrad.tensor(x_values, requires_grad=True)
-        out = layer(x, mask=nn.key_padding_mask([6, 4]))
-        (out * out).sum().backward()
-        outputs.append(out.numpy())
-        grads.append([x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()])
-    for other, other_grads in zip(outputs[1:], grads[1:]):
-        np.testing.assert_allclose(other, outputs[0], atol=1e-12)
-        for a, b in zip(other_grads, grads[0]):
-            np.testing.assert_allclose(a, b, atol=1e-12)
-
-
 @pytest.mark.parametrize(
-    "make",
+    "make, query_offset",
     [
-        lambda impl: nn.RotaryMultiHeadAttention(8, 2, rope_base=100.0, attention=impl, seed=5, dtype="float64"),
-        lambda impl: nn.AlibiAttention(8, 2, attention=impl, seed=5, dtype="float64"),
-        lambda impl: nn.T5BiasAttention(8, 2, t5_buckets=8, t5_max_distance=5, attention=impl, seed=5, dtype="float64"),
-        lambda impl: nn.T5BiasAttention(8, 2, bidirectional=False, attention=impl, seed=5, dtype="float64"),
+        (lambda impl: nn.RelativeMultiHeadAttention(8, 2, k=2, attention=impl, seed=5, dtype="float64"), 0),
+        (lambda impl: nn.RotaryMultiHeadAttention(8, 2, rope_base=100.0, attention=impl, seed=5, dtype="float64"), 4),
+        (lambda impl: nn.AlibiAttention(8, 2, attention=impl, seed=5, dtype="float64"), 4),
+        (lambda impl: nn.T5BiasAttention(8, 2, t5_buckets=8, t5_max_distance=5, attention=impl, seed=5,
+                                         dtype="float64"), 4),
+        (lambda impl: nn.T5BiasAttention(8, 2, bidirectional=False, attention=impl, seed=5, dtype="float64"), 4),
     ],
-    ids=["rope", "alibi", "t5", "t5_causal"],
+    ids=["shaw", "rope", "alibi", "t5", "t5_causal"],
 )
-def test_the_relative_family_agrees_in_its_three_forms(make):
+def test_the_three_attention_forms_agree_in_float64(make, query_offset):
+    # queries from position query_offset on, attending to every key (padding masked)
     x_values = np.random.default_rng(1).standard_normal((2, 7, 8))
     outputs, grads = [], []
     for impl in ("reference", "bucketed", "fused"):
         layer = make(impl)
         assert layer.impl == impl
         x = relgrad.tensor(x_values, requires_grad=True)
-        out = layer(x[:, 4:], x, mask=nn.key_padding_mask([7, 5]), query_offset=4)
+        out = layer(x[:, query_offset:], x, mask=nn.key_padding_mask([7, 5]), query_offset=query_offset)
         (out * out).sum().backward()
         outputs.append(out.numpy())
         grads.append([x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()])
