@@ -28,13 +28,15 @@
 //     seconds of forward + backward): the kernel alone (fused_attention from q, k, v) with no terms,
 //     with ALiBi's bias and with T5's bias by distance; the whole fused layer (projections
 //     included) without position terms, with RoPE, ALiBi and T5; and the rope op alone on q and k
-//     (forward + backward), as a share of the RoPE layer's time. One JSON line.
+//     (forward + backward), as a share of the RoPE layer's time; each the median of `repeats` rounds
+//     that run all eight in turn. One JSON line.
 // bench/relative_attention.py runs these for every configuration next to the PyTorch versions.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -158,18 +160,24 @@ struct PlainFusedAttention : MultiHeadAttention {
     }
 };
 
-// The median seconds of `repeats` calls of step after one to warm up.
-template <class Step>
-double median_seconds(int64_t repeats, Step&& step) {
-    std::vector<double> seconds;
+// The median seconds of each step over `repeats` rounds after one to warm up; a round runs every
+// step once, in turn, so that a machine's load drifting over the run weighs on all of them alike.
+std::vector<double> interleaved_medians(int64_t repeats, const std::vector<std::function<void()>>& steps) {
+    std::vector<std::vector<double>> seconds(steps.size());
     for (int64_t r = 0; r < repeats + 1; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        step();
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (r > 0) seconds.push_back(elapsed);
+        for (std::size_t n = 0; n < steps.size(); ++n) {
+            const auto start = std::chrono::steady_clock::now();
+            steps[n]();
+            const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (r > 0) seconds[n].push_back(elapsed);
+        }
     }
-    std::sort(seconds.begin(), seconds.end());
-    return seconds[seconds.size() / 2];
+    std::vector<double> medians;
+    for (std::vector<double>& s : seconds) {
+        std::sort(s.begin(), s.end());
+        medians.push_back(s[s.size() / 2]);
+    }
+    return medians;
 }
 
 int family(int64_t L, int64_t B, int64_t D, int64_t H, int64_t repeats) {
@@ -186,26 +194,27 @@ int family(int64_t L, int64_t B, int64_t D, int64_t H, int64_t repeats) {
     const Tensor alibi = from_vector(alibi_row, {H, 2 * L - 1}, DType::float32);
     const Tensor t5 = randn({H, 2 * L - 1}, gen).requires_grad_(true);
     auto kernel = [&](const Tensor& bias) {
-        return median_seconds(repeats, [&] {
+        return [&, bias] {
             ClippedRelativeTerms terms;
             terms.distance_bias = bias;
             fused_attention(q, k, v, AttentionPattern{}, scale, terms).backward(dz);
-        });
+        };
     };
-    const double kernel_none = kernel(Tensor()), kernel_alibi = kernel(alibi), kernel_t5 = kernel(t5);
     const Init init{gen};
     PlainFusedAttention plain(D, H, init);
     RotaryMultiHeadAttention rotary(D, H, 10000, AttentionImpl::fused, init);
     AlibiAttention alibi_layer(D, H, AttentionImpl::fused, init);
     T5BiasAttention t5_layer(D, H, RelativeFamilyOptions{}, true, AttentionImpl::fused, init);
     const Tensor x = randn({B, L, D}, gen).requires_grad_(true), dy = randn({B, L, D}, gen);
-    auto layer = [&](MultiHeadAttention& m) { return median_seconds(repeats, [&] { m.forward(x, x).backward(dy); }); };
-    const double layer_none = layer(plain), layer_rope = layer(rotary), layer_alibi = layer(alibi_layer),
-                 layer_t5 = layer(t5_layer);
-    const double rope_alone = median_seconds(repeats, [&] {
-        rope(q, 0).backward(dz);
-        rope(k, 0).backward(dz);
-    });
+    auto layer = [&](MultiHeadAttention& m) { return [&] { m.forward(x, x).backward(dy); }; };
+    const std::vector<double> t =
+        interleaved_medians(repeats, {kernel(Tensor()), kernel(alibi), kernel(t5), layer(plain), layer(rotary),
+                                      layer(alibi_layer), layer(t5_layer), [&] {
+                                          rope(q, 0).backward(dz);
+                                          rope(k, 0).backward(dz);
+                                      }});
+    const double kernel_none = t[0], kernel_alibi = t[1], kernel_t5 = t[2], layer_none = t[3], layer_rope = t[4],
+                 layer_alibi = t[5], layer_t5 = t[6], rope_alone = t[7];
     std::printf(
         "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"kernel_none\": %.6f, \"kernel_alibi\": %.6f, "
         "\"kernel_t5\": %.6f, \"layer_none\": %.6f, \"layer_rope\": %.6f, \"layer_alibi\": %.6f, \"layer_t5\": %.6f, "
