@@ -157,6 +157,9 @@ void config_fields(Fields& f, Config& c) {
     f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
     f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
     f.flag("decoder_only", c.task.decoder_only, false);
+    f.flag("reversed_sum", c.task.reversed_sum, false);
+    f.check(!c.task.reversed_sum || c.task.kind == TaskKind::addition, "reversed_sum",
+            "false for a task other than addition");
     f.check(!c.task.decoder_only || is_pair_task(c.task.kind), "decoder_only",
             "false for a task that is not one of pairs (copy, reverse, dedupe, sort, addition, pairs)");
     // a synthetic data set is held in memory whole: at most kMostTokens tokens per split

@@ -60,6 +60,7 @@ struct TaskConfig {
     // pair tasks: one CausalLanguageModel reads source, a separator (bos) and the target, the loss
     // on the target and eos alone, instead of an EncoderDecoder
     bool decoder_only = false;
+    bool reversed_sum = false;  // addition: the sum least significant digit first
 };
 
 // Files for classification (TSV label<TAB>text or JSONL {"text", "label"}), pairs (TSV

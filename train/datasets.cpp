@@ -278,7 +278,7 @@ std::vector<TokenPair> make_sort_task(int64_t count, int64_t min_length, int64_t
 }
 
 std::vector<TokenPair> make_addition_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
-                                          uint64_t seed) {
+                                          uint64_t seed, bool reversed_sum) {
     const std::string task = "make_addition_task";
     check_sizes(task, count, min_length, max_length, 1, "1");
     require_at_least(task, "vocab", vocab, kAdditionVocab, "15 (ids 0..3 are reserved, then ten digits and '+')");
@@ -304,7 +304,8 @@ std::vector<TokenPair> make_addition_task(int64_t count, int64_t min_length, int
         for (int64_t digit : a) pair.source.push_back(first_symbol + digit);
         pair.source.push_back(plus);
         for (int64_t digit : b) pair.source.push_back(first_symbol + digit);
-        for (auto digit = sum.rbegin(); digit != sum.rend(); ++digit) pair.target.push_back(first_symbol + *digit);
+        for (int64_t digit : sum) pair.target.push_back(first_symbol + digit);
+        if (!reversed_sum) std::reverse(pair.target.begin(), pair.target.end());
         return pair;
     });
 }

@@ -87,8 +87,10 @@ std::vector<TokenPair> make_sort_task(int64_t count, int64_t min_length, int64_t
 // Addition, most significant digit first: the source "a + b" for two numbers of `length` digits
 // each (no leading zero but for 0 itself), the target the digits of a + b. Digit d is id 4 + d,
 // '+' id 14 (vocab >= 15). The length drawn from [min_length, max_length] is that of the operands.
+// reversed_sum: the sum's digits least significant first, so that each digit's carry comes from
+// digits already written.
 std::vector<TokenPair> make_addition_task(int64_t count, int64_t min_length, int64_t max_length, int64_t vocab,
-                                          uint64_t seed);
+                                          uint64_t seed, bool reversed_sum = false);
 constexpr int64_t kAdditionVocab = 15;  // the reserved ids, ten digits and '+'
 
 // Symbol at a position: random symbols from 6 .. vocab-1 (vocab >= 8); the label is the symbol at

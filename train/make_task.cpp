@@ -84,11 +84,16 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
                                 seed + 1),
             init);
     }
-    const auto make = t.kind == TaskKind::copy       ? make_copy_task
-                      : t.kind == TaskKind::dedupe   ? make_dedupe_task
-                      : t.kind == TaskKind::sort     ? make_sort_task
-                      : t.kind == TaskKind::addition ? make_addition_task
-                                                     : make_reverse_task;
+    auto make = [&t](int64_t count, int64_t min_length, int64_t max_length, int64_t vocab, uint64_t seed) {
+        switch (t.kind) {
+            case TaskKind::copy: return make_copy_task(count, min_length, max_length, vocab, seed);
+            case TaskKind::dedupe: return make_dedupe_task(count, min_length, max_length, vocab, seed);
+            case TaskKind::sort: return make_sort_task(count, min_length, max_length, vocab, seed);
+            case TaskKind::addition:
+                return make_addition_task(count, min_length, max_length, vocab, seed, t.reversed_sum);
+            default: return make_reverse_task(count, min_length, max_length, vocab, seed);
+        }
+    };
     std::vector<TokenPair> train = make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
                            test = make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1);
     if (t.decoder_only) {

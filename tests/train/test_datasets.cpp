@@ -421,6 +421,12 @@ TEST_CASE("sort and addition: the target is the sorted source, or the sum's digi
     }
     CHECK(lengths == std::set<size_t>{1, 2, 3, 4, 5, 6, 7});
     CHECK(a_carry_out);
+    // the same sums, least significant digit first
+    const std::vector<TokenPair> reversed = make_addition_task(300, 1, 7, 15, 6, true);
+    for (size_t n = 0; n < sums.size(); ++n) {
+        CHECK(reversed[n].source == sums[n].source);
+        CHECK(reversed[n].target == Ids(sums[n].target.rbegin(), sums[n].target.rend()));
+    }
     CHECK_THROWS_WITH_AS(make_addition_task(5, 1, 4, 14, 0),
                          "make_addition_task: vocab must be >= 15 (ids 0..3 are reserved, then ten digits and '+'), "
                          "got 14",
