@@ -13,9 +13,15 @@
 namespace relgrad {
 namespace cpu {
 
+// The loops below are always inlined into their caller: called out of line (as the compiler may
+// choose for a caller with several of them), store_max's running batch would live in memory, and
+// every store through s might alias it, so it would be stored and loaded again for every batch
+// (measured: the fused forward 17% slower with a bias by distance).
+#define RELGRAD_ROW_LOOP inline __attribute__((always_inline))
+
 // Calls step(j) for each full batch at j and tail(j) for the elements left over.
 template <class T, class Step, class Tail>
-void simd_loop(int64_t n, Step&& step, Tail&& tail) {
+RELGRAD_ROW_LOOP void simd_loop(int64_t n, Step&& step, Tail&& tail) {
     using Batch = xsimd::batch<T>;
     constexpr int64_t width = static_cast<int64_t>(Batch::size);
     int64_t j = 0;
@@ -28,7 +34,7 @@ void simd_loop(int64_t n, Step&& step, Tail&& tail) {
 // running_max. (The callers' lambdas capture by copy: by reference, a store through s might alias
 // their scalars, and the compiler would load them again for every batch, ~10% of the kernel.)
 template <class T, class NewBatch, class NewTail>
-T store_max(T* s, int64_t n, T running_max, NewBatch&& new_batch, NewTail&& new_tail) {
+RELGRAD_ROW_LOOP T store_max(T* s, int64_t n, T running_max, NewBatch&& new_batch, NewTail&& new_tail) {
     using Batch = xsimd::batch<T>;
     Batch batch_max(running_max);
     simd_loop<T>(
@@ -46,7 +52,7 @@ T store_max(T* s, int64_t n, T running_max, NewBatch&& new_batch, NewTail&& new_
 
 // The same, returning the sum of the new s_j.
 template <class T, class NewBatch, class NewTail>
-T store_sum(T* s, int64_t n, NewBatch&& new_batch, NewTail&& new_tail) {
+RELGRAD_ROW_LOOP T store_sum(T* s, int64_t n, NewBatch&& new_batch, NewTail&& new_tail) {
     using Batch = xsimd::batch<T>;
     Batch total(T(0));
     T tail_total(0);
