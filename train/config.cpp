@@ -260,9 +260,15 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     config_fields(reader, c);
     reader.finish();
     TransformerOptions& t = c.model.transformer;
-    // learned positions need a vector for the longest input (+2: bos/eos)
-    t.max_positions = reads_files(c.task.kind) ? c.data.max_length + 2
-                                               : std::max(c.task.train_lengths[1], c.task.test_lengths[1]) + 2;
+    // learned positions need a vector for the longest input: a source or target of `longest` tokens
+    // (+2: bos/eos); addition's source holds two numbers and '+', its sum one digit more than a
+    // number; decoder-only, source, bos and target are one input, read while decoding up to one
+    // token past the target
+    const int64_t longest =
+        reads_files(c.task.kind) ? c.data.max_length : std::max(c.task.train_lengths[1], c.task.test_lengths[1]);
+    const bool addition = c.task.kind == TaskKind::addition;
+    const int64_t source = addition ? 2 * longest + 1 : longest, target = addition ? longest + 1 : longest;
+    t.max_positions = c.task.decoder_only ? source + target + 2 : std::max(source, target) + 2;
     // a run by steps gets its default warmup now; a run by epochs, from its data in train()
     if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);
     return c;

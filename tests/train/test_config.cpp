@@ -20,6 +20,23 @@ TEST_CASE("the quickstart and its resolved form are valid configs") {
     CHECK(again.resolved() == c.resolved());
 }
 
+TEST_CASE("learned positions get a vector for the longest input a task feeds its model") {
+    auto positions = [](const nlohmann::json& task) {
+        nlohmann::json c = {{"task", task}};
+        return Config::parse(c, "c.json").model.transformer.max_positions;
+    };
+    const nlohmann::json copy = {{"kind", "copy"}, {"train_lengths", {2, 8}}, {"test_lengths", {2, 12}}};
+    CHECK(positions(copy) == 12 + 2);  // bos + target, or the source
+    nlohmann::json decoder_only = copy;
+    decoder_only["decoder_only"] = true;
+    CHECK(positions(decoder_only) == 12 + 12 + 2);  // source, bos, target and one token past it
+    nlohmann::json addition = copy;
+    addition["kind"] = "addition";
+    CHECK(positions(addition) == 2 * 12 + 1 + 2);  // two numbers and '+'
+    addition["decoder_only"] = true;
+    CHECK(positions(addition) == (2 * 12 + 1) + (12 + 1) + 2);
+}
+
 TEST_CASE("every kind of bad value is reported with its JSON path, what came and what was expected") {
     CHECK(error_of({{"training", {{"lr", 0.1}}}}).find("c.json: /training/lr: unknown key (expected one of:") == 0);
     CHECK(error_of({{"trainin", {{"steps", 1}}}}).find("c.json: /trainin: unknown key") == 0);
