@@ -118,6 +118,9 @@ Tensor combine_masks(const Tensor& a, const Tensor& b);
 // The pattern's mask with its causal and window rules folded in, on `device` (undefined when
 // nothing is hidden): what the fused op's rules are as an [Lq, Lk] tensor.
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device = Device::cpu);
+// distance_entry(i, j, Lq) of every pair as an int64 [Lq, Lk] index, on `device`: the buckets under
+// which the attention op reads a bias by distance (a row of Lq + Lk - 1 entries per head)
+Tensor distance_entry_index(int64_t query_len, int64_t key_len, Device device = Device::cpu);
 
 // The same attention as `attention` above, in memory linear in L: the keys are visited in tiles
 // with an online softmax, and the backward recomputes the weights tile by tile from the saved

@@ -346,6 +346,13 @@ std::vector<int64_t> DistanceBiasAttention::entry_distances(int64_t query_len, i
     return distances;
 }
 
+std::vector<int64_t> DistanceBiasAttention::pair_distances(int64_t query_len, int64_t key_len, int64_t query_offset) {
+    std::vector<int64_t> distances(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j) distances[i * key_len + j] = j - (query_offset + i);
+    return distances;
+}
+
 Tensor DistanceBiasAttention::attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                                      const AttentionPattern& pattern) {
     const int64_t Lq = q.size(2), Lk = k.size(2), offset = pattern.query_offset;
@@ -378,10 +385,9 @@ AlibiAttention::AlibiAttention(int64_t d, int64_t h, AttentionImpl impl_, const 
 
 // -m_h |d| = m_h * (-|d|): the slopes [H, 1, 1] times the distances [Lq, Lk]
 Tensor AlibiAttention::bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    std::vector<double> minus_distance(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i)
-        for (int64_t j = 0; j < key_len; ++j)
-            minus_distance[i * key_len + j] = -static_cast<double>(std::llabs(j - (query_offset + i)));
+    std::vector<double> minus_distance;
+    for (int64_t d : pair_distances(query_len, key_len, query_offset))
+        minus_distance.push_back(-static_cast<double>(std::llabs(d)));
     const DType dtype = w_q.weight.dtype();
     const Device device = w_q.weight.device();
     return mul(from_vector(slopes, {heads, 1, 1}, dtype, device),
@@ -390,12 +396,8 @@ Tensor AlibiAttention::bias_matrix(int64_t query_len, int64_t key_len, int64_t q
 
 // the bucket of a pair is its entry of the distance row
 RelativeTerms AlibiAttention::bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    std::vector<double> entry(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i)
-        for (int64_t j = 0; j < key_len; ++j)
-            entry[i * key_len + j] = static_cast<double>(distance_entry(i, j, query_len));
     RelativeTerms terms;
-    terms.index = from_vector(entry, {query_len, key_len}, DType::int64, w_q.weight.device());
+    terms.index = distance_entry_index(query_len, key_len, w_q.weight.device());
     terms.bias = distance_bias(query_len, key_len, query_offset);
     return terms;
 }
@@ -441,18 +443,13 @@ Tensor T5BiasAttention::buckets_of(const std::vector<int64_t>& distances, const 
 
 // W[bucket(d), h] for every pair: [Lq, Lk, H] -> [H, Lq, Lk]
 Tensor T5BiasAttention::bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    std::vector<int64_t> distances(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i)
-        for (int64_t j = 0; j < key_len; ++j) distances[i * key_len + j] = j - (query_offset + i);
-    return table().forward(buckets_of(distances, {query_len, key_len})).permute({2, 0, 1});
+    const Tensor buckets = buckets_of(pair_distances(query_len, key_len, query_offset), {query_len, key_len});
+    return table().forward(buckets).permute({2, 0, 1});
 }
 
 RelativeTerms T5BiasAttention::bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    std::vector<int64_t> distances(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i)
-        for (int64_t j = 0; j < key_len; ++j) distances[i * key_len + j] = j - (query_offset + i);
     RelativeTerms terms;
-    terms.index = buckets_of(distances, {query_len, key_len});
+    terms.index = buckets_of(pair_distances(query_len, key_len, query_offset), {query_len, key_len});
     terms.bias = table().weight.transpose(0, 1);  // [H, buckets]
     return terms;
 }

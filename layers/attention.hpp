@@ -202,6 +202,8 @@ protected:
     virtual Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
     // the distances d of the entries of a distance_bias row
     static std::vector<int64_t> entry_distances(int64_t query_len, int64_t key_len, int64_t query_offset);
+    // the distance d of every pair (i, j), row by row: [Lq, Lk] flattened
+    static std::vector<int64_t> pair_distances(int64_t query_len, int64_t key_len, int64_t query_offset);
 
     Tensor attend(const Tensor& query_input, const Tensor& q, const Tensor& k, const Tensor& v,
                   const AttentionPattern& pattern) override;

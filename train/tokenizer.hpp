@@ -65,7 +65,7 @@ private:
 };
 
 inline constexpr EnumName<Tokenizer::Kind> tokenizer_kind_names[] = {{Tokenizer::Kind::character, "char"},
-                                                                     {Tokenizer::Kind::word, "word"}};
+                                                                    {Tokenizer::Kind::word, "word"}};
 Tokenizer::Kind parse_tokenizer_kind(const std::string& name);  // "char" | "word"
 std::string tokenizer_kind_name(Tokenizer::Kind kind);          // the inverse: "char" | "word"
 

@@ -218,6 +218,14 @@ Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t 
     return combine_masks(pattern.mask, from_vector(visible, {query_len, key_len}, DType::boolean, device));
 }
 
+Tensor distance_entry_index(int64_t query_len, int64_t key_len, Device device) {
+    std::vector<double> entry(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i)
+        for (int64_t j = 0; j < key_len; ++j)
+            entry[i * key_len + j] = static_cast<double>(distance_entry(i, j, query_len));
+    return from_vector(entry, {query_len, key_len}, DType::int64, device);
+}
+
 // For a backend without the fused kernels: the same attention by the bucketed op, with the
 // pattern as a mask and the clipped index written out as [Lq, Lk] tensors (made on the host and
 // copied to q's device). Memory grows as Lq Lk again.
@@ -226,10 +234,7 @@ static Tensor bucketed_fallback(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t Lq = q.size(2), Lk = k.size(2);
     RelativeTerms relative;
     if (rel.distance_bias.defined()) {  // the bias row indexed by each pair's entry
-        std::vector<double> entry(Lq * Lk);
-        for (int64_t i = 0; i < Lq; ++i)
-            for (int64_t j = 0; j < Lk; ++j) entry[i * Lk + j] = static_cast<double>(distance_entry(i, j, Lq));
-        relative = {Tensor(), Tensor(), from_vector(entry, {Lq, Lk}, DType::int64, q.device()), rel.distance_bias};
+        relative = {Tensor(), Tensor(), distance_entry_index(Lq, Lk, q.device()), rel.distance_bias};
     }
     if (rel.table_k.defined()) {
         std::vector<double> bucket(Lq * Lk);  // r(i, j)
