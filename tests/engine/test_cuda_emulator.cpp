@@ -181,9 +181,37 @@ TEST_CASE("launches CUDA would refuse are errors") {
     CHECK_THROWS_WITH_AS(launch("write_indices", write_indices, 1, 2048, 0, ids.data()),
                          "kernel write_indices: a block of 2048 threads (CUDA allows 1 to 1024)", std::logic_error);
     CHECK_THROWS_WITH_AS(launch("write_indices", write_indices, 1, 32, 64 * 1024, ids.data()),
-                         "kernel write_indices: 65536 bytes of dynamic shared memory (at most 49152)",
+                         "kernel write_indices: 65536 bytes of dynamic shared memory (at most 49152 without an "
+                         "opt-in: cudaFuncSetAttribute)",
                          std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("write_indices", write_indices, 1, dim3(1, 1, 65), 0, ids.data()),
+                         "kernel write_indices: blockDim.z = 65 (CUDA allows at most 64)", std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("write_indices", write_indices, dim3(1, 65536), 1, 0, ids.data()),
+                         "kernel write_indices: gridDim.y = 65536 (CUDA allows at most 65535)", std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("write_indices", write_indices, dim3(1, 1, 65536), 1, 0, ids.data()),
+                         "kernel write_indices: gridDim.z = 65536 (CUDA allows at most 65535)", std::logic_error);
     CHECK_THROWS_WITH_AS(__syncthreads(), "__syncthreads() outside a kernel", std::logic_error);
+}
+
+TEST_CASE("more than 48 KiB of dynamic shared memory only after the kernel opted in, up to the device's limit") {
+    using relgrad::cuda_emulated::allow_dynamic_shared;
+    const std::size_t bytes = 8192 * sizeof(double);  // 64 KiB
+    std::vector<double> before(64), after(64);
+    CHECK_THROWS_AS(launch("dynamic_shared", dynamic_shared, 1, 64, bytes, before.data(), after.data()),
+                    std::logic_error);
+    CHECK_THROWS_WITH_AS(allow_dynamic_shared("dynamic_shared", dynamic_shared, 200 * 1024),
+                         "kernel dynamic_shared: an opt-in to 204800 bytes of dynamic shared memory (CUDA allows "
+                         "at most 166912)",
+                         std::logic_error);
+    allow_dynamic_shared("dynamic_shared", dynamic_shared, bytes);
+    launch("dynamic_shared", dynamic_shared, 1, 64, bytes, before.data(), after.data());
+    CHECK(after[0] == 63);
+    CHECK_THROWS_WITH_AS(launch("dynamic_shared", dynamic_shared, 1, 64, bytes + 8, before.data(), after.data()),
+                         "kernel dynamic_shared: 65544 bytes of dynamic shared memory (at most 65536 as opted in)",
+                         std::logic_error);
+    // the opt-in is the kernel's own: another kernel still has 48 KiB
+    std::vector<int64_t> ids(32);
+    CHECK_THROWS_AS(launch("write_indices", write_indices, 1, 32, bytes, ids.data()), std::logic_error);
 }
 
 // ---------------------------------------------------------------- the backend on the emulated device

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -121,6 +123,9 @@ struct OrderGenerator {
 thread_local Block* running_block = nullptr;
 thread_local Block block_state;
 uint64_t seed = 0x5eed;
+// the dynamic shared memory each kernel opted in to (set_max_dynamic_shared_bytes), by its address
+std::mutex opt_in_mutex;
+std::map<KernelAddress, std::size_t> opted_in_shared_bytes;
 thread_local uint64_t launches = 0;
 
 // AddressSanitizer must be told of every switch between stacks (its fake stacks and bounds).
@@ -233,20 +238,51 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
 
 }  // namespace
 
-void run_grid(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
+void set_max_dynamic_shared_bytes(const char* kernel, KernelAddress address, std::size_t bytes) {
+    if (bytes > kMaxOptInDynamicSharedBytes) {
+        throw std::logic_error(std::string("kernel ") + kernel + ": an opt-in to " + std::to_string(bytes) +
+                               " bytes of dynamic shared memory (CUDA allows at most " +
+                               std::to_string(kMaxOptInDynamicSharedBytes) + ")");
+    }
+    const std::lock_guard<std::mutex> lock(opt_in_mutex);
+    opted_in_shared_bytes[address] = bytes;
+}
+
+void run_grid(const char* kernel, KernelAddress address, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
               const std::function<void()>& thread) {
+    const auto refuse = [kernel](const std::string& what) {
+        throw std::logic_error(std::string("kernel ") + kernel + ": " + what);
+    };
     const uint64_t threads = uint64_t{block.x} * block.y * block.z;
     const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
     if (threads == 0 || threads > kMaxThreadsPerBlock) {
-        throw std::logic_error(std::string("kernel ") + kernel + ": a block of " + std::to_string(threads) +
-                               " threads (CUDA allows 1 to " + std::to_string(kMaxThreadsPerBlock) + ")");
+        refuse("a block of " + std::to_string(threads) + " threads (CUDA allows 1 to " +
+               std::to_string(kMaxThreadsPerBlock) + ")");
     }
-    if (dynamic_shared_bytes > kMaxDynamicSharedBytes) {
-        throw std::logic_error(std::string("kernel ") + kernel + ": " + std::to_string(dynamic_shared_bytes) +
-                               " bytes of dynamic shared memory (at most " + std::to_string(kMaxDynamicSharedBytes) +
-                               ")");
+    const unsigned block_dims[3] = {block.x, block.y, block.z}, grid_dims[3] = {grid.x, grid.y, grid.z};
+    for (int axis = 0; axis < 3; ++axis) {
+        const std::string name(1, "xyz"[axis]);
+        if (block_dims[axis] > kMaxBlockDim[axis]) {
+            refuse("blockDim." + name + " = " + std::to_string(block_dims[axis]) + " (CUDA allows at most " +
+                   std::to_string(kMaxBlockDim[axis]) + ")");
+        }
+        if (grid_dims[axis] > kMaxGridDim[axis]) {
+            refuse("gridDim." + name + " = " + std::to_string(grid_dims[axis]) + " (CUDA allows at most " +
+                   std::to_string(kMaxGridDim[axis]) + ")");
+        }
     }
-    if (blocks == 0) throw std::logic_error(std::string("kernel ") + kernel + ": an empty grid");
+    std::size_t allowed = kMaxDynamicSharedBytes;
+    {
+        const std::lock_guard<std::mutex> lock(opt_in_mutex);
+        const auto opted_in = opted_in_shared_bytes.find(address);
+        if (opted_in != opted_in_shared_bytes.end()) allowed = std::max(allowed, opted_in->second);
+    }
+    if (dynamic_shared_bytes > allowed) {
+        refuse(std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory (at most " +
+               std::to_string(allowed) +
+               (allowed == kMaxDynamicSharedBytes ? " without an opt-in: cudaFuncSetAttribute)" : " as opted in)"));
+    }
+    if (blocks == 0) refuse("an empty grid");
     if (running_block) throw std::logic_error(std::string("kernel ") + kernel + ": launched from inside a kernel");
 
     Block& state = block_state;

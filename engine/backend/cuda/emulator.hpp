@@ -54,11 +54,20 @@ void __syncthreads();
 namespace relgrad {
 namespace cuda_emulator {
 
+// A kernel's address, whatever its parameters: what the opt-in below is kept by.
+using KernelAddress = void (*)();
+
 // Runs `thread` as every thread of a grid (see the top of this file); throws std::logic_error on a
-// launch CUDA would refuse (an empty or too large block, too much dynamic shared memory) and on a
-// barrier that not all threads of a block reach. `kernel` names it in the messages.
-void run_grid(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
+// launch CUDA would refuse (an empty or too large block or grid, more dynamic shared memory than
+// the kernel may have) and on a barrier that not all threads of a block reach. `kernel` names it in
+// the messages; `address` is the kernel's, for its dynamic shared memory opt-in.
+void run_grid(const char* kernel, KernelAddress address, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
               const std::function<void()>& thread);
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): lets the kernel
+// at `address` launch with up to `bytes` of dynamic shared memory (CUDA allows 48 KiB to a kernel
+// that has not opted in); more than kMaxOptInDynamicSharedBytes is refused, as CUDA refuses it.
+void set_max_dynamic_shared_bytes(const char* kernel, KernelAddress address, std::size_t bytes);
 
 // The running block's dynamic shared memory (RELGRAD_DYNAMIC_SHARED).
 void* dynamic_shared_memory();
@@ -70,9 +79,13 @@ void* static_shared_memory(const void* tag, std::size_t bytes, std::size_t align
 // see a kernel under many orders.
 void set_seed(uint64_t seed);
 
-// The limits a launch is checked against (those of NVIDIA's sm_80 and sm_90).
+// The limits a launch is checked against: those of NVIDIA's sm_80 (A100) and sm_90 (H100, H200),
+// the smaller where they differ.
 constexpr unsigned kMaxThreadsPerBlock = 1024;
-constexpr std::size_t kMaxDynamicSharedBytes = 48 * 1024;
+constexpr unsigned kMaxBlockDim[3] = {1024, 1024, 64};          // x, y, z
+constexpr unsigned kMaxGridDim[3] = {2147483647, 65535, 65535};  // x, y, z
+constexpr std::size_t kMaxDynamicSharedBytes = 48 * 1024;        // without opting in
+constexpr std::size_t kMaxOptInDynamicSharedBytes = 163 * 1024;  // sm_80's; sm_90 allows 227 KiB
 constexpr std::size_t kMaxStaticSharedBytes = 48 * 1024;
 
 }  // namespace cuda_emulator

@@ -64,7 +64,8 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
     if (uint64_t{grid.x} * grid.y * grid.z == 0) return;
 #ifdef RELGRAD_CUDA_EMULATION
     const std::tuple<Params...> params(static_cast<Params>(args)...);  // copied once, as CUDA copies them
-    cuda_emulator::run_grid(name, grid, block, shared_bytes, [&] { std::apply(kernel, params); });
+    cuda_emulator::run_grid(name, reinterpret_cast<cuda_emulator::KernelAddress>(kernel), grid, block, shared_bytes,
+                            [&] { std::apply(kernel, params); });
 #else
     // clang-format off
     kernel<<<grid, block, shared_bytes>>>(static_cast<Params>(args)...);
@@ -72,6 +73,22 @@ void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, 
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) {
         throw std::logic_error(std::string("kernel ") + name + ": " + cudaGetErrorString(status));
+    }
+#endif
+}
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory: CUDA refuses a launch with more
+// than 48 KiB to a kernel that has not opted in, and an opt-in past the device's limit.
+template <class... Params>
+void allow_dynamic_shared(const char* name, void (*kernel)(Params...), std::size_t bytes) {
+#ifdef RELGRAD_CUDA_EMULATION
+    cuda_emulator::set_max_dynamic_shared_bytes(name, reinterpret_cast<cuda_emulator::KernelAddress>(kernel), bytes);
+#else
+    const cudaError_t status =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (status != cudaSuccess) {
+        throw std::logic_error(std::string("kernel ") + name + ": an opt-in to " + std::to_string(bytes) +
+                               " bytes of dynamic shared memory: " + cudaGetErrorString(status));
     }
 #endif
 }
