@@ -20,6 +20,10 @@ runs in docs/results/data/ (no run directory or relgrad program is needed).
   records)
 - sentiment_attention.png, translation_attention.png: the same for Yelp sentiment models and for
   translation models (the encoder) on one sentence each
+- family_by_length.png: the relative family's exact match and token accuracy per prompt length, a
+  column per task, with the paper's released per-length numbers (Kazemnejad et al. 2023) below
+- family_mrr.png: the mean reciprocal rank of the schemes, as the paper's Figure 1 ranks them, here
+  and in the paper; the tables of docs/results.md section 6 are printed
 """
 import functools
 import json
@@ -282,6 +286,217 @@ def text_attention(experiment, results, variants, filename):
                        f"first seed", filename)
 
 
+# --- 6. the relative family beside Kazemnejad et al. (2023) ---------------------------------------
+
+FAMILY_TASKS = ("copy", "reverse", "addition", "sort")
+SCHEME_NAMES = {"none": "NoPE", "sinusoidal": "sinusoidal (APE)", "learned": "learned", "rope": "RoPE",
+                "alibi": "ALiBi", "t5": "T5 bias", "gated": "gated", "relative-k2": "Shaw k=2",
+                "relative-k8": "Shaw k=8"}
+SCHEME_COLORS = dict(zip(SCHEME_NAMES, plt.get_cmap("tab10").colors))
+# The paper's five encodings in the order of its table: a tie within a query goes to the one listed
+# first (pandas rank(method="first") in the authors' notebook), as in its Figure 1.
+PAPER_ENCODINGS = ("rope", "alibi", "t5", "sinusoidal", "none")
+
+
+@functools.cache
+def paper():
+    with open(os.path.join(DATA, "family", "paper.json")) as f:
+        return json.load(f)
+
+
+def seed_list(seeds):
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
+
+
+def bucket_range(name):
+    low, high = name.split("-")
+    return int(low), int(high)
+
+
+def longest_trained_source(sets):
+    """The longest prompt a family run trained on, in tokens: the upper training length of the config
+    or of the run's --sets, and for addition two operands of that many digits and '+'."""
+    with open("configs/experiments/family.json") as f:
+        task = json.load(f)["task"]
+    values = dict(assignment.split("=", 1) for assignment in sets)
+    longest = json.loads(values.get("task.train_lengths", json.dumps(task["train_lengths"])))[1]
+    return 2 * longest + 1 if values.get("task.kind") == "addition" else longest
+
+
+def split_metrics(run):
+    """A run's exact match and token accuracy pooled over its in-distribution length buckets
+    (prompts no longer than trained on) and over the longer ones: {"in": {...}, "out": {...}}."""
+    longest = longest_trained_source(run["sets"])
+    pooled = {}
+    for split in ("in", "out"):
+        buckets = [b for name, b in run["summary"]["final"]["by_length"].items()
+                   if (bucket_range(name)[1] <= longest) == (split == "in")]
+        examples = sum(b["examples"] for b in buckets)
+        pooled[split] = {key: sum(b[key] * b["examples"] for b in buckets) / examples
+                         for key in ("accuracy", "token_accuracy")}
+    return pooled
+
+
+def family_runs(results):
+    """{task: {scheme: {seed: record}}} of the variants in results.json."""
+    runs = {}
+    for variant, r in results.items():
+        task, scheme = variant.split("/")
+        runs.setdefault(task, {})[scheme] = {seed: record("family", variant, seed) for seed in r["seeds"]}
+    return {task: runs[task] for task in FAMILY_TASKS if task in runs}
+
+
+def reciprocal_ranks(scores, schemes, ties):
+    """One query: the schemes ranked by score, best = 1, as {scheme: 1 / rank}. ties = "first": a
+    tie goes to the scheme listed first (the paper's rule); "average": tied schemes share the mean
+    of their ranks."""
+    ranked = sorted(schemes, key=lambda scheme: -scores[scheme])  # a stable sort: ties keep the order
+    rank = {scheme: position + 1 for position, scheme in enumerate(ranked)}
+    if ties == "average":
+        rank = {s: np.mean([rank[t] for t in schemes if scores[t] == scores[s]]) for s in schemes}
+    return {scheme: 1.0 / rank[scheme] for scheme in schemes}
+
+
+def mean_reciprocal_rank(queries):
+    """MRR: each scheme's reciprocal rank averaged over the queries (every task and seed counts once)."""
+    return {scheme: float(np.mean([query[scheme] for query in queries])) for scheme in queries[0]}
+
+
+def family_queries(runs, schemes, ties):
+    """This machine's queries: one per task and seed that every scheme finished, scored by the
+    out-of-distribution exact match (as the paper scores its test split)."""
+    queries = []
+    for task, by_scheme in runs.items():
+        if not all(scheme in by_scheme for scheme in schemes):
+            continue
+        for seed in sorted(set.intersection(*[set(by_scheme[scheme]) for scheme in schemes])):
+            scores = {scheme: split_metrics(by_scheme[scheme][seed])["out"]["accuracy"] for scheme in schemes}
+            queries.append(reciprocal_ranks(scores, schemes, ties))
+    return queries
+
+
+def paper_queries(tasks):
+    """The paper's queries on the same tasks, from its released per-seed test accuracies (sort:
+    only its reciprocal ranks were released)."""
+    queries = []
+    for task in tasks:
+        released = paper()["tasks"][task]
+        for seed in paper()["setup"]["seeds"]:
+            if "reciprocal_rank_per_seed" in released[PAPER_ENCODINGS[0]]:
+                queries.append({e: released[e]["reciprocal_rank_per_seed"][str(seed)] for e in PAPER_ENCODINGS})
+            else:
+                scores = {e: released[e]["per_seed"][str(seed)]["out_of_distribution"] for e in PAPER_ENCODINGS}
+                queries.append(reciprocal_ranks(scores, PAPER_ENCODINGS, "first"))
+    return queries
+
+
+def family_tables(runs):
+    """Prints section 6's tables: per task and scheme, exact match in and out of distribution and
+    token accuracy out of it (mean ± std over seeds) beside the paper's; then the MRR."""
+    def cell(values):
+        return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+    def paper_cell(task, scheme, split):
+        entry = paper()["tasks"][task].get(scheme)
+        key = {"in": "in_distribution", "out": "out_of_distribution"}[split]
+        return "-" if entry is None or entry[key] is None else f"{entry[key]:.2f} ± {entry[key + '_std']:.2f}"
+
+    for task, by_scheme in runs.items():
+        seeds = sorted(set.union(*[set(s) for s in by_scheme.values()]))
+        print(f"\n{task} ({seed_list(seeds)})\n")
+        print("| positions | exact match, trained lengths | exact match, longer | token accuracy, longer "
+              "| paper: trained lengths | paper: longer |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for scheme in SCHEME_NAMES:
+            if scheme not in by_scheme:
+                continue
+            split = [split_metrics(run) for run in by_scheme[scheme].values()]
+            print(f"| {SCHEME_NAMES[scheme]} | {cell([s['in']['accuracy'] for s in split])} "
+                  f"| {cell([s['out']['accuracy'] for s in split])} "
+                  f"| {cell([s['out']['token_accuracy'] for s in split])} "
+                  f"| {paper_cell(task, scheme, 'in')} | {paper_cell(task, scheme, 'out')} |")
+
+
+def family_mrr(runs):
+    """family_mrr.png, the counterpart of the paper's Figure 1: the MRR of the paper's five encodings
+    here and in the paper (its Figure 1 and its released runs of the same tasks), and of all nine
+    schemes here; also printed."""
+    tasks = [task for task in runs if all(e in runs[task] for e in PAPER_ENCODINGS)]
+    here_five = family_queries(runs, PAPER_ENCODINGS, "first")
+    here_nine = family_queries(runs, tuple(SCHEME_NAMES), "average")
+    if not here_five:
+        return
+    bars = {f"paper, Figure 1 (17 tasks, {3 * 17} queries)": paper()["mrr"]["figure1"]["values"],
+            f"paper, {', '.join(tasks)} ({3 * len(tasks)} queries)": mean_reciprocal_rank(paper_queries(tasks)),
+            f"this machine, {', '.join(tasks)} ({len(here_five)} queries)": mean_reciprocal_rank(here_five)}
+    order = sorted(PAPER_ENCODINGS, key=lambda e: -paper()["mrr"]["figure1"]["values"][e])  # the figure's order
+    print("\n| MRR | " + " | ".join(SCHEME_NAMES[e] for e in order) + " |")
+    print("| --- " * 6 + "|")
+    for label, values in bars.items():
+        print(f"| {label} | " + " | ".join(f"{values[e]:.3f}" for e in order) + " |")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [5, 6]})
+    for i, (label, values) in enumerate(bars.items()):
+        left.bar(np.arange(5) + (i - 1) * 0.27, [values[e] for e in order], 0.27, label=label)
+    left.set_xticks(range(5), [SCHEME_NAMES[e] for e in order])
+    left.set_ylabel("mean reciprocal rank (higher is better)")
+    left.set_title("the paper's five encodings (ties: the paper's rule)", fontsize=10)
+    left.legend(fontsize=7)
+    if here_nine:
+        nine = mean_reciprocal_rank(here_nine)
+        print(f"\nall nine schemes here ({len(here_nine)} queries, tied schemes share their mean rank): "
+              + ", ".join(f"{SCHEME_NAMES[s]} {nine[s]:.3f}" for s in sorted(nine, key=lambda s: -nine[s])))
+        ranked = sorted(nine, key=lambda s: -nine[s])
+        right.bar(range(len(ranked)), [nine[s] for s in ranked], color=[SCHEME_COLORS[s] for s in ranked])
+        right.set_xticks(range(len(ranked)), [SCHEME_NAMES[s] for s in ranked], rotation=30, fontsize=8)
+        right.set_title(f"all nine schemes, this machine ({len(here_nine)} queries; ties share their mean rank)",
+                        fontsize=10)
+    save("family_mrr.png", fig)
+
+
+def family_by_length(runs):
+    """family_by_length.png: exact match and token accuracy per prompt length here (mean ± std over
+    seeds), a column per task, the trained lengths left of the dashed line; a last row with the
+    paper's exact match per length where it was released (copy and reverse)."""
+    fig, axes = plt.subplots(3, len(runs), figsize=(4.2 * len(runs), 9.6), squeeze=False)
+    for col, (task, by_scheme) in enumerate(runs.items()):
+        for scheme, seeds in by_scheme.items():
+            buckets = sorted(next(iter(seeds.values()))["summary"]["final"]["by_length"], key=bucket_range)
+            for row, key in enumerate(("accuracy", "token_accuracy")):
+                values = [[run["summary"]["final"]["by_length"][b][key] for run in seeds.values()] for b in buckets]
+                means, stds = [np.mean(v) for v in values], [np.std(v, ddof=1) if len(v) > 1 else 0 for v in values]
+                axes[row][col].errorbar(range(len(buckets)), means, yerr=error_bars(means, stds, "accuracy"),
+                                        label=SCHEME_NAMES[scheme], color=SCHEME_COLORS[scheme], capsize=2,
+                                        linewidth=1)
+                axes[row][col].set_xticks(range(len(buckets)), buckets, fontsize=7)
+            trained = sum(bucket_range(b)[1] <= longest_trained_source(next(iter(seeds.values()))["sets"])
+                          for b in buckets)
+            for row in (0, 1):
+                axes[row][col].axvline(trained - 0.5, color="gray", linestyle="--", linewidth=0.8)
+        axes[0][col].set_title(f"{task} ({seed_list(sorted(next(iter(by_scheme.values()))))})")
+        axes[1][col].set_xlabel("prompt length (tokens)")
+        released = paper()["tasks"][task]
+        if released["none"].get("by_length"):
+            for e in PAPER_ENCODINGS:
+                lengths = sorted(released[e]["by_length"], key=int)
+                axes[2][col].plot([int(n) for n in lengths], [released[e]["by_length"][n] for n in lengths],
+                                  label=SCHEME_NAMES[e], color=SCHEME_COLORS[e], linewidth=1)
+            axes[2][col].axvline(20.5, color="gray", linestyle="--", linewidth=0.8)
+            axes[2][col].set_xlabel("input length (the paper's runs, mean over 3 seeds)")
+        else:
+            axes[2][col].text(0.5, 0.5, "no per-length numbers released", ha="center", va="center",
+                              transform=axes[2][col].transAxes)
+            axes[2][col].set_xticks([])
+        for row in range(3):
+            axes[row][col].set_ylim(-0.03, 1.03)
+    axes[0][0].set_ylabel("exact match")
+    axes[1][0].set_ylabel("token accuracy")
+    axes[2][0].set_ylabel("exact match, paper")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("the relative family by length: this machine (rows 1-2) and Kazemnejad et al. 2023 (row 3)",
+                 fontsize=10)
+    save("family_by_length.png", fig, dpi=110)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     all_results = {}
@@ -308,6 +523,11 @@ def main():
         gates_over_training(load("gates"))
     if load("sequence"):
         sequence_by_length(load("sequence"))
+    if load("family"):
+        family = family_runs(load("family"))
+        family_tables(family)
+        family_mrr(family)
+        family_by_length(family)
     print("plots in", OUT)
 
 
