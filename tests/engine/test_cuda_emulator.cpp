@@ -73,6 +73,63 @@ __global__ void dynamic_shared(double* before, double* after) {
     after[t] = tile[blockDim.x - 1 - t];
 }
 
+// --- warps
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// out[t] = the sum of x over t's warp, by a butterfly of shuffles: every lane ends with the sum
+__global__ void warp_sums_xor(const double* x, double* out) {
+    const unsigned t = threadIdx.x;
+    double v = x[t];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+    out[t] = v;
+}
+
+// out[t] = the inclusive prefix sum of x over t's warp (shuffles up), then lane 5's sum broadcast
+// to out[64 + t] and the warp's total gathered down to its lane 0 in out[128 + t]
+__global__ void warp_scan_broadcast_down(const double* x, double* out) {
+    const unsigned t = threadIdx.x, lane = t % 32;
+    double v = x[t];
+    for (unsigned delta = 1; delta < 32; delta *= 2) {
+        const double below = __shfl_up_sync(kFullMask, v, delta);
+        if (lane >= delta) v += below;
+    }
+    out[t] = v;
+    out[64 + t] = __shfl_sync(kFullMask, v, 5);
+    double total = x[t];
+    for (unsigned delta = 16; delta > 0; delta /= 2) total += __shfl_down_sync(kFullMask, total, delta);
+    out[128 + t] = total;
+}
+
+// the mistakes: half a warp skips a shuffle the whole mask must join; a lane reads a lane outside
+// the mask; two halves of a warp call with masks that disagree
+__global__ void half_warp_skips_shuffle(double* out) {
+    double v = threadIdx.x;
+    if (threadIdx.x < 16) v = __shfl_xor_sync(kFullMask, v, 1);
+    out[threadIdx.x] = v;
+}
+__global__ void reads_outside_mask(double* out) {
+    double v = threadIdx.x;
+    if (threadIdx.x < 16) v = __shfl_xor_sync(0x0000ffffu, v, 16);
+    out[threadIdx.x] = v;
+}
+__global__ void masks_disagree(double* out) {
+    double v = threadIdx.x;
+    v = __shfl_xor_sync(threadIdx.x < 16 ? kFullMask : 0xffff0000u, v, 1);
+    out[threadIdx.x] = v;
+}
+
+// out[t] = x[t + 1 within the warp], through shared memory: without __syncwarp between the write
+// and the read, a lane may read its neighbour's slot before the neighbour wrote it
+template <bool with_syncwarp>
+__global__ void warp_shift_left(const double* x, double* out) {
+    RELGRAD_SHARED(double, tile, 32);
+    const unsigned lane = threadIdx.x;
+    tile[lane] = x[lane];
+    if (with_syncwarp) __syncwarp();
+    out[lane] = tile[(lane + 1) % 32];
+}
+
 std::vector<double> iota(int n) {
     std::vector<double> v(n);
     for (int i = 0; i < n; ++i) v[i] = 1.0 + 0.5 * i + 0.001 * i * i;
@@ -212,6 +269,60 @@ TEST_CASE("more than 48 KiB of dynamic shared memory only after the kernel opted
     // the opt-in is the kernel's own: another kernel still has 48 KiB
     std::vector<int64_t> ids(32);
     CHECK_THROWS_AS(launch("write_indices", write_indices, 1, 32, bytes, ids.data()), std::logic_error);
+}
+
+TEST_CASE("warp shuffles: a butterfly sum, a scan, a broadcast and a reduction down to lane 0") {
+    const std::vector<double> x = iota(64);
+    std::vector<double> sums(64), out(192);
+    launch("warp_sums_xor", warp_sums_xor, 1, 64, 0, x.data(), sums.data());
+    launch("warp_scan_broadcast_down", warp_scan_broadcast_down, 1, 64, 0, x.data(), out.data());
+    for (int warp = 0; warp < 2; ++warp) {
+        double total = 0, prefix[32];
+        for (int lane = 0; lane < 32; ++lane) prefix[lane] = total += x[32 * warp + lane];
+        for (int lane = 0; lane < 32; ++lane) {
+            const int t = 32 * warp + lane;
+            CHECK(sums[t] == doctest::Approx(total).epsilon(1e-15));
+            CHECK(out[t] == doctest::Approx(prefix[lane]).epsilon(1e-15));
+            CHECK(out[64 + t] == prefix[5]);
+        }
+        CHECK(out[128 + 32 * warp] == doctest::Approx(total).epsilon(1e-15));
+    }
+}
+
+TEST_CASE("warp mistakes are errors: a missing partner, a lane outside the mask, masks that disagree") {
+    std::vector<double> out(32);
+    CHECK_THROWS_WITH_AS(launch("half_warp_skips_shuffle", half_warp_skips_shuffle, 1, 32, 0, out.data()),
+                         doctest::Contains("waits at __shfl_xor_sync for lanes 16, 17, 18, 19, 20, 21, 22, 23, 24, "
+                                           "25, 26, 27, 28, 29, 30, 31 of its mask, which never reach it"),
+                         std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("reads_outside_mask", reads_outside_mask, 1, 32, 0, out.data()),
+                         doctest::Contains("which is not in the mask (lanes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "
+                                           "12, 13, 14, 15)"),
+                         std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("masks_disagree", masks_disagree, 1, 32, 0, out.data()),
+                         doctest::Contains("(the lanes of a mask must all call one operation with one mask)"),
+                         std::logic_error);
+    // a mask naming lanes a 16-thread block does not have
+    CHECK_THROWS_WITH_AS(launch("half_warp_skips_shuffle", half_warp_skips_shuffle, 1, 16, 0, out.data()),
+                         "__shfl_xor_sync: the mask names lanes 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, "
+                         "29, 30, 31, which the block does not have",
+                         std::logic_error);
+}
+
+TEST_CASE("lanes of a warp do not run in lockstep: shared memory between lanes needs __syncwarp") {
+    const std::vector<double> x = iota(32);
+    int wrong_without = 0;
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+        relgrad::cuda_emulator::set_seed(seed);
+        std::vector<double> with(32), without(32);
+        launch("warp_shift_left<true>", warp_shift_left<true>, 1, 32, 0, x.data(), with.data());
+        launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data());
+        for (int lane = 0; lane < 32; ++lane) {
+            CHECK(with[lane] == x[(lane + 1) % 32]);
+            if (without[lane] != x[(lane + 1) % 32]) ++wrong_without;
+        }
+    }
+    CHECK(wrong_without > 0);
 }
 
 // ---------------------------------------------------------------- the backend on the emulated device

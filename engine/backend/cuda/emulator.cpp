@@ -78,11 +78,19 @@ constexpr std::size_t kStackBytes = 128 * 1024;
 using Stack = std::unique_ptr<unsigned char[]>;
 
 struct Fiber {
-    enum class State { not_started, runnable, at_barrier, finished };
+    enum class State { not_started, runnable, at_barrier, at_warp_point, finished };
     State state = State::not_started;
     dim3 index;
+    uint64_t linear = 0;            // the thread's index in the block: lane linear % 32 of warp linear / 32
     Stack stack;                    // while it runs or waits; given back when it finishes
     void* stack_pointer = nullptr;  // where relgrad_switch_stack resumes it
+    // at a warp point (__syncwarp, __shfl_*_sync): what the lane brought, and what it takes away
+    const char* warp_op = nullptr;
+    unsigned warp_mask = 0;
+    ShuffleKind shuffle_kind = ShuffleKind::none;
+    int shuffle_operand = 0;
+    uint64_t warp_value = 0, warp_result = 0;
+    std::string warp_error;  // thrown by the lane when it goes on
 };
 
 // One block in flight on this OS thread: its fibers and the scheduler's saved stack pointer.
@@ -203,34 +211,125 @@ void resume(Block& block, Fiber& fiber) {
     if (fiber.state == Fiber::State::finished) block.spare_stacks.push_back(std::move(fiber.stack));
 }
 
+// The lane a shuffling lane reads (-1: its own value, as CUDA gives past the warp's ends).
+int shuffle_source(const Fiber& lane) {
+    const int own = static_cast<int>(lane.linear % kWarpSize), operand = lane.shuffle_operand;
+    switch (lane.shuffle_kind) {
+        case ShuffleKind::index: return operand % kWarpSize;
+        case ShuffleKind::up: return own - operand < 0 ? -1 : own - operand;
+        case ShuffleKind::down: return own + operand >= kWarpSize ? -1 : own + operand;
+        case ShuffleKind::xor_lanes: return own ^ operand;
+        case ShuffleKind::none: break;
+    }
+    return -1;
+}
+
+std::string lane_list(unsigned mask) {
+    std::string out;
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+        if (mask >> lane & 1u) out += (out.empty() ? "" : ", ") + std::to_string(lane);
+    }
+    return out;
+}
+
+// Lets every warp whose lanes of the mask all wait at the same warp point go on, with what each
+// lane reads; returns whether one went on. A lane of the mask that is not there yet holds its warp.
+// Lanes at one point with other masks or other operations, or a lane that reads a lane outside the
+// mask, are errors (CUDA leaves them undefined): the lane throws when it goes on.
+bool release_warps(Block& block) {
+    bool released = false;
+    const std::size_t threads = block.fibers.size();
+    for (std::size_t first = 0; first < threads; first += kWarpSize) {
+        Fiber* lanes[kWarpSize] = {};
+        unsigned waiting = 0;
+        for (std::size_t t = first; t < std::min(threads, first + kWarpSize); ++t) {
+            lanes[t - first] = &block.fibers[t];
+            if (block.fibers[t].state == Fiber::State::at_warp_point) waiting |= 1u << (t - first);
+        }
+        if (!waiting) continue;
+        const Fiber& leader = *lanes[__builtin_ctz(waiting)];
+        const unsigned mask = leader.warp_mask;
+        if ((waiting & mask) != mask) continue;  // some lane of the mask is not there yet
+        for (int lane = 0; lane < kWarpSize; ++lane) {
+            if (!(mask >> lane & 1u)) continue;
+            Fiber& fiber = *lanes[lane];
+            fiber.warp_error.clear();
+            if (fiber.warp_mask != mask || std::strcmp(fiber.warp_op, leader.warp_op) != 0) {
+                fiber.warp_error = std::string(fiber.warp_op) + " with mask of lanes " + lane_list(fiber.warp_mask) +
+                                   " met " + leader.warp_op + " with mask of lanes " + lane_list(mask) +
+                                   " (the lanes of a mask must all call one operation with one mask)";
+            } else if (fiber.shuffle_kind != ShuffleKind::none) {
+                const int source = shuffle_source(fiber);
+                if (source < 0) {
+                    fiber.warp_result = fiber.warp_value;
+                } else if (!(mask >> source & 1u)) {
+                    fiber.warp_error = std::string(fiber.warp_op) + ": lane " + std::to_string(lane) +
+                                       " reads lane " + std::to_string(source) + ", which is not in the mask (lanes " +
+                                       lane_list(mask) + ")";
+                } else {
+                    fiber.warp_result = lanes[source]->warp_value;
+                }
+            }
+            fiber.state = Fiber::State::runnable;
+        }
+        released = true;
+    }
+    return released;
+}
+
 // Runs one block to its end, phase by phase: every runnable thread in a fresh shuffled order, each
-// until its next barrier or its end.
+// until its next barrier, its next warp point or its end; then the warps whose lanes have met go on,
+// until every thread waits at the block's barrier (which then opens) or has ended.
 void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
     std::vector<Fiber*> order;
     for (Fiber& fiber : block.fibers) {
         fiber.state = Fiber::State::not_started;
         order.push_back(&fiber);
     }
+    const auto fail = [&](const std::string& what) {
+        // threads waiting at a barrier are dropped where they stand; their stacks are kept
+        for (Fiber* fiber : order) {
+            if (fiber->stack) block.spare_stacks.push_back(std::move(fiber->stack));
+        }
+        throw std::logic_error(std::string("kernel ") + kernel + ": " + what);
+    };
     while (true) {
         orders.shuffle(order);
-        for (Fiber* fiber : order) resume(block, *fiber);
+        for (Fiber* fiber : order) {
+            if (fiber->state == Fiber::State::not_started || fiber->state == Fiber::State::runnable) {
+                resume(block, *fiber);
+            }
+        }
         if (block.error) {
-            // threads waiting at a barrier are dropped where they stand; their stacks are kept
             for (Fiber* fiber : order) {
                 if (fiber->stack) block.spare_stacks.push_back(std::move(fiber->stack));
             }
             std::rethrow_exception(std::exchange(block.error, nullptr));
         }
-        const auto waiting = std::count_if(order.begin(), order.end(),
-                                           [](const Fiber* f) { return f->state == Fiber::State::at_barrier; });
-        if (waiting == 0) return;
-        if (static_cast<std::size_t>(waiting) != order.size()) {
-            for (Fiber* fiber : order) {
-                if (fiber->stack) block.spare_stacks.push_back(std::move(fiber->stack));
+        if (release_warps(block)) continue;
+        const auto count = [&](Fiber::State state) {
+            return static_cast<std::size_t>(
+                std::count_if(order.begin(), order.end(), [state](const Fiber* f) { return f->state == state; }));
+        };
+        for (const Fiber* fiber : order) {
+            if (fiber->state != Fiber::State::at_warp_point) continue;
+            unsigned missing = 0;
+            for (int lane = 0; lane < kWarpSize; ++lane) {
+                const uint64_t t = fiber->linear - fiber->linear % kWarpSize + lane;
+                if ((fiber->warp_mask >> lane & 1u) &&
+                    (t >= block.fibers.size() || block.fibers[t].state != Fiber::State::at_warp_point)) {
+                    missing |= 1u << lane;
+                }
             }
-            throw std::logic_error(std::string("kernel ") + kernel + ": " + std::to_string(waiting) + " of " +
-                                   std::to_string(order.size()) +
-                                   " threads of a block wait at __syncthreads() that the others never reach");
+            fail("lane " + std::to_string(fiber->linear % kWarpSize) + " of warp " +
+                 std::to_string(fiber->linear / kWarpSize) + " waits at " + fiber->warp_op + " for lanes " +
+                 lane_list(missing) + " of its mask, which never reach it");
+        }
+        const std::size_t waiting = count(Fiber::State::at_barrier);
+        if (waiting == 0) return;
+        if (waiting != order.size()) {
+            fail(std::to_string(waiting) + " of " + std::to_string(order.size()) +
+                 " threads of a block wait at __syncthreads() that the others never reach");
         }
         for (Fiber* fiber : order) fiber->state = Fiber::State::runnable;  // the barrier opens
     }
@@ -288,6 +387,7 @@ void run_grid(const char* kernel, KernelAddress address, dim3 grid, dim3 block, 
     Block& state = block_state;
     state.fibers.resize(threads);
     for (uint64_t t = 0; t < threads; ++t) {
+        state.fibers[t].linear = t;
         state.fibers[t].index = dim3(static_cast<unsigned>(t % block.x), static_cast<unsigned>(t / block.x % block.y),
                                      static_cast<unsigned>(t / (uint64_t{block.x} * block.y)));
     }
@@ -339,6 +439,48 @@ void set_seed(uint64_t new_seed) { seed = new_seed; }
 
 }  // namespace cuda_emulator
 }  // namespace relgrad
+
+namespace relgrad {
+namespace cuda_emulator {
+
+uint64_t warp_point(const char* op, unsigned mask, uint64_t value, ShuffleKind kind, int operand) {
+    if (!running_block || !running_block->current) throw std::logic_error(std::string(op) + " outside a kernel");
+    Fiber& lane = *running_block->current;
+    const unsigned own = static_cast<unsigned>(lane.linear % kWarpSize);
+    const std::size_t warp_start = lane.linear - own, threads = running_block->fibers.size();
+    const std::size_t lanes = std::min<std::size_t>(threads - warp_start, kWarpSize);
+    const unsigned exists = lanes == kWarpSize ? ~0u : (1u << lanes) - 1;
+    if (!(mask >> own & 1u)) {
+        throw std::logic_error(std::string(op) + ": lane " + std::to_string(own) + " is not in its own mask (lanes " +
+                               lane_list(mask) + ")");
+    }
+    if (mask & ~exists) {
+        throw std::logic_error(std::string(op) + ": the mask names lanes " + lane_list(mask & ~exists) +
+                               ", which the block does not have");
+    }
+    if (kind == ShuffleKind::xor_lanes && (operand < 0 || operand >= kWarpSize)) {
+        throw std::logic_error(std::string(op) + ": a lane mask of " + std::to_string(operand) + " (0 to 31)");
+    }
+    if ((kind == ShuffleKind::up || kind == ShuffleKind::down) && operand < 0) {
+        throw std::logic_error(std::string(op) + ": a negative delta (" + std::to_string(operand) + ")");
+    }
+    lane.warp_op = op;
+    lane.warp_mask = mask;
+    lane.shuffle_kind = kind;
+    lane.shuffle_operand = operand;
+    lane.warp_value = value;
+    lane.state = Fiber::State::at_warp_point;
+    yield_to_scheduler(false);
+    if (!lane.warp_error.empty()) throw std::logic_error(lane.warp_error);
+    return lane.warp_result;
+}
+
+}  // namespace cuda_emulator
+}  // namespace relgrad
+
+void __syncwarp(unsigned mask) {
+    relgrad::cuda_emulator::warp_point("__syncwarp", mask, 0, relgrad::cuda_emulator::ShuffleKind::none, 0);
+}
 
 void __syncthreads() {
     using namespace relgrad::cuda_emulator;

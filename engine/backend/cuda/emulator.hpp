@@ -19,14 +19,21 @@
 // A barrier that some threads of a block skip, or a thread that exits while others wait at one,
 // is an error (CUDA leaves it undefined).
 //
+// Warps: __syncwarp and the __shfl_*_sync shuffles are warp-scoped barriers of their own (below);
+// between two of them the lanes run one after another like the threads between block barriers, so
+// code that leans on lanes running in lockstep without them shows as a race.
+//
 // What it cannot show: timing, memory coalescing, bank conflicts, real concurrency between blocks
-// (they run one at a time), warp-synchronous behaviour (relgrad's kernels use no warp operations
-// and no atomics). docs/backends.md says more.
+// (they run one at a time), atomics (relgrad's kernels use none). docs/backends.md says more.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #ifndef RELGRAD_CUDA_EMULATION
 #error "emulator.hpp is for the kernels compiled with RELGRAD_CUDA_EMULATION (runtime.hpp includes it)"
@@ -43,6 +50,57 @@ extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 // Waits until every thread of the block has reached it: the running fiber yields to the block's
 // scheduler, which resumes the threads once all of them are here.
 void __syncthreads();
+
+// CUDA's warp-scoped operations, for the lanes named in `mask` (warps are 32 consecutive threads of
+// the block, lane = thread index % 32). The lanes of the mask wait for one another, as a barrier of
+// their own; each lane of a shuffle then reads `var` from one lane: __shfl_sync the lane src_lane,
+// __shfl_up_sync lane - delta, __shfl_down_sync lane + delta (past the warp's ends: its own var),
+// __shfl_xor_sync lane ^ lane_mask. Errors (CUDA leaves them undefined): a lane of the mask that never
+// comes, lanes of one mask calling other operations or other masks, a lane reading a lane outside
+// the mask, a caller outside its own mask. Only width 32 (the default) is emulated.
+constexpr int warpSize = 32;
+void __syncwarp(unsigned mask = 0xffffffffu);
+
+namespace relgrad {
+namespace cuda_emulator {
+constexpr int kWarpSize = 32;
+enum class ShuffleKind { none, index, up, down, xor_lanes };
+// The lane waits at a warp point with `value` (the bytes of var); returns the value it reads.
+uint64_t warp_point(const char* op, unsigned mask, uint64_t value, ShuffleKind kind, int operand);
+
+template <class T>
+T shuffle(const char* op, unsigned mask, T var, ShuffleKind kind, int operand, int width) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(uint64_t), "a shuffle moves 8 bytes at most");
+    if (width != warpSize) throw std::logic_error(std::string(op) + ": the emulator takes width 32 only");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &var, sizeof(T));
+    bits = warp_point(op, mask, bits, kind, operand);
+    std::memcpy(&var, &bits, sizeof(T));
+    return var;
+}
+}  // namespace cuda_emulator
+}  // namespace relgrad
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+    using namespace relgrad::cuda_emulator;
+    return shuffle("__shfl_sync", mask, var, ShuffleKind::index, src_lane, width);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    using namespace relgrad::cuda_emulator;
+    return shuffle("__shfl_up_sync", mask, var, ShuffleKind::up, static_cast<int>(delta), width);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    using namespace relgrad::cuda_emulator;
+    return shuffle("__shfl_down_sync", mask, var, ShuffleKind::down, static_cast<int>(delta), width);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+    using namespace relgrad::cuda_emulator;
+    return shuffle("__shfl_xor_sync", mask, var, ShuffleKind::xor_lanes, lane_mask, width);
+}
 
 // CUDA's qualifiers: kernels and device functions are plain host functions. __shared__ is left
 // undefined, so that a kernel declares its shared memory with RELGRAD_SHARED (runtime.hpp).
