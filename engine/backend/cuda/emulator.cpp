@@ -307,10 +307,6 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
             std::rethrow_exception(std::exchange(block.error, nullptr));
         }
         if (release_warps(block)) continue;
-        const auto count = [&](Fiber::State state) {
-            return static_cast<std::size_t>(
-                std::count_if(order.begin(), order.end(), [state](const Fiber* f) { return f->state == state; }));
-        };
         for (const Fiber* fiber : order) {
             if (fiber->state != Fiber::State::at_warp_point) continue;
             unsigned missing = 0;
@@ -325,7 +321,8 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
                  std::to_string(fiber->linear / kWarpSize) + " waits at " + fiber->warp_op + " for lanes " +
                  lane_list(missing) + " of its mask, which never reach it");
         }
-        const std::size_t waiting = count(Fiber::State::at_barrier);
+        const auto waiting = static_cast<std::size_t>(std::count_if(
+            order.begin(), order.end(), [](const Fiber* f) { return f->state == Fiber::State::at_barrier; }));
         if (waiting == 0) return;
         if (waiting != order.size()) {
             fail(std::to_string(waiting) + " of " + std::to_string(order.size()) +

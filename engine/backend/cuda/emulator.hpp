@@ -63,7 +63,7 @@ void __syncwarp(unsigned mask = 0xffffffffu);
 
 namespace relgrad {
 namespace cuda_emulator {
-constexpr int kWarpSize = 32;
+constexpr int kWarpSize = warpSize;
 enum class ShuffleKind { none, index, up, down, xor_lanes };
 // The lane waits at a warp point with `value` (the bytes of var); returns the value it reads.
 uint64_t warp_point(const char* op, unsigned mask, uint64_t value, ShuffleKind kind, int operand);
