@@ -33,8 +33,12 @@ std::size_t size_class(std::size_t nbytes) {
 
 }  // namespace
 
+std::size_t CachingAllocator::block_bytes(std::size_t nbytes) const {
+    return exact_sizes_ ? nbytes : size_class(nbytes);
+}
+
 void* CachingAllocator::allocate(std::size_t nbytes) {
-    const std::size_t bytes = size_class(nbytes);
+    const std::size_t bytes = block_bytes(nbytes);
     void* block = nullptr;
     {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -61,7 +65,7 @@ void* CachingAllocator::allocate(std::size_t nbytes) {
 }
 
 void CachingAllocator::deallocate(void* block, std::size_t nbytes) {
-    const std::size_t bytes = size_class(nbytes);
+    const std::size_t bytes = block_bytes(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     live_ -= static_cast<int64_t>(nbytes);
     cache_.emplace(bytes, block);

@@ -71,11 +71,14 @@ private:
 // multiples of 64 bytes), so that the tensors of batches of other lengths reuse the same blocks,
 // at a cost of at most a quarter of a block. When the device is full the cache is given back and
 // the allocation tried once more. live and peak count the bytes the tensors asked for.
+// With exact_sizes, a block is of the size asked for and serves only that size again: the CUDA
+// emulator's, whose guard zones begin where the tensor ends (emulator.hpp).
 class CachingAllocator {
 public:
     using RawAllocate = void* (*)(std::size_t nbytes);  // nullptr when the device is full
     using RawFree = void (*)(void* block);
-    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free) : raw_allocate_(raw_allocate), raw_free_(raw_free) {}
+    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free, bool exact_sizes = false)
+        : raw_allocate_(raw_allocate), raw_free_(raw_free), exact_sizes_(exact_sizes) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -88,6 +91,8 @@ public:
 private:
     RawAllocate raw_allocate_;
     RawFree raw_free_;
+    bool exact_sizes_;
+    std::size_t block_bytes(std::size_t nbytes) const;  // the size class, or nbytes itself
     std::mutex mutex_;
     std::multimap<std::size_t, void*> cache_;  // size class -> block
     int64_t live_ = 0, peak_ = 0, cached_ = 0;

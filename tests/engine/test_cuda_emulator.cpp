@@ -1,17 +1,20 @@
 // The emulator of CUDA's execution model (engine/backend/cuda/emulator.hpp) that runs the CUDA
 // backend's kernels in the test build: indices, shared memory and barriers behave as on a GPU, and
-// a kernel with a barrier removed or with a race gives wrong answers here. Then the backend's
+// a kernel with a barrier removed or with a race is reported here. Then the backend's
 // kernels on the emulated cuda device against the CPU's, on the shapes the op tests do not reach.
 // No gradient check here: this file tests the execution model and kernel values, not an op's
 // derivative; every op's and layer's gradient check runs on this device in its own test
 // (tests/engine/check.hpp, tests/layers/layer_check.hpp).
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
+#include "engine/backend/cuda/mma.hpp"
 #include "engine/ops.hpp"
 
 namespace {
@@ -31,7 +34,7 @@ __global__ void write_indices(int64_t* ids) {
 
 // sums[block] = sum of x over the block's 64 elements, by a tree in shared memory. With
 // `skip_barrier` the barrier after each step of the tree is left out: a thread then reads a
-// partial sum that another thread has not written yet, or has already overwritten.
+// partial sum that another thread writes in the same phase, a race.
 template <bool skip_barrier>
 __global__ void block_sums(const double* x, double* sums) {
     RELGRAD_SHARED(double, partial, 64);
@@ -120,7 +123,7 @@ __global__ void masks_disagree(double* out) {
 }
 
 // out[t] = x[t + 1 within the warp], through shared memory: without __syncwarp between the write
-// and the read, a lane may read its neighbour's slot before the neighbour wrote it
+// and the read, a lane may read its neighbour's slot before the neighbour wrote it (a race)
 template <bool with_syncwarp>
 __global__ void warp_shift_left(const double* x, double* out) {
     RELGRAD_SHARED(double, tile, 32);
@@ -128,6 +131,117 @@ __global__ void warp_shift_left(const double* x, double* out) {
     tile[lane] = x[lane];
     if (with_syncwarp) __syncwarp();
     out[lane] = tile[(lane + 1) % 32];
+}
+// the mistakes: out[t] = x[t + 32] through shared memory, 64 threads, with __syncwarp where
+// __syncthreads is needed; a write one past the end of a shared array
+__global__ void shift_across_warps(const double* x, double* out) {
+    RELGRAD_SHARED(double, tile, 64);
+    const unsigned t = threadIdx.x;
+    tile[t] = x[t];
+    __syncwarp();
+    out[t] = tile[(t + 32) % 64];
+}
+__global__ void write_past_shared(double* out) {
+    RELGRAD_SHARED(double, tile, 32);
+    tile[threadIdx.x + 1] = 1;
+    out[threadIdx.x] = 0;
+}
+
+// --- cp.async: two tiles of 32 doubles staged into shared memory as two batches (double
+// buffering); out[t] = the first tile's x[t + 1] after waiting for all but the newest batch, then
+// the thread's own second-tile element read too early (before its wait), and x[32 + t + 1] after
+// the wait and a barrier. With zfill, each
+// thread copies 16 bytes of which the last 8 are zeros.
+__global__ void staged_tiles(const double* x, double* out) {
+    RELGRAD_DYNAMIC_SHARED(double, tiles);  // [2, 32]
+    const unsigned t = threadIdx.x, next = (t + 1) % 32;
+    __pipeline_memcpy_async(tiles + t, x + t, sizeof(double));
+    __pipeline_commit();
+    __pipeline_memcpy_async(tiles + 32 + t, x + 32 + t, sizeof(double));
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // the first batch has landed, the second may not have
+    __syncthreads();
+    out[t] = tiles[next];
+    out[32 + t] = tiles[32 + t];  // the mistake: the second batch is not waited for yet
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    out[64 + t] = tiles[32 + next];
+}
+__global__ void staged_with_zeros(const double* x, double* out) {
+    RELGRAD_DYNAMIC_SHARED(double, tile);  // [64]: pairs of (x, 0)
+    const unsigned t = threadIdx.x;
+    __pipeline_memcpy_async(tile + 2 * t, x + 2 * t, 2 * sizeof(double), sizeof(double));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    out[2 * t] = tile[2 * t];
+    out[2 * t + 1] = tile[2 * t + 1];
+}
+// the mistakes: a copy never waited for; a copy of 12 bytes; a destination in global memory
+__global__ void copy_never_waited(const double* x, double* out) {
+    RELGRAD_DYNAMIC_SHARED(double, tile);
+    __pipeline_memcpy_async(tile + threadIdx.x, x + threadIdx.x, sizeof(double));
+    __pipeline_commit();
+    out[threadIdx.x] = 0;
+}
+__global__ void copy_of_12_bytes(const double* x, double*) {
+    RELGRAD_DYNAMIC_SHARED(double, tile);
+    __pipeline_memcpy_async(tile, x, 12);
+}
+__global__ void copy_to_global(const double* x, double* out) {
+    __pipeline_memcpy_async(out + threadIdx.x, x + threadIdx.x, sizeof(double));
+}
+
+// --- device memory: out[0] = the sum of x[0, n), reading `extra` elements past its end; and a
+// write of 1 at x[index]
+__global__ void sum_past_end(const double* x, int64_t n, int64_t extra, double* out) {
+    double total = 0;
+    for (int64_t i = 0; i < n + extra; ++i) total += x[i];
+    out[0] = total;
+}
+__global__ void write_at(double* x, int64_t index) { x[index] = 1; }
+
+// --- the tree of block_reduce (cuda_backend.hpp) with the barrier after the step `skipped` left
+// out (blockDim.x: the step's width; 0: none), as reduce_kernel calls it on a row of n: each thread
+// sums its stride of the row, the block combines. out[t] = the total thread t returns.
+template <unsigned skipped>
+__global__ void tree_sum_skipping(const double* x, int64_t n, double* out) {
+    RELGRAD_SHARED(double, partial, relgrad::cuda_emulated::kRowThreads);
+    const unsigned t = threadIdx.x;
+    double value = 0;
+    for (int64_t i = t; i < n; i += blockDim.x) value += x[i];
+    partial[t] = value;
+    if (skipped != blockDim.x) __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) partial[t] = partial[t] + partial[t + half];
+        if (skipped != half) __syncthreads();
+    }
+    out[t] = partial[0];
+}
+
+// --- mma.sync: warp w of the block computes d_w = a_w b_w + c_w for its own tiles, a_w (16 x K),
+// b_w (K x 8), c_w and d_w (16 x 8), row-major one after another in global memory, loading and
+// storing its fragments by mma.hpp's places. `mistake` 1: a lane's A elements 1 and 2 swapped as
+// it loads them; 2: lane 5 leaves before the product.
+template <relgrad::MmaInputs In, int mistake = 0>
+__global__ void warp_tile_product(const float* a, const float* b, const float* c, float* d) {
+    using namespace relgrad;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, K = mma_k(In);
+    a += warp * 16 * K, b += warp * K * 8, c += warp * 16 * 8, d += warp * 16 * 8;
+    float a_values[8], b_values[4], c_fragment[4], d_fragment[4];
+    for (int i = 0; i < mma_a_elements(In); ++i) a_values[i] = a[mma_a_place(In, lane, i).row * K + mma_a_place(In, lane, i).col];
+    for (int i = 0; i < mma_b_elements(In); ++i) b_values[i] = b[mma_b_place(In, lane, i).row * 8 + mma_b_place(In, lane, i).col];
+    for (int i = 0; i < 4; ++i) c_fragment[i] = c[mma_c_place(lane, i).row * 8 + mma_c_place(lane, i).col];
+    if (mistake == 1) std::swap(a_values[1], a_values[2]);
+    if (mistake == 2 && lane == 5) return;
+    uint32_t a_fragment[4], b_fragment[2];
+    for (int r = 0; r < 4; ++r) {
+        a_fragment[r] = In == MmaInputs::tf32 ? tf32_of(a_values[r]) : pack_16_bit(In, a_values[2 * r], a_values[2 * r + 1]);
+    }
+    for (int r = 0; r < 2; ++r) {
+        b_fragment[r] = In == MmaInputs::tf32 ? tf32_of(b_values[r]) : pack_16_bit(In, b_values[2 * r], b_values[2 * r + 1]);
+    }
+    mma_sync<In>(d_fragment, a_fragment, b_fragment, c_fragment);
+    for (int i = 0; i < 4; ++i) d[mma_c_place(lane, i).row * 8 + mma_c_place(lane, i).col] = d_fragment[i];
 }
 
 std::vector<double> iota(int n) {
@@ -149,7 +263,7 @@ TEST_CASE("every thread of a 3-d grid of 3-d blocks runs once with its own indic
     CHECK(ids.back() == 3 + 10 * 1 + 100 * 2 + 1000 * 2 + 10000 * 1 + 100000 * 1);
 }
 
-TEST_CASE("a shared-memory reduction is right with its barriers, and wrong with one removed") {
+TEST_CASE("a shared-memory reduction is right with its barriers, and a race is reported without them") {
     const int blocks = 16;
     const std::vector<double> x = iota(64 * blocks);
     // the kernel's tree on the host: halves added pairwise, 32 + 16 + ... + 1
@@ -166,29 +280,35 @@ TEST_CASE("a shared-memory reduction is right with its barriers, and wrong with 
         launch("block_sums", block_sums<false>, blocks, 64, 0, x.data(), sums.data());
         for (int b = 0; b < blocks; ++b) CHECK(sums[b] == expected[b]);
     }
-    // without the barrier some block sums are wrong, under every seed tried
+    // without the barriers, whatever the order: a thread reads a partial sum another writes in
+    // the same phase
     for (uint64_t seed : {1, 2, 3}) {
         relgrad::cuda_emulator::set_seed(seed);
-        launch("block_sums", block_sums<true>, blocks, 64, 0, x.data(), sums.data());
-        int wrong = 0;
-        for (int b = 0; b < blocks; ++b) wrong += sums[b] != expected[b];
-        CHECK_MESSAGE(wrong > 0, "seed " << seed << ": the missing barrier went unnoticed");
+        CHECK_THROWS_WITH_AS(launch("block_sums", block_sums<true>, blocks, 64, 0, x.data(), sums.data()),
+                             doctest::Contains("a race on byte "), std::logic_error);
     }
 }
 
-TEST_CASE("a race on shared memory gives wrong answers, and the barrier fixes it") {
-    const std::vector<double> x = iota(32);
-    std::vector<double> out(32);
+TEST_CASE("a race on shared memory is reported where it happens, and the barrier fixes it") {
+    const std::vector<double> x = iota(64);
+    std::vector<double> out(64);
     launch("shift_left", shift_left<true>, 1, 32, 0, x.data(), out.data());
     for (int t = 0; t < 32; ++t) CHECK(out[t] == x[(t + 1) % 32]);
+    // a thread reads its neighbour's element before or after the neighbour writes it, by the order
+    // it runs in: either way the pair is reported, under every seed
     for (uint64_t seed : {1, 2, 3}) {
         relgrad::cuda_emulator::set_seed(seed);
-        launch("shift_left", shift_left<false>, 1, 32, 0, x.data(), out.data());
-        int wrong = 0;
-        for (int t = 0; t < 32; ++t) wrong += out[t] != x[(t + 1) % 32];
-        // a thread reads its neighbour before the neighbour runs in about half of the orders
-        CHECK_MESSAGE(wrong > 4, "seed " << seed << ": the race gave " << wrong << " wrong elements");
+        CHECK_THROWS_WITH_AS(launch("shift_left", shift_left<false>, 1, 32, 0, x.data(), out.data()),
+                             doctest::Contains("of static shared memory: thread "), std::logic_error);
     }
+    // __syncwarp orders the lanes of one warp, not two warps
+    CHECK_THROWS_WITH_AS(launch("across_warps", shift_across_warps, 1, 64, 0, x.data(), out.data()),
+                         doctest::Contains("with no __syncthreads() between them"), std::logic_error);
+    // an element past the end of a shared array
+    CHECK_THROWS_WITH_AS(launch("write_past_shared", write_past_shared, 1, 32, 0, out.data()),
+                         "kernel write_past_shared, block (0, 0, 0): thread 31 wrote 8 bytes outside the block's "
+                         "shared memory",
+                         std::logic_error);
 }
 
 TEST_CASE("the order of the threads changes from one barrier to the next and between launches") {
@@ -309,20 +429,220 @@ TEST_CASE("warp mistakes are errors: a missing partner, a lane outside the mask,
                          std::logic_error);
 }
 
+TEST_CASE("mma.sync's fragment places are the PTX ISA's, and each covers its tile once") {
+    using relgrad::MmaInputs;
+    // lane 5: groupID 1, threadID_in_group 1 (PTX ISA, "Matrix Fragments for mma.m16n8k8/k16")
+    const auto is = [](relgrad::TilePlace place, int row, int col) { return place.row == row && place.col == col; };
+    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 1), 9, 1));    // a1: groupID + 8, threadID_in_group
+    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 2), 1, 5));    // a2: groupID, threadID_in_group + 4
+    CHECK(is(relgrad::mma_b_place(MmaInputs::tf32, 5, 1), 5, 1));    // b1: threadID_in_group + 4, groupID
+    CHECK(is(relgrad::mma_a_place(MmaInputs::bfloat16, 5, 3), 9, 3));  // a3: groupID + 8, 2 threadID_in_group + 1
+    CHECK(is(relgrad::mma_a_place(MmaInputs::float16, 5, 6), 9, 10));  // a6: groupID + 8, 2 threadID_in_group + 8
+    CHECK(is(relgrad::mma_b_place(MmaInputs::bfloat16, 5, 3), 11, 1));  // b3: 2 threadID_in_group + 9, groupID
+    CHECK(is(relgrad::mma_c_place(5, 3), 9, 3));                      // c3: groupID + 8, 2 threadID_in_group + 1
+    for (MmaInputs inputs : {MmaInputs::tf32, MmaInputs::bfloat16, MmaInputs::float16}) {
+        const int K = relgrad::mma_k(inputs);
+        std::multiset<int> a_places, b_places, c_places;
+        for (int lane = 0; lane < 32; ++lane) {
+            for (int i = 0; i < relgrad::mma_a_elements(inputs); ++i) {
+                const auto at = relgrad::mma_a_place(inputs, lane, i);
+                a_places.insert(at.row < 16 && at.col < K ? at.row * K + at.col : -1);
+            }
+            for (int i = 0; i < relgrad::mma_b_elements(inputs); ++i) {
+                const auto at = relgrad::mma_b_place(inputs, lane, i);
+                b_places.insert(at.row < K && at.col < 8 ? at.row * 8 + at.col : -1);
+            }
+            for (int i = 0; i < 4; ++i) c_places.insert(relgrad::mma_c_place(lane, i).row * 8 + relgrad::mma_c_place(lane, i).col);
+        }
+        for (int place = 0; place < 16 * K; ++place) CHECK(a_places.count(place) == 1);
+        for (int place = 0; place < K * 8; ++place) CHECK(b_places.count(place) == 1);
+        for (int place = 0; place < 16 * 8; ++place) CHECK(c_places.count(place) == 1);
+    }
+}
+
+TEST_CASE("tf32_of rounds to nearest, ties away from zero, as cvt.rna.tf32.f32") {
+    const auto tf32 = [](float f) { return relgrad::mma_input(relgrad::MmaInputs::tf32, std::array<uint32_t, 1>{relgrad::tf32_of(f)}.data(), 0); };
+    CHECK(tf32(1.0f + std::ldexp(1.0f, -12)) == 1.0f);                            // below half of tf32's step 2^-10
+    CHECK(tf32(1.0f + std::ldexp(1.0f, -11)) == 1.0f + std::ldexp(1.0f, -10));    // a tie, away from zero
+    CHECK(tf32(-1.0f - std::ldexp(1.0f, -11)) == -1.0f - std::ldexp(1.0f, -10));
+    CHECK(tf32(1.0f + 3 * std::ldexp(1.0f, -12)) == 1.0f + std::ldexp(1.0f, -10));
+    CHECK(std::isinf(tf32(INFINITY)));
+    CHECK(std::isnan(tf32(NAN)));
+}
+
+// Tiles for warp_tile_product: entries multiples of 1/4 in [-2, 2], which tf32, bfloat16 and float16
+// hold exactly and whose products and sums float32 holds exactly, so the product is exact.
+struct WarpTiles {
+    std::vector<float> a, b, c, d;
+    std::vector<double> expected;  // a b + c in double
+};
+WarpTiles warp_tiles(relgrad::MmaInputs inputs, int warps, uint64_t seed) {
+    const int K = relgrad::mma_k(inputs);
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> quarters(-8, 8);
+    WarpTiles tiles;
+    const auto fill = [&](std::vector<float>& v, int n) {
+        for (int i = 0; i < n; ++i) v.push_back(quarters(rng) / 4.0f);
+    };
+    fill(tiles.a, warps * 16 * K);
+    fill(tiles.b, warps * K * 8);
+    fill(tiles.c, warps * 16 * 8);
+    tiles.d.assign(tiles.c.size(), NAN);
+    for (int w = 0; w < warps; ++w) {
+        for (int row = 0; row < 16; ++row) {
+            for (int col = 0; col < 8; ++col) {
+                double sum = tiles.c[(w * 16 + row) * 8 + col];
+                for (int k = 0; k < K; ++k) sum += double{tiles.a[(w * 16 + row) * K + k]} * tiles.b[(w * K + k) * 8 + col];
+                tiles.expected.push_back(sum);
+            }
+        }
+    }
+    return tiles;
+}
+
+template <relgrad::MmaInputs In>
+void check_warp_tile_product(const char* name) {
+    WarpTiles tiles = warp_tiles(In, 2, 11);
+    launch(name, warp_tile_product<In>, 1, 64, 0, tiles.a.data(), tiles.b.data(), tiles.c.data(), tiles.d.data());
+    for (std::size_t i = 0; i < tiles.d.size(); ++i) CHECK(tiles.d[i] == tiles.expected[i]);
+    // a lane's A elements in the wrong registers: some elements of D are wrong
+    tiles.d.assign(tiles.c.size(), NAN);
+    launch(name, warp_tile_product<In, 1>, 1, 32, 0, tiles.a.data(), tiles.b.data(), tiles.c.data(), tiles.d.data());
+    int wrong = 0;
+    for (std::size_t i = 0; i < 16 * 8; ++i) wrong += tiles.d[i] != tiles.expected[i];
+    CHECK(wrong > 0);
+}
+
+TEST_CASE("mma.sync: one warp's tile product from the lanes' fragments, exact; a fragment in the wrong register is wrong") {
+    check_warp_tile_product<relgrad::MmaInputs::tf32>("warp_tile_product (tf32)");
+    check_warp_tile_product<relgrad::MmaInputs::bfloat16>("warp_tile_product (bfloat16)");
+    check_warp_tile_product<relgrad::MmaInputs::float16>("warp_tile_product (float16)");
+    // every lane of the warp must come, and a warp must have 32 lanes
+    WarpTiles tiles = warp_tiles(relgrad::MmaInputs::tf32, 1, 12);
+    CHECK_THROWS_WITH_AS(launch("lane_leaves", warp_tile_product<relgrad::MmaInputs::tf32, 2>, 1, 32, 0, tiles.a.data(),
+                                tiles.b.data(), tiles.c.data(), tiles.d.data()),
+                         doctest::Contains("waits at mma.sync.m16n8k8 (tf32) for lanes 5 of its mask, which never reach it"),
+                         std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("half_warp", warp_tile_product<relgrad::MmaInputs::tf32>, 1, 16, 0, tiles.a.data(),
+                                tiles.b.data(), tiles.c.data(), tiles.d.data()),
+                         doctest::Contains("mma.sync.m16n8k8 (tf32): the mask names lanes 16, 17"), std::logic_error);
+}
+
 TEST_CASE("lanes of a warp do not run in lockstep: shared memory between lanes needs __syncwarp") {
     const std::vector<double> x = iota(32);
-    int wrong_without = 0;
-    for (uint64_t seed = 1; seed <= 8; ++seed) {
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
         relgrad::cuda_emulator::set_seed(seed);
         std::vector<double> with(32), without(32);
         launch("warp_shift_left<true>", warp_shift_left<true>, 1, 32, 0, x.data(), with.data());
-        launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data());
-        for (int lane = 0; lane < 32; ++lane) {
-            CHECK(with[lane] == x[(lane + 1) % 32]);
-            if (without[lane] != x[(lane + 1) % 32]) ++wrong_without;
+        for (int lane = 0; lane < 32; ++lane) CHECK(with[lane] == x[(lane + 1) % 32]);
+        CHECK_THROWS_WITH_AS(launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data()),
+                             doctest::Contains("a race on byte "), std::logic_error);
+    }
+}
+
+TEST_CASE("cp.async: a copy lands at the wait that covers it, not before; copies never waited for are errors") {
+    const std::vector<double> x = iota(64);
+    std::vector<double> out(96);
+    for (uint64_t seed : {1, 2, 3}) {
+        relgrad::cuda_emulator::set_seed(seed);
+        launch("staged_tiles", staged_tiles, 1, 32, 64 * sizeof(double), x.data(), out.data());
+        for (int t = 0; t < 32; ++t) {
+            CHECK(out[t] == x[(t + 1) % 32]);
+            CHECK(std::isnan(out[32 + t]));  // shared memory as the block found it: the copy has not landed
+            CHECK(out[64 + t] == x[32 + (t + 1) % 32]);
         }
     }
-    CHECK(wrong_without > 0);
+    launch("staged_with_zeros", staged_with_zeros, 1, 32, 64 * sizeof(double), x.data(), out.data());
+    for (int t = 0; t < 32; ++t) {
+        CHECK(out[2 * t] == x[2 * t]);
+        CHECK(out[2 * t + 1] == 0);
+    }
+    CHECK_THROWS_WITH_AS(launch("copy_never_waited", copy_never_waited, 1, 32, 32 * sizeof(double), x.data(), out.data()),
+                         doctest::Contains("ended with 1 cp.async copies that never landed"), std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("copy_of_12_bytes", copy_of_12_bytes, 1, 1, 32 * sizeof(double), x.data(), out.data()),
+                         "__pipeline_memcpy_async of 12 bytes: copies 4, 8 or 16 bytes", std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("copy_to_global", copy_to_global, 1, 1, 0, x.data(), out.data()),
+                         "__pipeline_memcpy_async of 8 bytes: the destination is not the block's shared memory",
+                         std::logic_error);
+}
+
+TEST_CASE("device memory ends where the tensor ends: a read past it is NaN, a write past it an error") {
+    using namespace relgrad::cuda_emulated;
+    const int64_t n = 5;  // 40 bytes: a size class would have padded it to 64
+    const std::vector<double> x = iota(n);
+    auto* on_device = static_cast<double*>(device_allocate(n * sizeof(double)));
+    auto* out = static_cast<double*>(device_allocate(sizeof(double)));
+    copy_to_device(x.data(), on_device, n * sizeof(double));
+    double total = 0;
+    launch("sum_past_end", sum_past_end, 1, 1, 0, on_device, n, int64_t{0}, out);
+    copy_to_host(out, &total, sizeof(double));
+    CHECK(total == doctest::Approx(x[0] + x[1] + x[2] + x[3] + x[4]));
+    launch("sum_past_end", sum_past_end, 1, 1, 0, on_device, n, int64_t{1}, out);  // one element too many
+    copy_to_host(out, &total, sizeof(double));
+    CHECK(std::isnan(total));
+    CHECK_THROWS_WITH_AS(launch("write_at", write_at, 1, 1, 0, on_device, n),
+                         "kernel write_at: wrote past the end of a device block of 40 bytes (bytes 0 to 7 after its "
+                         "end)",
+                         std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("write_at", write_at, 1, 1, 0, on_device, int64_t{-2}),
+                         "kernel write_at: wrote before the start of a device block of 40 bytes (bytes 9 to 16 "
+                         "before it)",
+                         std::logic_error);
+    // the guard zones were restored: a kernel that stays inside is fine again, and reads past the
+    // end are NaN again
+    launch("write_at", write_at, 1, 1, 0, on_device, n - 1);
+    launch("sum_past_end", sum_past_end, 1, 1, 0, on_device, n, int64_t{1}, out);
+    copy_to_host(out, &total, sizeof(double));
+    CHECK(std::isnan(total));
+    device_free(on_device);
+    device_free(out);
+}
+
+TEST_CASE("block_reduce's tree at row lengths that use every step: a missing barrier at any step is reported") {
+    using namespace relgrad;
+    using cuda_emulated::kRowThreads;
+    using cuda_emulated::row_threads;
+    // a row length for each block size row_threads gives (1 to 128 threads), each a little over it
+    // so that the last thread has a value of its own: 1, 33, 65, 129, ..., 2049
+    std::vector<int64_t> lengths = {1};
+    for (int64_t threads = 2; threads <= kRowThreads; threads *= 2) lengths.push_back(16 * threads + 1);
+    for (int64_t n : lengths) REQUIRE(row_threads(n) == (n == 1 ? 1 : (n - 1) / 16));
+    auto run = [&](auto kernel, int64_t n) {
+        const std::vector<double> x = iota(static_cast<int>(n));
+        std::vector<double> out(row_threads(n));
+        launch("tree_sum_skipping", kernel, 1, row_threads(n), 0, x.data(), n, out.data());
+        double expected = 0;
+        for (double v : x) expected += v;
+        bool right = true;
+        for (double total : out) right = right && total == doctest::Approx(expected).epsilon(1e-13);
+        return right;
+    };
+    // the whole tree is right at every length; with one barrier left out, a race is reported at
+    // the length with 128 threads, which takes every step
+    for (int64_t n : lengths) CHECK(run(tree_sum_skipping<0>, n));
+    const auto race = doctest::Contains("kernel tree_sum_skipping, block (0, 0, 0): a race on byte ");
+    const int64_t longest = lengths.back();
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<128>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<64>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<32>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<16>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<8>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<4>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<2>, longest), race, std::logic_error);
+    CHECK_THROWS_WITH_AS(run(tree_sum_skipping<1>, longest), race, std::logic_error);
+    // the backend's reductions and softmax at those lengths, against the CPU (below: longer rows)
+    for (int64_t n : lengths) {
+        Generator gen(static_cast<uint64_t>(n));
+        const Tensor x = randn({2, n}, gen, DType::float64);
+        const std::vector<double> sums = sum(x.to(Device::cuda), {1}).to_vector(), expected = sum(x, {1}).to_vector();
+        const std::vector<double> maxes = max(x.to(Device::cuda), {1}).to_vector(), top = max(x, {1}).to_vector();
+        const std::vector<double> soft = softmax(x.to(Device::cuda), 1).to_vector(), cpu = softmax(x, 1).to_vector();
+        for (int r = 0; r < 2; ++r) {
+            CHECK(sums[r] == doctest::Approx(expected[r]).epsilon(1e-12));
+            CHECK(maxes[r] == top[r]);
+        }
+        for (std::size_t i = 0; i < soft.size(); ++i) CHECK(soft[i] == doctest::Approx(cpu[i]).epsilon(1e-12));
+    }
 }
 
 // ---------------------------------------------------------------- the backend on the emulated device
@@ -381,15 +701,16 @@ TEST_CASE("the cuda device's caching allocator: its own memory_stats, freed bloc
     const MemoryStats before = memory_stats(Device::cuda);
     const MemoryStats cpu_before = memory_stats(Device::cpu);
     {
-        const Tensor x = zeros({100}, DType::float32, Device::cuda);  // 400 bytes, a block of 448
+        // 400 bytes, a block of exactly 400: the emulator's blocks end where their tensors do
+        const Tensor x = zeros({100}, DType::float32, Device::cuda);
         CHECK(memory_stats(Device::cuda).live_bytes == before.live_bytes + 400);
         CHECK(memory_stats(Device::cpu).live_bytes == cpu_before.live_bytes);
     }
     const MemoryStats freed = memory_stats(Device::cuda);
     CHECK(freed.live_bytes == before.live_bytes);
-    CHECK(freed.cached_bytes >= 448);  // small blocks are cached too
+    CHECK(freed.cached_bytes >= 400);  // small blocks are cached too
     const Tensor again = zeros({100}, DType::float32, Device::cuda);
-    CHECK(memory_stats(Device::cuda).cached_bytes == freed.cached_bytes - 448);  // the same block again
+    CHECK(memory_stats(Device::cuda).cached_bytes == freed.cached_bytes - 400);  // the same block again
 }
 
 TEST_CASE("the fused attention on cuda needs memory linear in L") {

@@ -22,8 +22,9 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 std::string unusable_reason() { return ""; }
 int multiprocessor_count() { return 1; }  // a small device: grids of a few blocks
-void* device_allocate(std::size_t nbytes) { return std::aligned_alloc(256, (nbytes + 255) / 256 * 256); }
-void device_free(void* block) { std::free(block); }
+void* device_allocate(std::size_t nbytes) { return cuda_emulator::allocate_device_memory(nbytes); }
+void device_free(void* block) { cuda_emulator::free_device_memory(block); }
+constexpr bool kExactSizes = true;  // a block ends where its tensor ends: a read past it meets a guard zone
 void copy_to_device(const void* host, void* device, std::size_t nbytes) {
     if (nbytes) std::memcpy(device, host, nbytes);
 }
@@ -68,6 +69,7 @@ void* device_allocate(std::size_t nbytes) {
     return block;
 }
 void device_free(void* block) { check(cudaFree(block), "cudaFree"); }
+constexpr bool kExactSizes = false;  // the caching allocator's size classes
 void copy_to_device(const void* host, void* device, std::size_t nbytes) {
     if (nbytes) check(cudaMemcpy(device, host, nbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
@@ -92,7 +94,7 @@ CudaBackend& cuda_backend() {
 Backend& gpu_backend() { return cuda_backend(); }
 
 // A Layout holds kMaxDims dims: Backend refuses an operand of more before any kernel sees it.
-CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free) {}
+CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, kExactSizes) {}
 
 void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nbytes) {
     copy_to_device(host, device, nbytes);

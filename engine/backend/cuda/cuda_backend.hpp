@@ -119,12 +119,15 @@ inline unsigned row_threads(int64_t n) {
 // (so the same inputs give bitwise the same result): blockDim.x a power of two, partial a
 // shared array (RELGRAD_SHARED) of blockDim.x values. Every thread of the block must call it.
 template <class A, class Combine>
-__device__ A block_reduce(A value, A* partial, Combine combine) {
+__device__ A block_reduce(A value, Shared<A> partial, Combine combine) {
     const unsigned t = threadIdx.x;
     partial[t] = value;
     __syncthreads();
     for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] = combine(partial[t], partial[t + half]);
+        if (t < half) {
+            const A mine = partial[t], other = partial[t + half];
+            partial[t] = combine(mine, other);
+        }
         __syncthreads();
     }
     const A total = partial[0];

@@ -2,6 +2,8 @@
 // by a dozen instructions of x86-64 assembly, run phase by phase between barriers in shuffled order.
 #include "engine/backend/cuda/emulator.hpp"
 
+#include "engine/backend/cuda/mma.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +93,21 @@ struct Fiber {
     int shuffle_operand = 0;
     uint64_t warp_value = 0, warp_result = 0;
     std::string warp_error;  // thrown by the lane when it goes on
+    // cp.async: the copies issued and not landed, in batches (the last one not yet committed)
+    struct AsyncCopy {
+        void* destination;
+        const void* source;
+        std::size_t copied, zeroed;
+    };
+    std::vector<std::vector<AsyncCopy>> async_batches;
+    // at mma.sync: the lane's fragments
+    struct MmaFragments {
+        MmaInputs inputs;
+        const uint32_t *a, *b;
+        const float* c;
+        float* d;
+    };
+    MmaFragments mma{};
 };
 
 // One block in flight on this OS thread: its fibers and the scheduler's saved stack pointer.
@@ -106,6 +123,20 @@ struct Block {
     std::unique_ptr<unsigned char[]> static_shared{new unsigned char[kMaxStaticSharedBytes]};
     std::vector<std::pair<const void*, std::size_t>> static_offsets;  // (tag, offset)
     std::size_t static_used = 0;
+    // The race check (note_shared_access): each byte of shared memory's last write and its reads in
+    // the current phase. A phase is a serial number, new at each block's start and each opened
+    // barrier (so entries of earlier phases and blocks never match and need no clearing); a warp's
+    // epoch counts the warp-scoped points it has passed in this block.
+    struct ByteAccesses {
+        uint64_t write_phase = 0, read_phase = 0;
+        uint32_t writer = 0, write_epoch = 0;
+        uint32_t first_reader = 0, other_reader = 0, reader_in_other_warp = 0, read_epoch = 0;
+        bool several_readers = false, readers_in_two_warps = false;
+    };
+    std::vector<ByteAccesses> dynamic_accesses, static_accesses;
+    uint64_t phase = 0;
+    std::vector<uint32_t> warp_epochs;
+    const char* kernel = nullptr;
 #ifdef RELGRAD_ASAN
     const void* scheduler_stack_bottom = nullptr;
     std::size_t scheduler_stack_size = 0;
@@ -135,6 +166,47 @@ uint64_t seed = 0x5eed;
 std::mutex opt_in_mutex;
 std::map<KernelAddress, std::size_t> opted_in_shared_bytes;
 thread_local uint64_t launches = 0;
+thread_local uint64_t phases = 0;  // the serial numbers of Block::phase
+
+// ---------------------------------------------------------------- device memory
+//
+// A block of n bytes: kGuardBytes of guard zone, the n bytes (aligned to 256, as cudaMalloc's), and
+// guard zone to the next 256 bytes past another kGuardBytes. Every byte starts as 0xff; a guard
+// byte that is not 0xff after a launch was written by it.
+constexpr unsigned char kFill = 0xff;
+std::mutex device_blocks_mutex;
+std::map<unsigned char*, std::size_t> device_blocks;  // start -> bytes asked for
+
+std::size_t after_zone_bytes(std::size_t nbytes) { return (nbytes + 2 * kGuardBytes + 255) / 256 * 256 - nbytes - kGuardBytes; }
+
+// The first and one past the last byte of [zone, zone + bytes) that is not kFill (first == last: none).
+std::pair<std::size_t, std::size_t> written_range(const unsigned char* zone, std::size_t bytes) {
+    std::size_t first = 0, last = bytes;
+    while (first < bytes && zone[first] == kFill) ++first;
+    while (last > first && zone[last - 1] == kFill) --last;
+    return {first, last};
+}
+
+// Throws, naming `kernel`, when it wrote into a guard zone (report), restoring every zone either way.
+void check_guard_zones(const char* kernel, bool report) {
+    std::string error;
+    const std::lock_guard<std::mutex> lock(device_blocks_mutex);
+    for (const auto& [start, nbytes] : device_blocks) {
+        const auto [after_first, after_last] = written_range(start + nbytes, after_zone_bytes(nbytes));
+        const auto [before_first, before_last] = written_range(start - kGuardBytes, kGuardBytes);
+        if (error.empty() && after_first != after_last) {
+            error = "wrote past the end of a device block of " + std::to_string(nbytes) + " bytes (bytes " +
+                    std::to_string(after_first) + " to " + std::to_string(after_last - 1) + " after its end)";
+        } else if (error.empty() && before_first != before_last) {
+            error = "wrote before the start of a device block of " + std::to_string(nbytes) + " bytes (bytes " +
+                    std::to_string(kGuardBytes - before_last + 1) + " to " + std::to_string(kGuardBytes - before_first) +
+                    " before it)";
+        }
+        std::memset(start - kGuardBytes, kFill, kGuardBytes);
+        std::memset(start + nbytes, kFill, after_zone_bytes(nbytes));
+    }
+    if (report && !error.empty()) throw std::logic_error(std::string("kernel ") + kernel + ": " + error);
+}
 
 // AddressSanitizer must be told of every switch between stacks (its fake stacks and bounds).
 #ifdef RELGRAD_ASAN
@@ -232,6 +304,34 @@ std::string lane_list(unsigned mask) {
     return out;
 }
 
+// mma.sync for one warp whose 32 lanes all wait at it: A (16 x K), B (K x 8) and C (16 x 8)
+// assembled from the lanes' fragments by the PTX ISA's layouts (mma.hpp), then each lane's
+// D = A B + C elements written, summed in double and rounded to float once.
+void multiply_accumulate(Fiber* const* lanes) {
+    const MmaInputs inputs = lanes[0]->mma.inputs;
+    double a[16][16], b[16][8], c[16][8];
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+        const Fiber::MmaFragments& own = lanes[lane]->mma;
+        for (int i = 0; i < mma_a_elements(inputs); ++i) {
+            const TilePlace at = mma_a_place(inputs, lane, i);
+            a[at.row][at.col] = mma_input(inputs, own.a, i);
+        }
+        for (int i = 0; i < mma_b_elements(inputs); ++i) {
+            const TilePlace at = mma_b_place(inputs, lane, i);
+            b[at.row][at.col] = mma_input(inputs, own.b, i);
+        }
+        for (int i = 0; i < 4; ++i) c[mma_c_place(lane, i).row][mma_c_place(lane, i).col] = own.c[i];
+    }
+    for (int lane = 0; lane < kWarpSize; ++lane) {  // after every C is read: a lane's d may be its c
+        for (int i = 0; i < 4; ++i) {
+            const TilePlace at = mma_c_place(lane, i);
+            double sum = c[at.row][at.col];
+            for (int k = 0; k < mma_k(inputs); ++k) sum += a[at.row][k] * b[k][at.col];
+            lanes[lane]->mma.d[i] = static_cast<float>(sum);
+        }
+    }
+}
+
 // Lets every warp whose lanes of the mask all wait at the same warp point go on, with what each
 // lane reads; returns whether one went on. A lane of the mask that is not there yet holds its warp.
 // Lanes at one point with other masks or other operations, or a lane that reads a lane outside the
@@ -272,6 +372,9 @@ bool release_warps(Block& block) {
             }
             fiber.state = Fiber::State::runnable;
         }
+        ++block.warp_epochs[first / kWarpSize];
+        const bool agreed = std::none_of(lanes, lanes + kWarpSize, [&](const Fiber* f) { return f && !f->warp_error.empty(); });
+        if (leader.mma.d && agreed) multiply_accumulate(lanes);
         released = true;
     }
     return released;
@@ -284,8 +387,13 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
     std::vector<Fiber*> order;
     for (Fiber& fiber : block.fibers) {
         fiber.state = Fiber::State::not_started;
+        fiber.async_batches.assign(1, {});
         order.push_back(&fiber);
     }
+    block.kernel = kernel;
+    block.phase = ++phases;
+    block.warp_epochs.assign((block.fibers.size() + kWarpSize - 1) / kWarpSize, 0);
+    if (block.dynamic_accesses.size() < block.dynamic_shared.size()) block.dynamic_accesses.resize(block.dynamic_shared.size());
     const auto fail = [&](const std::string& what) {
         // threads waiting at a barrier are dropped where they stand; their stacks are kept
         for (Fiber* fiber : order) {
@@ -323,12 +431,24 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
         }
         const auto waiting = static_cast<std::size_t>(std::count_if(
             order.begin(), order.end(), [](const Fiber* f) { return f->state == Fiber::State::at_barrier; }));
-        if (waiting == 0) return;
+        if (waiting == 0) {
+            for (const Fiber* fiber : order) {
+                std::size_t never_landed = 0;
+                for (const auto& batch : fiber->async_batches) never_landed += batch.size();
+                if (never_landed) {
+                    fail("thread " + std::to_string(fiber->linear) + " ended with " + std::to_string(never_landed) +
+                         " cp.async copies that never landed (no __pipeline_commit and __pipeline_wait_prior "
+                         "covering them)");
+                }
+            }
+            return;
+        }
         if (waiting != order.size()) {
             fail(std::to_string(waiting) + " of " + std::to_string(order.size()) +
                  " threads of a block wait at __syncthreads() that the others never reach");
         }
         for (Fiber* fiber : order) fiber->state = Fiber::State::runnable;  // the barrier opens
+        block.phase = ++phases;
     }
 }
 
@@ -400,14 +520,38 @@ void run_grid(const char* kernel, KernelAddress address, dim3 grid, dim3 block, 
     struct Leave {  // the thread is outside any kernel again, however the launch ends
         ~Leave() { running_block = nullptr; }
     } leave;
-    for (uint64_t b : block_order) {
-        blockIdx = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
-                        static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y)));
-        state.dynamic_shared.assign(dynamic_shared_bytes, 0xff);
-        state.static_offsets.clear();  // each array is filled with 0xff as a thread first asks for it
-        state.static_used = 0;
-        run_block(kernel, state, orders);
+    try {
+        for (uint64_t b : block_order) {
+            blockIdx = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                            static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y)));
+            state.dynamic_shared.assign(dynamic_shared_bytes, kFill);
+            state.static_offsets.clear();  // each array is filled with 0xff as a thread first asks for it
+            state.static_used = 0;
+            run_block(kernel, state, orders);
+        }
+    } catch (...) {
+        check_guard_zones(kernel, false);  // the kernel's own error is the one to report
+        throw;
     }
+    check_guard_zones(kernel, true);
+}
+
+void* allocate_device_memory(std::size_t nbytes) {
+    const std::size_t total = kGuardBytes + nbytes + after_zone_bytes(nbytes);
+    auto* raw = static_cast<unsigned char*>(std::aligned_alloc(256, total));
+    if (!raw) return nullptr;
+    std::memset(raw, kFill, total);
+    const std::lock_guard<std::mutex> lock(device_blocks_mutex);
+    device_blocks.emplace(raw + kGuardBytes, nbytes);
+    return raw + kGuardBytes;
+}
+
+void free_device_memory(void* block) {
+    {
+        const std::lock_guard<std::mutex> lock(device_blocks_mutex);
+        device_blocks.erase(static_cast<unsigned char*>(block));
+    }
+    std::free(static_cast<unsigned char*>(block) - kGuardBytes);
 }
 
 void* dynamic_shared_memory() {
@@ -426,7 +570,7 @@ void* static_shared_memory(const void* tag, std::size_t bytes, std::size_t align
         throw std::logic_error("a block's static shared memory exceeds " + std::to_string(kMaxStaticSharedBytes) +
                                " bytes");
     }
-    std::memset(block.static_shared.get() + offset, 0xff, bytes);
+    std::memset(block.static_shared.get() + offset, kFill, bytes);
     block.static_offsets.emplace_back(tag, offset);
     block.static_used = offset + bytes;
     return block.static_shared.get() + offset;
@@ -472,8 +616,133 @@ uint64_t warp_point(const char* op, unsigned mask, uint64_t value, ShuffleKind k
     return lane.warp_result;
 }
 
+void note_shared_access(const void* address, std::size_t bytes, bool write) {
+    if (!running_block || !running_block->current) throw std::logic_error("a shared-memory access outside a kernel");
+    Block& block = *running_block;
+    const auto* first = static_cast<const unsigned char*>(address);
+    const unsigned char* dynamic_start = block.dynamic_shared.data();
+    const unsigned char* static_start = block.static_shared.get();
+    const uint32_t me = static_cast<uint32_t>(block.current->linear), my_warp = me / kWarpSize;
+    const auto describe = [&](uint32_t thread) { return "thread " + std::to_string(thread); };
+    const auto fail = [&](const std::string& what) {
+        throw std::logic_error(std::string("kernel ") + block.kernel + ", block (" + std::to_string(blockIdx.x) + ", " +
+                               std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) + "): " + what);
+    };
+    Block::ByteAccesses* accesses = nullptr;
+    std::string region;
+    std::size_t offset = 0;
+    if (first >= dynamic_start && first + bytes <= dynamic_start + block.dynamic_shared.size()) {
+        offset = static_cast<std::size_t>(first - dynamic_start);
+        accesses = block.dynamic_accesses.data() + offset;
+        region = "dynamic";
+    } else if (first >= static_start && first + bytes <= static_start + block.static_used) {
+        offset = static_cast<std::size_t>(first - static_start);
+        if (block.static_accesses.size() < block.static_used) block.static_accesses.resize(block.static_used);
+        accesses = block.static_accesses.data() + offset;
+        region = "static";
+    } else {
+        fail(describe(me) + (write ? " wrote " : " read ") + std::to_string(bytes) +
+             " bytes outside the block's shared memory");
+    }
+    const uint32_t epoch = block.warp_epochs[my_warp];
+    // another thread's access is ordered before mine by a barrier (another phase), or, for a lane of
+    // my warp, by a warp-scoped point since
+    const auto unordered = [&](uint32_t other, uint32_t other_epoch) {
+        return other != me && !(other / kWarpSize == my_warp && other_epoch != epoch);
+    };
+    const auto race = [&](uint32_t other, const char* other_did, std::size_t byte) {
+        fail("a race on byte " + std::to_string(offset + byte) + " of " + region + " shared memory: " + describe(other) +
+             " " + other_did + " it and " + describe(me) + (write ? " wrote" : " read") +
+             " it with no __syncthreads() between them (nor, for lanes of one warp, a warp-scoped point)");
+    };
+    for (std::size_t byte = 0; byte < bytes; ++byte) {
+        Block::ByteAccesses& a = accesses[byte];
+        if (a.write_phase == block.phase && unordered(a.writer, a.write_epoch)) race(a.writer, "wrote", byte);
+        if (write) {
+            if (a.read_phase == block.phase) {  // a read by another thread not ordered before this write?
+                if (a.first_reader / kWarpSize != my_warp) race(a.first_reader, "read", byte);
+                if (a.readers_in_two_warps) race(a.reader_in_other_warp, "read", byte);
+                if (a.read_epoch == epoch && (a.first_reader != me || a.several_readers)) {
+                    race(a.first_reader != me ? a.first_reader : a.other_reader, "read", byte);
+                }
+            }
+            a.write_phase = block.phase;
+            a.writer = me;
+            a.write_epoch = epoch;
+        } else if (a.read_phase != block.phase) {
+            a = {a.write_phase, block.phase, a.writer, a.write_epoch, me, me, me, epoch, false, false};
+        } else {
+            if (me != a.first_reader && !a.several_readers) a.several_readers = true, a.other_reader = me;
+            if (my_warp != a.first_reader / kWarpSize && !a.readers_in_two_warps) {
+                a.readers_in_two_warps = true, a.reader_in_other_warp = me;
+            }
+            if (my_warp == a.first_reader / kWarpSize) a.read_epoch = epoch;
+        }
+    }
+}
+
+void mma_sync_point(MmaInputs inputs, float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+    const char* op = inputs == MmaInputs::tf32       ? "mma.sync.m16n8k8 (tf32)"
+                     : inputs == MmaInputs::bfloat16 ? "mma.sync.m16n8k16 (bfloat16)"
+                                                     : "mma.sync.m16n8k16 (float16)";
+    if (!running_block || !running_block->current) throw std::logic_error(std::string(op) + " outside a kernel");
+    Fiber& lane = *running_block->current;
+    lane.mma = {inputs, a, b, c, d};
+    struct Clear {  // the fragments are the lane's only while it waits
+        Fiber& lane;
+        ~Clear() { lane.mma = {}; }
+    } clear{lane};
+    warp_point(op, ~0u, 0, ShuffleKind::none, 0);  // all 32 lanes, as .aligned requires
+}
+
 }  // namespace cuda_emulator
 }  // namespace relgrad
+
+namespace {
+relgrad::cuda_emulator::Fiber& pipeline_thread(const char* op) {
+    using namespace relgrad::cuda_emulator;
+    if (!running_block || !running_block->current) throw std::logic_error(std::string(op) + " outside a kernel");
+    return *running_block->current;
+}
+}  // namespace
+
+void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align, std::size_t zfill) {
+    using namespace relgrad::cuda_emulator;
+    Fiber& thread = pipeline_thread("__pipeline_memcpy_async");
+    const std::string op = "__pipeline_memcpy_async of " + std::to_string(size_and_align) + " bytes: ";
+    if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {
+        throw std::logic_error(op + "copies 4, 8 or 16 bytes");
+    }
+    if (zfill > size_and_align) throw std::logic_error(op + "zfill " + std::to_string(zfill) + " is more than the copy");
+    if (reinterpret_cast<uintptr_t>(dst_shared) % size_and_align || reinterpret_cast<uintptr_t>(src_global) % size_and_align) {
+        throw std::logic_error(op + "an address not aligned to the copy's size");
+    }
+    const Block& block = *running_block;
+    const auto* destination = static_cast<const unsigned char*>(dst_shared);
+    const auto inside = [&](const unsigned char* begin, std::size_t bytes) {
+        return destination >= begin && destination + size_and_align <= begin + bytes;
+    };
+    if (!inside(block.dynamic_shared.data(), block.dynamic_shared.size()) &&
+        !inside(block.static_shared.get(), block.static_used)) {
+        throw std::logic_error(op + "the destination is not the block's shared memory");
+    }
+    thread.async_batches.back().push_back({dst_shared, src_global, size_and_align - zfill, zfill});
+}
+
+void __pipeline_commit() { pipeline_thread("__pipeline_commit").async_batches.emplace_back(); }
+
+void __pipeline_wait_prior(std::size_t prior) {
+    auto& batches = pipeline_thread("__pipeline_wait_prior").async_batches;
+    // batches.back() is the open one; the committed ones before it land, oldest first, but `prior`
+    while (batches.size() - 1 > prior) {
+        for (const auto& copy : batches.front()) {
+            relgrad::cuda_emulator::note_shared_access(copy.destination, copy.copied + copy.zeroed, true);
+            std::memcpy(copy.destination, copy.source, copy.copied);
+            std::memset(static_cast<unsigned char*>(copy.destination) + copy.copied, 0, copy.zeroed);
+        }
+        batches.erase(batches.begin());
+    }
+}
 
 void __syncwarp(unsigned mask) {
     relgrad::cuda_emulator::warp_point("__syncwarp", mask, 0, relgrad::cuda_emulator::ShuffleKind::none, 0);

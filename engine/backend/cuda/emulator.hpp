@@ -14,17 +14,28 @@
 // handed to the next one to start), on the launching OS thread. Between two barriers, the threads run
 // one after another to the next barrier, in an order drawn afresh for every phase (and the blocks
 // in a shuffled order). So a kernel that reads shared memory another thread writes without a
-// barrier in between reads it before the write in some orders and after it in others: a missing
-// barrier or a race gives wrong answers (tests/engine/test_cuda_emulator.cpp shows both caught).
+// barrier in between reads it before the write in some orders and after it in others; and such a
+// race on shared memory is reported as it happens (Shared<T>, below; tests/engine/
+// test_cuda_emulator.cpp shows races and missing barriers caught).
 // A barrier that some threads of a block skip, or a thread that exits while others wait at one,
 // is an error (CUDA leaves it undefined).
+//
+// Device memory (allocate_device_memory) is host memory laid out as a GPU's is not: each block
+// begins and ends where its tensor does, between guard zones of kGuardBytes, and is filled with
+// 0xff bytes as it is allocated. A read past a tensor's end (or before its start) reads NaN, which
+// shows in every result it reaches; a write there is reported when the launch ends, naming the
+// kernel (what compute-sanitizer's memcheck reports on a GPU).
 //
 // Warps: __syncwarp and the __shfl_*_sync shuffles are warp-scoped barriers of their own (below);
 // between two of them the lanes run one after another like the threads between block barriers, so
 // code that leans on lanes running in lockstep without them shows as a race.
 //
+// cp.async (below): a copy lands in shared memory only at the wait that covers it. mma.sync
+// (mma.hpp): the warp's tiles are assembled from the lanes' fragments as the PTX ISA lays them out.
+//
 // What it cannot show: timing, memory coalescing, bank conflicts, real concurrency between blocks
-// (they run one at a time), atomics (relgrad's kernels use none). docs/backends.md says more.
+// (they run one at a time), atomics (relgrad's kernels use none), the tensor cores' rounding.
+// docs/backends.md says more.
 #pragma once
 
 #include <cstddef>
@@ -102,6 +113,82 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
     return shuffle("__shfl_xor_sync", mask, var, ShuffleKind::xor_lanes, lane_mask, width);
 }
 
+// Shared memory is reached through Shared<T> (runtime.hpp): T* on a GPU; here a pointer each of
+// whose element accesses is noted (note_shared_access), so that a race is reported where it
+// happens: two threads of a block that access one byte in one phase (no __syncthreads() between
+// them, nor, for two lanes of one warp, a warp-scoped point), at least one of them writing. That is
+// what compute-sanitizer's racecheck reports on a GPU. An access outside the block's shared memory
+// is an error too.
+namespace relgrad {
+namespace cuda_emulator {
+void note_shared_access(const void* address, std::size_t bytes, bool write);
+
+// An element of shared memory: reading it (as a T) and writing it are noted.
+template <class T>
+class SharedElement {
+public:
+    explicit SharedElement(T* address) : address_(address) {}
+    operator T() const {
+        note_shared_access(address_, sizeof(T), false);
+        return *address_;
+    }
+    SharedElement& operator=(const T& value) {
+        note_shared_access(address_, sizeof(T), true);
+        *address_ = value;
+        return *this;
+    }
+    SharedElement& operator=(const SharedElement& other) { return *this = static_cast<T>(other); }
+    SharedElement& operator+=(const T& value) { return *this = static_cast<T>(*this) + value; }
+    SharedElement& operator-=(const T& value) { return *this = static_cast<T>(*this) - value; }
+    SharedElement& operator*=(const T& value) { return *this = static_cast<T>(*this) * value; }
+
+private:
+    T* address_;
+};
+
+template <class T>
+class SharedPointer {
+public:
+    SharedPointer(T* address) : address_(address) {}  // implicit, as a shared array decays to T*
+    SharedElement<T> operator*() const { return SharedElement<T>(address_); }
+    SharedElement<T> operator[](int64_t i) const { return SharedElement<T>(address_ + i); }
+    SharedPointer operator+(int64_t i) const { return address_ + i; }
+    T* address() const { return address_; }  // not noted: for cp.async, which notes its own write
+
+private:
+    T* address_;
+};
+}  // namespace cuda_emulator
+}  // namespace relgrad
+
+// cp.async, as CUDA's pipeline primitives (cuda_pipeline_primitives.h) give it: a thread's copy of
+// size_and_align bytes (4, 8 or 16, both addresses aligned to it) from global to shared memory, its
+// last zfill bytes zeros instead, is only issued; __pipeline_commit closes the thread's batch of
+// copies issued since the last one, and __pipeline_wait_prior(n) lands all of the thread's committed
+// batches but the newest n. Until it lands, the shared memory a copy writes keeps what it held (NaN
+// in a fresh block): a kernel that reads a tile before its wait reads that. A copy that never lands
+// (its batch not waited for, or never committed) is an error when the block ends; so is a
+// destination outside the block's shared memory.
+void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
+                             std::size_t zfill = 0);
+template <class T>
+void __pipeline_memcpy_async(relgrad::cuda_emulator::SharedPointer<T> dst_shared, const void* src_global,
+                             std::size_t size_and_align, std::size_t zfill = 0) {
+    __pipeline_memcpy_async(static_cast<void*>(dst_shared.address()), src_global, size_and_align, zfill);
+}
+void __pipeline_commit();
+void __pipeline_wait_prior(std::size_t prior);
+
+namespace relgrad {
+enum class MmaInputs;  // mma.hpp
+namespace cuda_emulator {
+// mma.sync (mma.hpp): a warp-scoped point of all 32 lanes, each with its fragments (on its own stack,
+// read while the warp waits); when the last lane comes, the tiles are assembled from the
+// fragments by the PTX ISA's layouts, multiplied, and each lane's d written.
+void mma_sync_point(MmaInputs inputs, float* d, const uint32_t* a, const uint32_t* b, const float* c);
+}  // namespace cuda_emulator
+}  // namespace relgrad
+
 // CUDA's qualifiers: kernels and device functions are plain host functions. __shared__ is left
 // undefined, so that a kernel declares its shared memory with RELGRAD_SHARED (runtime.hpp).
 #define __global__
@@ -126,6 +213,12 @@ void run_grid(const char* kernel, KernelAddress address, dim3 grid, dim3 block, 
 // at `address` launch with up to `bytes` of dynamic shared memory (CUDA allows 48 KiB to a kernel
 // that has not opted in); more than kMaxOptInDynamicSharedBytes is refused, as CUDA refuses it.
 void set_max_dynamic_shared_bytes(const char* kernel, KernelAddress address, std::size_t bytes);
+
+// The emulated device's memory (see the top of this file): nullptr when the host is out of memory.
+// A launch that wrote into a guard zone throws std::logic_error when it ends, the zone restored.
+void* allocate_device_memory(std::size_t nbytes);
+void free_device_memory(void* block);
+constexpr std::size_t kGuardBytes = 256;
 
 // The running block's dynamic shared memory (RELGRAD_DYNAMIC_SHARED).
 void* dynamic_shared_memory();

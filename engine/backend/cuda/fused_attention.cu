@@ -92,9 +92,10 @@ __device__ T bias_of(const Problem& p, const T* bias, int64_t bh, int64_t i, int
     return bias ? bias[(bh % p.H) * p.bias_stride + distance_entry(i, j, p.Lq)] : T(0);
 }
 
-template <class T>
-__device__ T dot(const T* x, const T* y, int64_t n) {
-    T total(0);
+// x and y: pointers into global, shared or a thread's own memory
+template <class X, class Y>
+__device__ auto dot(X x, Y y, int64_t n) {
+    decltype(x[0] * y[0]) total(0);
     for (int64_t d = 0; d < n; ++d) total += x[d] * y[d];
     return total;
 }
@@ -102,7 +103,7 @@ __device__ T dot(const T* x, const T* y, int64_t n) {
 // rows [first, first + count) of a [*, Dh] matrix into shared memory (zeros past `end`), by all
 // the threads of the block
 template <class T>
-__device__ void load_tile(T* tile, const T* matrix, int64_t first, int64_t count, int64_t end, int64_t Dh) {
+__device__ void load_tile(Shared<T> tile, const T* matrix, int64_t first, int64_t count, int64_t end, int64_t Dh) {
     for (int64_t e = threadIdx.x; e < count * Dh; e += blockDim.x) {
         const int64_t row = first + e / Dh;
         tile[e] = row < end ? matrix[row * Dh + e % Dh] : T(0);
@@ -113,8 +114,8 @@ template <class T>
 __global__ void forward_kernel(Problem p, const T* q, const T* k, const T* v, const T* qe, const T* table_v,
                                int64_t table_stride, const T* bias, T scale, int64_t key_tile, T* w, T* z, T* lse) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
-    T* keys = shared;                      // [key_tile, Dh]
-    T* values = shared + key_tile * p.Dh;  // [key_tile, Dh]
+    const Shared<T> keys = shared;                      // [key_tile, Dh]
+    const Shared<T> values = shared + key_tile * p.Dh;  // [key_tile, Dh]
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kTileRows, i = i0 + threadIdx.x;
     const bool active = i < p.Lq;
     const int64_t row = bh * p.Lq + i;
@@ -175,8 +176,8 @@ __global__ void query_gradients_kernel(Problem p, const T* q, const T* k, const 
                                        const T* dz, const T* qe, const T* g, const T* bias, T scale, int64_t key_tile,
                                        T* dq, T* p_sums, T* s_sums, T* d_rows) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
-    T* keys = shared;
-    T* values = shared + key_tile * p.Dh;
+    const Shared<T> keys = shared;
+    const Shared<T> values = shared + key_tile * p.Dh;
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kTileRows, i = i0 + threadIdx.x;
     const int64_t row = bh * p.Lq + i;
     const bool active = i < p.Lq && lse[row] > -std::numeric_limits<T>::infinity();  // sees some key
@@ -225,8 +226,8 @@ __global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T*
                                      const T* qe, const T* g, const T* d_rows, const T* bias, T scale,
                                      int64_t query_tile, T* dk, T* dv) {
     RELGRAD_DYNAMIC_SHARED(T, shared);
-    T* queries = shared;                           // [query_tile, Dh]
-    T* output_grads = shared + query_tile * p.Dh;  // [query_tile, Dh]
+    const Shared<T> queries = shared;                           // [query_tile, Dh]
+    const Shared<T> output_grads = shared + query_tile * p.Dh;  // [query_tile, Dh]
     const int64_t bh = blockIdx.y, j0 = int64_t{blockIdx.x} * kTileRows, j = j0 + threadIdx.x;
     const bool active = j < p.Lk;
     const int64_t row = bh * p.Lk + j;
@@ -250,8 +251,8 @@ __global__ void key_gradients_kernel(Problem p, const T* q, const T* k, const T*
             const int64_t i = i0 + t, query_row = bh * p.Lq + i;
             if (!(lse[query_row] > -std::numeric_limits<T>::infinity()) || !p.visible(bh, i, j)) continue;
             const int64_t r = p.K ? p.bucket(i, j) : 0;
-            const T* qi = queries + t * p.Dh;
-            const T* dzi = output_grads + t * p.Dh;
+            const Shared<T> qi = queries + t * p.Dh;
+            const Shared<T> dzi = output_grads + t * p.Dh;
             const T s =
                 scale * (dot(qi, kj, p.Dh) + (p.K ? qe[query_row * p.K + r] : T(0))) + bias_of(p, bias, bh, i, j);
             const T prob = exp(s - lse[query_row]);

@@ -22,13 +22,15 @@
 #include <tuple>
 #include "engine/backend/cuda/emulator.hpp"
 #define RELGRAD_CUDA_NAMESPACE cuda_emulated
-#define RELGRAD_SHARED(T, name, n)                                                  \
-    static const char name##_tag = 0;                                               \
-    T* const name = static_cast<T*>(::relgrad::cuda_emulator::static_shared_memory( \
-        &name##_tag, sizeof(T) * static_cast<std::size_t>(n), alignof(T)))
+#define RELGRAD_SHARED(T, name, n)                                                                    \
+    static const char name##_tag = 0;                                                                 \
+    const ::relgrad::cuda_emulator::SharedPointer<T> name(static_cast<T*>(                            \
+        ::relgrad::cuda_emulator::static_shared_memory(&name##_tag, sizeof(T) * static_cast<std::size_t>(n), \
+                                                       alignof(T))))
 #define RELGRAD_DYNAMIC_SHARED(T, name) \
-    T* const name = static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory())
+    const ::relgrad::cuda_emulator::SharedPointer<T> name(static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory()))
 #else
+#include <cuda_pipeline_primitives.h>  // cp.async: __pipeline_memcpy_async, _commit, _wait_prior
 #include <cuda_runtime.h>
 #define RELGRAD_CUDA_NAMESPACE cuda
 #define RELGRAD_SHARED(T, name, n) __shared__ T name[n]
@@ -39,10 +41,19 @@
 // Shared memory, one copy per block, declared in a kernel as
 //   RELGRAD_SHARED(T, name, n);       __shared__ T name[n]          (n a constant)
 //   RELGRAD_DYNAMIC_SHARED(T, name);  extern __shared__ T name[]    (sized at launch)
-// and used as name[i] in both.
+// and used as name[i] in both; a pointer into it is a Shared<T> (below): T* on a GPU, and in the
+// emulator a pointer whose accesses are checked for races (emulator.hpp).
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
+
+#ifdef RELGRAD_CUDA_EMULATION
+template <class T>
+using Shared = cuda_emulator::SharedPointer<T>;
+#else
+template <class T>
+using Shared = T*;
+#endif
 
 #ifdef RELGRAD_CUDA_EMULATION
 // the math functions a kernel calls unqualified, as CUDA's device overloads are called
