@@ -9,7 +9,9 @@
 #      build-fuzz/, each run from its seed corpus for a bounded time.
 #   3. cuda: the quickstart trained on the emulated cuda device (build/tests/relgrad_emulated, the
 #      CUDA kernels in the emulator) and on the CPU, which must reach the same test accuracy, overall
-#      and at every length. With `all` it runs on the second core while the fuzzers run.
+#      and at every length; then every CUDA kernel compiled for sm_90 and assembled by ptxas, its
+#      registers, stack frame, spills and shared memory printed (scripts/kernel_resources.py). With
+#      `all` it runs on the second core while the fuzzers run.
 #
 # Every part always runs; any failing build or test, sanitizer report or fuzzer finding fails the
 # script at the end. A finding's input is left in build-fuzz/artifacts/<fuzzer>/; replay it with
@@ -134,7 +136,7 @@ run_fuzz() {
     fi
 }
 
-run_cuda_quickstart() {
+run_cuda() {
     section "the quickstart on the emulated cuda device and on the CPU"
     local start
     start=$(date +%s)
@@ -155,6 +157,11 @@ for name, a, b in pairs:
 sys.exit(0 if all(abs(a - b) <= 0.01 for _, a, b in pairs) else "the accuracies differ by more than 0.01")
 EOF
     elapsed "the quickstart on cuda and on the CPU" "$start"
+
+    section "the CUDA kernels' resources on sm_90 (nvcc, ptxas)"
+    start=$(date +%s)
+    /usr/bin/python3 scripts/kernel_resources.py || return 1
+    elapsed "the CUDA kernels' resources" "$start"
 }
 
 total=$(date +%s)
@@ -162,15 +169,15 @@ failed=()
 if [ "$what" = all ] || [ "$what" = notebooks ]; then run_notebooks || failed+=(notebooks); fi
 if [ "$what" = all ] || [ "$what" = asan ]; then run_asan || failed+=(asan); fi
 if [ "$what" = all ]; then  # the fuzzers take one core, the quickstart the other
-    run_cuda_quickstart > build/cuda-quickstart.log 2>&1 &
+    run_cuda > build/cuda.log 2>&1 &
     quickstart=$!
 fi
 if [ "$what" = all ] || [ "$what" = fuzz ]; then run_fuzz || failed+=(fuzz); fi
 if [ "$what" = all ]; then
     wait "$quickstart" || failed+=(cuda)
-    cat build/cuda-quickstart.log
+    cat build/cuda.log
 fi
-if [ "$what" = cuda ]; then run_cuda_quickstart || failed+=(cuda); fi
+if [ "$what" = cuda ]; then run_cuda || failed+=(cuda); fi
 elapsed "ci_extra $what" "$total"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "ci_extra: FAILED: ${failed[*]}" >&2
