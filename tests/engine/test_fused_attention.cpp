@@ -1,9 +1,9 @@
 // fused_attention: equal to the bucketed attention op (itself checked against its composition from
 // ops in test_nn.cpp) to 1e-12 in float64, outputs and all five gradients, for every mask rule,
-// sizes that span several tiles, offsets, asymmetric and per-head tables; independent of the
-// thread count; the same on the guarded CPU device, and the bucketed fallback of a device without
-// fused kernels; the CUDA kernels (on the test build's cuda device) to 1e-12 and deterministic;
-// gradient-checked; bad input rejected.
+// sizes that span several tiles, head widths 32 to 128, offsets, asymmetric and per-head tables;
+// independent of the thread count; the same on the guarded CPU device, and the bucketed fallback
+// of a device without fused kernels; the CUDA kernels (on the test build's cuda device) to 1e-12
+// and deterministic; gradient-checked; bad input rejected.
 #include <omp.h>
 
 #include <algorithm>
@@ -218,6 +218,32 @@ TEST_CASE("fused attention over several tiles: the online softmax rescales acros
     SUBCASE("a local window narrower than a tile") {
         c.pattern.window = 20;
         check_equals_bucketed(c);
+    }
+}
+
+TEST_CASE("fused attention at the head widths models use (32, 64, 128), an odd length, every mask") {
+    // the kernels' per-row arrays and shared tiles at real widths (the cases above use 3 and 4),
+    // with L odd so that no tile is whole
+    for (int64_t Dh : {32, 64, 128}) {
+        CAPTURE(Dh);
+        Case c;
+        c.H = 1;
+        c.Lq = c.Lk = 37;
+        c.Dh = Dh;
+        c.k_left = 4;
+        c.k_right = 3;
+        check_equals_bucketed(c);  // no mask
+        Case causal = c;  // 19 queries after 18 earlier positions
+        causal.Lq = 19;
+        causal.pattern.causal = true;
+        causal.pattern.query_offset = 18;
+        check_equals_bucketed(causal);
+        Case windowed = c;  // a window, and the second sequence padded after 30 keys
+        windowed.pattern.window = 5;
+        std::vector<double> keep(2 * 37, 1.0);
+        std::fill(keep.begin() + 37 + 30, keep.end(), 0.0);
+        windowed.padding = from_vector(keep, {2, 37}, DType::boolean);
+        check_equals_bucketed(windowed);
     }
 }
 
