@@ -63,6 +63,19 @@ void read_groups(const std::string& path, std::vector<ParameterGroup>& groups) {
     }
 }
 
+// The sum over the parameters' gradients of term(gradient), a scalar each, added in float64 on the
+// gradients' device and read once: one copy to the host per call, not one per parameter.
+template <class Term>
+double sum_over_gradients(const std::vector<Tensor>& parameters, Term term) {
+    Tensor total;
+    for (const Tensor& p : parameters) {
+        if (!p.grad().defined()) continue;
+        const Tensor value = term(p.grad()).to(DType::float64);
+        total = total.defined() ? add(total, value.to(total.device())) : value;
+    }
+    return total.defined() ? total.item() : 0.0;
+}
+
 }  // namespace
 
 AdamW::AdamW(std::vector<Tensor> parameters, const AdamWOptions& options)
@@ -196,11 +209,7 @@ double clip_grad_norm(const std::vector<Tensor>& parameters, double max_norm) {
     RELGRAD_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive");
     const ProfileScope profiled("clip_grad_norm", Phase::update);
     NoGradGuard no_grad;
-    double total = 0;
-    for (const Tensor& p : parameters) {
-        if (p.grad().defined()) total += sum(mul(p.grad(), p.grad())).to(DType::float64).item();
-    }
-    const double norm = std::sqrt(total);
+    const double norm = std::sqrt(sum_over_gradients(parameters, [](const Tensor& g) { return sum(mul(g, g)); }));
     if (std::isfinite(norm) && norm > max_norm) {  // an infinite norm is the caller's to report, not to scale by 0
         const double scale = max_norm / norm;
         for (const Tensor& p : parameters) {
@@ -222,10 +231,8 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
 bool LossScaler::unscale(const std::vector<Tensor>& parameters) {
     const ProfileScope profiled("unscale gradients", Phase::update);
     NoGradGuard no_grad;
-    bool finite = true;  // 0 g is 0 for every finite g, NaN for inf and NaN: one sum per gradient tells
-    for (const Tensor& p : parameters) {
-        if (p.grad().defined() && std::isnan(sum(mul(p.grad(), 0.0)).to(DType::float64).item())) finite = false;
-    }
+    // 0 g is 0 for every finite g, NaN for inf and NaN: one sum of them all tells
+    const bool finite = !std::isnan(sum_over_gradients(parameters, [](const Tensor& g) { return sum(mul(g, 0.0)); }));
     if (!finite) {
         scale_ *= options_.backoff_factor;
         clean_steps_ = 0;
