@@ -19,8 +19,6 @@ bool host_can_read(Device device) { return device == Device::cpu; }
 
 namespace {
 
-constexpr int64_t kCacheBytes = int64_t{1} << 30;
-
 // The size class of a request (see storage.hpp): the next of 2^k, 1.25 2^k, 1.5 2^k and 1.75 2^k
 // at or above it, in steps of at least 64 bytes (the alignment).
 std::size_t size_class(std::size_t nbytes) {
@@ -70,7 +68,7 @@ void CachingAllocator::deallocate(void* block, std::size_t nbytes) {
     live_ -= static_cast<int64_t>(nbytes);
     cache_.emplace(bytes, block);
     cached_ += static_cast<int64_t>(bytes);
-    while (cached_ > kCacheBytes) {
+    while (static_cast<std::size_t>(cached_) > cache_limit_) {
         const auto biggest = std::prev(cache_.end());
         raw_free_(biggest->second);
         cached_ -= static_cast<int64_t>(biggest->first);

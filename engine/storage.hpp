@@ -66,19 +66,24 @@ private:
 // accounting above and a cache of freed blocks. A training step frees and asks for the same sizes
 // again, and a fresh buffer costs the system work (a page fault per 4 KiB on first touch on the
 // host; on a GPU, cudaMalloc and cudaFree, which wait for the whole device), so every freed block
-// goes to a cache, at most 1 GiB in all (the biggest dropped first), and is handed out again for a
-// request of its size class: four classes per doubling (2^k, 1.25 2^k, 1.5 2^k, 1.75 2^k, in
+// goes to a cache, at most cache_limit bytes in all (the biggest dropped first), and is handed out
+// again for a request of its size class: four classes per doubling (2^k, 1.25 2^k, 1.5 2^k, 1.75 2^k, in
 // multiples of 64 bytes), so that the tensors of batches of other lengths reuse the same blocks,
 // at a cost of at most a quarter of a block. When the device is full the cache is given back and
 // the allocation tried once more. live and peak count the bytes the tensors asked for.
+// The limit: 1 GiB on the host (kHostCacheBytes), whose memory other programs share; none on a
+// GPU, whose memory is the process's own, so that a step's largest blocks (over 1 GiB at long
+// lengths) are not given back and asked for again every step.
 // With exact_sizes, a block is of the size asked for and serves only that size again: the CUDA
 // emulator's, whose guard zones begin where the tensor ends (emulator.hpp).
+constexpr std::size_t kHostCacheBytes = std::size_t{1} << 30;
 class CachingAllocator {
 public:
     using RawAllocate = void* (*)(std::size_t nbytes);  // nullptr when the device is full
     using RawFree = void (*)(void* block);
-    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free, bool exact_sizes = false)
-        : raw_allocate_(raw_allocate), raw_free_(raw_free), exact_sizes_(exact_sizes) {}
+    CachingAllocator(RawAllocate raw_allocate, RawFree raw_free, std::size_t cache_limit = kHostCacheBytes,
+                     bool exact_sizes = false)
+        : raw_allocate_(raw_allocate), raw_free_(raw_free), cache_limit_(cache_limit), exact_sizes_(exact_sizes) {}
     ~CachingAllocator();
     CachingAllocator(const CachingAllocator&) = delete;
     CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -91,6 +96,7 @@ public:
 private:
     RawAllocate raw_allocate_;
     RawFree raw_free_;
+    std::size_t cache_limit_;
     bool exact_sizes_;
     std::size_t block_bytes(std::size_t nbytes) const;  // the size class, or nbytes itself
     std::mutex mutex_;

@@ -206,6 +206,45 @@ TEST_CASE("memory stats count live storage and its peak, not the spare blocks") 
     }
 }
 
+namespace {
+// Device memory for the allocator's own test: blocks counted, never touched.
+int raw_allocations = 0, raw_frees = 0;
+void* counted_allocate(std::size_t) { return reinterpret_cast<void*>(uintptr_t{4096} * ++raw_allocations); }
+void counted_free(void*) { ++raw_frees; }
+}  // namespace
+
+TEST_CASE("the caching allocator keeps freed blocks up to its limit, the biggest given back first") {
+    const std::size_t three_gib = std::size_t{3} << 30;  // a size class of its own (1.5 2^31)
+    {
+        CachingAllocator host(counted_allocate, counted_free);  // 1 GiB: a 3 GiB block goes back
+        host.deallocate(host.allocate(three_gib), three_gib);
+        CHECK(raw_frees == 1);
+        host.deallocate(host.allocate(three_gib), three_gib);
+        CHECK(raw_allocations == 2);  // asked for again
+        CHECK(host.stats().cached_bytes == 0);
+    }
+    raw_allocations = raw_frees = 0;
+    {
+        // a GPU's: no limit, the block is kept and served again
+        CachingAllocator gpu(counted_allocate, counted_free, std::numeric_limits<std::size_t>::max());
+        for (int step = 0; step < 3; ++step) gpu.deallocate(gpu.allocate(three_gib), three_gib);
+        CHECK(raw_allocations == 1);
+        CHECK(raw_frees == 0);
+        CHECK(gpu.stats().cached_bytes == static_cast<int64_t>(three_gib));
+    }
+    CHECK(raw_frees == 1);  // the cache is given back with the allocator
+    raw_allocations = raw_frees = 0;
+    {
+        CachingAllocator small(counted_allocate, counted_free, 4096);
+        void* a = small.allocate(1024);
+        void* b = small.allocate(4096);
+        small.deallocate(a, 1024);
+        small.deallocate(b, 4096);  // 5120 cached bytes: the 4096-byte block goes
+        CHECK(raw_frees == 1);
+        CHECK(small.stats().cached_bytes == 1024);
+    }
+}
+
 TEST_CASE("a tensor knows its device; only explicit copies cross to the host") {
     const Device device = Device::guarded_cpu;
     const Tensor x = from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, DType::float64, device);

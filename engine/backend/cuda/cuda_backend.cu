@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -25,6 +26,7 @@ int multiprocessor_count() { return 1; }  // a small device: grids of a few bloc
 void* device_allocate(std::size_t nbytes) { return cuda_emulator::allocate_device_memory(nbytes); }
 void device_free(void* block) { cuda_emulator::free_device_memory(block); }
 constexpr bool kExactSizes = true;  // a block ends where its tensor ends: a read past it meets a guard zone
+constexpr std::size_t kCacheLimit = kHostCacheBytes;  // host memory, and blocks of many exact sizes
 void copy_to_device(const void* host, void* device, std::size_t nbytes) {
     if (nbytes) std::memcpy(device, host, nbytes);
 }
@@ -70,6 +72,8 @@ void* device_allocate(std::size_t nbytes) {
 }
 void device_free(void* block) { check(cudaFree(block), "cudaFree"); }
 constexpr bool kExactSizes = false;  // the caching allocator's size classes
+// no limit: the device's memory is the process's own, and a full device gives the cache back
+constexpr std::size_t kCacheLimit = std::numeric_limits<std::size_t>::max();
 void copy_to_device(const void* host, void* device, std::size_t nbytes) {
     if (nbytes) check(cudaMemcpy(device, host, nbytes, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
@@ -94,7 +98,8 @@ CudaBackend& cuda_backend() {
 Backend& gpu_backend() { return cuda_backend(); }
 
 // A Layout holds kMaxDims dims: Backend refuses an operand of more before any kernel sees it.
-CudaBackend::CudaBackend() : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, kExactSizes) {}
+CudaBackend::CudaBackend()
+    : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, kCacheLimit, kExactSizes) {}
 
 void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nbytes) {
     copy_to_device(host, device, nbytes);
