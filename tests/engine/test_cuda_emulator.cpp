@@ -222,26 +222,31 @@ __global__ void tree_sum_skipping(const double* x, int64_t n, double* out) {
 // b_w (K x 8), c_w and d_w (16 x 8), row-major one after another in global memory, loading and
 // storing its fragments by mma.hpp's places. `mistake` 1: a lane's A elements 1 and 2 swapped as
 // it loads them; 2: lane 5 leaves before the product.
+// a tile place's offset in a row-major tile `width` wide
+int row_major(relgrad::TilePlace place, int width) { return place.row * width + place.col; }
+
 template <relgrad::MmaInputs In, int mistake = 0>
 __global__ void warp_tile_product(const float* a, const float* b, const float* c, float* d) {
     using namespace relgrad;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, K = mma_k(In);
     a += warp * 16 * K, b += warp * K * 8, c += warp * 16 * 8, d += warp * 16 * 8;
     float a_values[8], b_values[4], c_fragment[4], d_fragment[4];
-    for (int i = 0; i < mma_a_elements(In); ++i) a_values[i] = a[mma_a_place(In, lane, i).row * K + mma_a_place(In, lane, i).col];
-    for (int i = 0; i < mma_b_elements(In); ++i) b_values[i] = b[mma_b_place(In, lane, i).row * 8 + mma_b_place(In, lane, i).col];
-    for (int i = 0; i < 4; ++i) c_fragment[i] = c[mma_c_place(lane, i).row * 8 + mma_c_place(lane, i).col];
+    for (int i = 0; i < mma_a_elements(In); ++i) a_values[i] = a[row_major(mma_a_place(In, lane, i), K)];
+    for (int i = 0; i < mma_b_elements(In); ++i) b_values[i] = b[row_major(mma_b_place(In, lane, i), 8)];
+    for (int i = 0; i < 4; ++i) c_fragment[i] = c[row_major(mma_c_place(lane, i), 8)];
     if (mistake == 1) std::swap(a_values[1], a_values[2]);
     if (mistake == 2 && lane == 5) return;
     uint32_t a_fragment[4], b_fragment[2];
     for (int r = 0; r < 4; ++r) {
-        a_fragment[r] = In == MmaInputs::tf32 ? tf32_of(a_values[r]) : pack_16_bit(In, a_values[2 * r], a_values[2 * r + 1]);
+        a_fragment[r] =
+            In == MmaInputs::tf32 ? tf32_of(a_values[r]) : pack_16_bit(In, a_values[2 * r], a_values[2 * r + 1]);
     }
     for (int r = 0; r < 2; ++r) {
-        b_fragment[r] = In == MmaInputs::tf32 ? tf32_of(b_values[r]) : pack_16_bit(In, b_values[2 * r], b_values[2 * r + 1]);
+        b_fragment[r] =
+            In == MmaInputs::tf32 ? tf32_of(b_values[r]) : pack_16_bit(In, b_values[2 * r], b_values[2 * r + 1]);
     }
     mma_sync<In>(d_fragment, a_fragment, b_fragment, c_fragment);
-    for (int i = 0; i < 4; ++i) d[mma_c_place(lane, i).row * 8 + mma_c_place(lane, i).col] = d_fragment[i];
+    for (int i = 0; i < 4; ++i) d[row_major(mma_c_place(lane, i), 8)] = d_fragment[i];
 }
 
 std::vector<double> iota(int n) {
@@ -433,26 +438,26 @@ TEST_CASE("mma.sync's fragment places are the PTX ISA's, and each covers its til
     using relgrad::MmaInputs;
     // lane 5: groupID 1, threadID_in_group 1 (PTX ISA, "Matrix Fragments for mma.m16n8k8/k16")
     const auto is = [](relgrad::TilePlace place, int row, int col) { return place.row == row && place.col == col; };
-    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 1), 9, 1));    // a1: groupID + 8, threadID_in_group
-    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 2), 1, 5));    // a2: groupID, threadID_in_group + 4
-    CHECK(is(relgrad::mma_b_place(MmaInputs::tf32, 5, 1), 5, 1));    // b1: threadID_in_group + 4, groupID
-    CHECK(is(relgrad::mma_a_place(MmaInputs::bfloat16, 5, 3), 9, 3));  // a3: groupID + 8, 2 threadID_in_group + 1
-    CHECK(is(relgrad::mma_a_place(MmaInputs::float16, 5, 6), 9, 10));  // a6: groupID + 8, 2 threadID_in_group + 8
+    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 1), 9, 1));       // a1: groupID + 8, threadID_in_group
+    CHECK(is(relgrad::mma_a_place(MmaInputs::tf32, 5, 2), 1, 5));       // a2: groupID, threadID_in_group + 4
+    CHECK(is(relgrad::mma_b_place(MmaInputs::tf32, 5, 1), 5, 1));       // b1: threadID_in_group + 4, groupID
+    CHECK(is(relgrad::mma_a_place(MmaInputs::bfloat16, 5, 3), 9, 3));   // a3: groupID + 8, 2 threadID_in_group + 1
+    CHECK(is(relgrad::mma_a_place(MmaInputs::float16, 5, 6), 9, 10));   // a6: groupID + 8, 2 threadID_in_group + 8
     CHECK(is(relgrad::mma_b_place(MmaInputs::bfloat16, 5, 3), 11, 1));  // b3: 2 threadID_in_group + 9, groupID
-    CHECK(is(relgrad::mma_c_place(5, 3), 9, 3));                      // c3: groupID + 8, 2 threadID_in_group + 1
+    CHECK(is(relgrad::mma_c_place(5, 3), 9, 3));                        // c3: groupID + 8, 2 threadID_in_group + 1
     for (MmaInputs inputs : {MmaInputs::tf32, MmaInputs::bfloat16, MmaInputs::float16}) {
         const int K = relgrad::mma_k(inputs);
         std::multiset<int> a_places, b_places, c_places;
         for (int lane = 0; lane < 32; ++lane) {
             for (int i = 0; i < relgrad::mma_a_elements(inputs); ++i) {
                 const auto at = relgrad::mma_a_place(inputs, lane, i);
-                a_places.insert(at.row < 16 && at.col < K ? at.row * K + at.col : -1);
+                a_places.insert(at.row < 16 && at.col < K ? row_major(at, K) : -1);
             }
             for (int i = 0; i < relgrad::mma_b_elements(inputs); ++i) {
                 const auto at = relgrad::mma_b_place(inputs, lane, i);
-                b_places.insert(at.row < K && at.col < 8 ? at.row * 8 + at.col : -1);
+                b_places.insert(at.row < K && at.col < 8 ? row_major(at, 8) : -1);
             }
-            for (int i = 0; i < 4; ++i) c_places.insert(relgrad::mma_c_place(lane, i).row * 8 + relgrad::mma_c_place(lane, i).col);
+            for (int i = 0; i < 4; ++i) c_places.insert(row_major(relgrad::mma_c_place(lane, i), 8));
         }
         for (int place = 0; place < 16 * K; ++place) CHECK(a_places.count(place) == 1);
         for (int place = 0; place < K * 8; ++place) CHECK(b_places.count(place) == 1);
@@ -461,9 +466,11 @@ TEST_CASE("mma.sync's fragment places are the PTX ISA's, and each covers its til
 }
 
 TEST_CASE("tf32_of rounds to nearest, ties away from zero, as cvt.rna.tf32.f32") {
-    const auto tf32 = [](float f) { return relgrad::mma_input(relgrad::MmaInputs::tf32, std::array<uint32_t, 1>{relgrad::tf32_of(f)}.data(), 0); };
-    CHECK(tf32(1.0f + std::ldexp(1.0f, -12)) == 1.0f);                            // below half of tf32's step 2^-10
-    CHECK(tf32(1.0f + std::ldexp(1.0f, -11)) == 1.0f + std::ldexp(1.0f, -10));    // a tie, away from zero
+    const auto tf32 = [](float f) {
+        return relgrad::mma_input(relgrad::MmaInputs::tf32, std::array<uint32_t, 1>{relgrad::tf32_of(f)}.data(), 0);
+    };
+    CHECK(tf32(1.0f + std::ldexp(1.0f, -12)) == 1.0f);                          // below half of tf32's step 2^-10
+    CHECK(tf32(1.0f + std::ldexp(1.0f, -11)) == 1.0f + std::ldexp(1.0f, -10));  // a tie, away from zero
     CHECK(tf32(-1.0f - std::ldexp(1.0f, -11)) == -1.0f - std::ldexp(1.0f, -10));
     CHECK(tf32(1.0f + 3 * std::ldexp(1.0f, -12)) == 1.0f + std::ldexp(1.0f, -10));
     CHECK(std::isinf(tf32(INFINITY)));
@@ -492,7 +499,8 @@ WarpTiles warp_tiles(relgrad::MmaInputs inputs, int warps, uint64_t seed) {
         for (int row = 0; row < 16; ++row) {
             for (int col = 0; col < 8; ++col) {
                 double sum = tiles.c[(w * 16 + row) * 8 + col];
-                for (int k = 0; k < K; ++k) sum += double{tiles.a[(w * 16 + row) * K + k]} * tiles.b[(w * K + k) * 8 + col];
+                for (int k = 0; k < K; ++k)
+                    sum += double{tiles.a[(w * 16 + row) * K + k]} * tiles.b[(w * K + k) * 8 + col];
                 tiles.expected.push_back(sum);
             }
         }
@@ -513,16 +521,18 @@ void check_warp_tile_product(const char* name) {
     CHECK(wrong > 0);
 }
 
-TEST_CASE("mma.sync: one warp's tile product from the lanes' fragments, exact; a fragment in the wrong register is wrong") {
+TEST_CASE(
+    "mma.sync: one warp's tile product from the lanes' fragments, exact; a fragment in the wrong register is wrong") {
     check_warp_tile_product<relgrad::MmaInputs::tf32>("warp_tile_product (tf32)");
     check_warp_tile_product<relgrad::MmaInputs::bfloat16>("warp_tile_product (bfloat16)");
     check_warp_tile_product<relgrad::MmaInputs::float16>("warp_tile_product (float16)");
     // every lane of the warp must come, and a warp must have 32 lanes
     WarpTiles tiles = warp_tiles(relgrad::MmaInputs::tf32, 1, 12);
-    CHECK_THROWS_WITH_AS(launch("lane_leaves", warp_tile_product<relgrad::MmaInputs::tf32, 2>, 1, 32, 0, tiles.a.data(),
-                                tiles.b.data(), tiles.c.data(), tiles.d.data()),
-                         doctest::Contains("waits at mma.sync.m16n8k8 (tf32) for lanes 5 of its mask, which never reach it"),
-                         std::logic_error);
+    CHECK_THROWS_WITH_AS(
+        launch("lane_leaves", warp_tile_product<relgrad::MmaInputs::tf32, 2>, 1, 32, 0, tiles.a.data(), tiles.b.data(),
+               tiles.c.data(), tiles.d.data()),
+        doctest::Contains("waits at mma.sync.m16n8k8 (tf32) for lanes 5 of its mask, which never reach it"),
+        std::logic_error);
     CHECK_THROWS_WITH_AS(launch("half_warp", warp_tile_product<relgrad::MmaInputs::tf32>, 1, 16, 0, tiles.a.data(),
                                 tiles.b.data(), tiles.c.data(), tiles.d.data()),
                          doctest::Contains("mma.sync.m16n8k8 (tf32): the mask names lanes 16, 17"), std::logic_error);
@@ -535,8 +545,9 @@ TEST_CASE("lanes of a warp do not run in lockstep: shared memory between lanes n
         std::vector<double> with(32), without(32);
         launch("warp_shift_left<true>", warp_shift_left<true>, 1, 32, 0, x.data(), with.data());
         for (int lane = 0; lane < 32; ++lane) CHECK(with[lane] == x[(lane + 1) % 32]);
-        CHECK_THROWS_WITH_AS(launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data()),
-                             doctest::Contains("a race on byte "), std::logic_error);
+        CHECK_THROWS_WITH_AS(
+            launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data()),
+            doctest::Contains("a race on byte "), std::logic_error);
     }
 }
 
@@ -557,8 +568,9 @@ TEST_CASE("cp.async: a copy lands at the wait that covers it, not before; copies
         CHECK(out[2 * t] == x[2 * t]);
         CHECK(out[2 * t + 1] == 0);
     }
-    CHECK_THROWS_WITH_AS(launch("copy_never_waited", copy_never_waited, 1, 32, 32 * sizeof(double), x.data(), out.data()),
-                         doctest::Contains("ended with 1 cp.async copies that never landed"), std::logic_error);
+    CHECK_THROWS_WITH_AS(
+        launch("copy_never_waited", copy_never_waited, 1, 32, 32 * sizeof(double), x.data(), out.data()),
+        doctest::Contains("ended with 1 cp.async copies that never landed"), std::logic_error);
     CHECK_THROWS_WITH_AS(launch("copy_of_12_bytes", copy_of_12_bytes, 1, 1, 32 * sizeof(double), x.data(), out.data()),
                          "__pipeline_memcpy_async of 12 bytes: copies 4, 8 or 16 bytes", std::logic_error);
     CHECK_THROWS_WITH_AS(launch("copy_to_global", copy_to_global, 1, 1, 0, x.data(), out.data()),

@@ -233,7 +233,7 @@ TEST_CASE("fused attention at the head widths models use (32, 64, 128), an odd l
         c.k_left = 4;
         c.k_right = 3;
         check_equals_bucketed(c);  // no mask
-        Case causal = c;  // 19 queries after 18 earlier positions
+        Case causal = c;           // 19 queries after 18 earlier positions
         causal.Lq = 19;
         causal.pattern.causal = true;
         causal.pattern.query_offset = 18;

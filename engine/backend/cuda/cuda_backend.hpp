@@ -124,7 +124,7 @@ __device__ A block_reduce(A value, Shared<A> partial, Combine combine) {
     partial[t] = value;
     __syncthreads();
     for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
-        if (t < half) {
+        if (t < half) {  // combine takes values: read both first
             const A mine = partial[t], other = partial[t + half];
             partial[t] = combine(mine, other);
         }

@@ -177,7 +177,9 @@ constexpr unsigned char kFill = 0xff;
 std::mutex device_blocks_mutex;
 std::map<unsigned char*, std::size_t> device_blocks;  // start -> bytes asked for
 
-std::size_t after_zone_bytes(std::size_t nbytes) { return (nbytes + 2 * kGuardBytes + 255) / 256 * 256 - nbytes - kGuardBytes; }
+std::size_t after_zone_bytes(std::size_t nbytes) {
+    return (nbytes + 2 * kGuardBytes + 255) / 256 * 256 - nbytes - kGuardBytes;
+}
 
 // The first and one past the last byte of [zone, zone + bytes) that is not kFill (first == last: none).
 std::pair<std::size_t, std::size_t> written_range(const unsigned char* zone, std::size_t bytes) {
@@ -199,8 +201,8 @@ void check_guard_zones(const char* kernel, bool report) {
                     std::to_string(after_first) + " to " + std::to_string(after_last - 1) + " after its end)";
         } else if (error.empty() && before_first != before_last) {
             error = "wrote before the start of a device block of " + std::to_string(nbytes) + " bytes (bytes " +
-                    std::to_string(kGuardBytes - before_last + 1) + " to " + std::to_string(kGuardBytes - before_first) +
-                    " before it)";
+                    std::to_string(kGuardBytes - before_last + 1) + " to " +
+                    std::to_string(kGuardBytes - before_first) + " before it)";
         }
         std::memset(start - kGuardBytes, kFill, kGuardBytes);
         std::memset(start + nbytes, kFill, after_zone_bytes(nbytes));
@@ -320,7 +322,10 @@ void multiply_accumulate(Fiber* const* lanes) {
             const TilePlace at = mma_b_place(inputs, lane, i);
             b[at.row][at.col] = mma_input(inputs, own.b, i);
         }
-        for (int i = 0; i < 4; ++i) c[mma_c_place(lane, i).row][mma_c_place(lane, i).col] = own.c[i];
+        for (int i = 0; i < 4; ++i) {
+            const TilePlace at = mma_c_place(lane, i);
+            c[at.row][at.col] = own.c[i];
+        }
     }
     for (int lane = 0; lane < kWarpSize; ++lane) {  // after every C is read: a lane's d may be its c
         for (int i = 0; i < 4; ++i) {
@@ -373,7 +378,8 @@ bool release_warps(Block& block) {
             fiber.state = Fiber::State::runnable;
         }
         ++block.warp_epochs[first / kWarpSize];
-        const bool agreed = std::none_of(lanes, lanes + kWarpSize, [&](const Fiber* f) { return f && !f->warp_error.empty(); });
+        const bool agreed =
+            std::none_of(lanes, lanes + kWarpSize, [&](const Fiber* f) { return f && !f->warp_error.empty(); });
         if (leader.mma.d && agreed) multiply_accumulate(lanes);
         released = true;
     }
@@ -393,7 +399,8 @@ void run_block(const char* kernel, Block& block, OrderGenerator& orders) {
     block.kernel = kernel;
     block.phase = ++phases;
     block.warp_epochs.assign((block.fibers.size() + kWarpSize - 1) / kWarpSize, 0);
-    if (block.dynamic_accesses.size() < block.dynamic_shared.size()) block.dynamic_accesses.resize(block.dynamic_shared.size());
+    if (block.dynamic_accesses.size() < block.dynamic_shared.size())
+        block.dynamic_accesses.resize(block.dynamic_shared.size());
     const auto fail = [&](const std::string& what) {
         // threads waiting at a barrier are dropped where they stand; their stacks are kept
         for (Fiber* fiber : order) {
@@ -651,8 +658,8 @@ void note_shared_access(const void* address, std::size_t bytes, bool write) {
         return other != me && !(other / kWarpSize == my_warp && other_epoch != epoch);
     };
     const auto race = [&](uint32_t other, const char* other_did, std::size_t byte) {
-        fail("a race on byte " + std::to_string(offset + byte) + " of " + region + " shared memory: " + describe(other) +
-             " " + other_did + " it and " + describe(me) + (write ? " wrote" : " read") +
+        fail("a race on byte " + std::to_string(offset + byte) + " of " + region + " shared memory: " +
+             describe(other) + " " + other_did + " it and " + describe(me) + (write ? " wrote" : " read") +
              " it with no __syncthreads() between them (nor, for lanes of one warp, a warp-scoped point)");
     };
     for (std::size_t byte = 0; byte < bytes; ++byte) {
@@ -713,8 +720,10 @@ void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size
     if (size_and_align != 4 && size_and_align != 8 && size_and_align != 16) {
         throw std::logic_error(op + "copies 4, 8 or 16 bytes");
     }
-    if (zfill > size_and_align) throw std::logic_error(op + "zfill " + std::to_string(zfill) + " is more than the copy");
-    if (reinterpret_cast<uintptr_t>(dst_shared) % size_and_align || reinterpret_cast<uintptr_t>(src_global) % size_and_align) {
+    if (zfill > size_and_align)
+        throw std::logic_error(op + "zfill " + std::to_string(zfill) + " is more than the copy");
+    if (reinterpret_cast<uintptr_t>(dst_shared) % size_and_align ||
+        reinterpret_cast<uintptr_t>(src_global) % size_and_align) {
         throw std::logic_error(op + "an address not aligned to the copy's size");
     }
     const Block& block = *running_block;

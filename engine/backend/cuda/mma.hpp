@@ -62,6 +62,9 @@ RELGRAD_HOST_DEVICE constexpr TilePlace mma_c_place(int lane, int i) {
     return {g + 8 * (i / 2), 2 * t + i % 2};
 }
 
+// The bits of a float32 that tf32 keeps: sign, exponent and the top 10 of the 23 mantissa bits.
+constexpr uint32_t kTf32Bits = 0xffffe000u;
+
 // float32 -> tf32 (in float32's bits, the low 13 mantissa bits zero), to nearest, ties away from
 // zero: PTX's cvt.rna.tf32.f32. Infinities and NaN stay as they are.
 RELGRAD_HOST_DEVICE inline uint32_t tf32_of(float value) {
@@ -72,7 +75,7 @@ RELGRAD_HOST_DEVICE inline uint32_t tf32_of(float value) {
 #else
     const uint32_t bits = half_bits::of(value);
     if ((bits & 0x7f800000u) == 0x7f800000u) return bits;
-    return (bits + 0x1000u) & 0xffffe000u;  // half of the cut-off part added to the magnitude
+    return (bits + 0x1000u) & kTf32Bits;  // half of the cut-off part added to the magnitude
 #endif
 }
 
@@ -86,7 +89,7 @@ RELGRAD_HOST_DEVICE inline uint32_t pack_16_bit(MmaInputs inputs, float low, flo
 
 // Element i of an A or B fragment (registers `regs`) as a float.
 RELGRAD_HOST_DEVICE inline float mma_input(MmaInputs inputs, const uint32_t* regs, int i) {
-    if (inputs == MmaInputs::tf32) return half_bits::to_float(regs[i] & 0xffffe000u);
+    if (inputs == MmaInputs::tf32) return half_bits::to_float(regs[i] & kTf32Bits);
     const auto bits = static_cast<uint16_t>(regs[i / 2] >> (16 * (i % 2)));
     return inputs == MmaInputs::bfloat16 ? half_bits::float_of_bfloat16(bits) : half_bits::float_of_float16(bits);
 }
@@ -96,12 +99,12 @@ __device__ inline void mma_sync(float (&d)[4], const uint32_t (&a)[4], const uin
 #ifdef RELGRAD_CUDA_EMULATION
     cuda_emulator::mma_sync_point(In, d, a, b, c);
 #else
-#define RELGRAD_MMA(shape_and_types)                                                                      \
-    asm volatile("mma.sync.aligned." shape_and_types                                                      \
-                 " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"                   \
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                         \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), \
-                   "f"(c[2]), "f"(c[3]))
+#define RELGRAD_MMA(shape_and_types)                                                                                  \
+    asm volatile("mma.sync.aligned." shape_and_types                                                                  \
+                 " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"                               \
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), \
+                   "f"(c[3]))
     if constexpr (In == MmaInputs::tf32) {
         RELGRAD_MMA("m16n8k8.row.col.f32.tf32.tf32.f32");
     } else if constexpr (In == MmaInputs::bfloat16) {

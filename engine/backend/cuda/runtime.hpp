@@ -22,13 +22,14 @@
 #include <tuple>
 #include "engine/backend/cuda/emulator.hpp"
 #define RELGRAD_CUDA_NAMESPACE cuda_emulated
-#define RELGRAD_SHARED(T, name, n)                                                                    \
-    static const char name##_tag = 0;                                                                 \
-    const ::relgrad::cuda_emulator::SharedPointer<T> name(static_cast<T*>(                            \
-        ::relgrad::cuda_emulator::static_shared_memory(&name##_tag, sizeof(T) * static_cast<std::size_t>(n), \
-                                                       alignof(T))))
-#define RELGRAD_DYNAMIC_SHARED(T, name) \
-    const ::relgrad::cuda_emulator::SharedPointer<T> name(static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory()))
+#define RELGRAD_SHARED(T, name, n)                                      \
+    static const char name##_tag = 0;                                   \
+    const ::relgrad::cuda_emulator::SharedPointer<T> name(              \
+        static_cast<T*>(::relgrad::cuda_emulator::static_shared_memory( \
+            &name##_tag, sizeof(T) * static_cast<std::size_t>(n), alignof(T))))
+#define RELGRAD_DYNAMIC_SHARED(T, name)                    \
+    const ::relgrad::cuda_emulator::SharedPointer<T> name( \
+        static_cast<T*>(::relgrad::cuda_emulator::dynamic_shared_memory()))
 #else
 #include <cuda_pipeline_primitives.h>  // cp.async: __pipeline_memcpy_async, _commit, _wait_prior
 #include <cuda_runtime.h>
