@@ -158,6 +158,12 @@ sys.exit(0 if all(abs(a - b) <= 0.01 for _, a, b in pairs) else "the accuracies 
 EOF
     elapsed "the quickstart on cuda and on the CPU" "$start"
 
+    section "a CPU program's memory: the CUDA backend is a module opened only for a cuda device"
+    local rss_kib
+    rss_kib=$( { /usr/bin/time -f %M build/relgrad --help > /dev/null; } 2>&1 ) || return 1
+    echo "relgrad --help: $((rss_kib / 1024)) MiB of RSS (goal: under 80)"
+    [ "$rss_kib" -lt $((80 * 1024)) ] || return 1
+
     section "the CUDA kernels' resources on sm_90 (nvcc, ptxas)"
     start=$(date +%s)
     /usr/bin/python3 scripts/kernel_resources.py || return 1

@@ -10,18 +10,20 @@
 #include <stdexcept>
 #include <string>
 
+#ifdef RELGRAD_CUDA_MODULE
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+#endif
+
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/backend/kernel_checks.hpp"
 #include "engine/check.hpp"
 #include "engine/profile.hpp"
 
 namespace relgrad {
-
-#ifdef RELGRAD_HAVE_CUDA
-namespace cuda {
-Backend& gpu_backend();  // cuda_backend.cu (compiled by nvcc; its header is CUDA's)
-}
-#endif
 
 Backend::Backend(Device device, int64_t max_dims) : device_(device), max_dims_(max_dims) {}
 
@@ -343,6 +345,69 @@ Backend*& installed_cuda_backend() {
 }
 void install_cuda_backend(Backend& backend) { installed_cuda_backend() = &backend; }
 
+#ifdef RELGRAD_CUDA_MODULE
+namespace {
+
+// The file this engine is linked into (the program, or a shared library such as the Python
+// module), as the dynamic loader names it.
+std::string engine_file() {
+    Dl_info info{};
+    if (!dladdr(reinterpret_cast<void*>(&backend_for), &info) || !info.dli_fname) return "";
+    return info.dli_fname;
+}
+
+// The CUDA backend is a shared library of its own (librelgrad_cuda.so, CMakeLists.txt), opened the
+// first time a cuda device is asked for, so that CPU work loads no CUDA library. It is looked for
+// at $RELGRAD_CUDA_LIBRARY when that is set, else beside the file that holds this engine, in
+// ../lib from there (an installed relgrad), and in the build that made it.
+std::vector<std::filesystem::path> cuda_module_candidates() {
+    if (const char* chosen = std::getenv("RELGRAD_CUDA_LIBRARY"); chosen && *chosen) return {chosen};
+    std::vector<std::filesystem::path> dirs;
+    if (const std::string engine = engine_file(); !engine.empty()) {
+        const std::filesystem::path here = std::filesystem::absolute(engine).lexically_normal().parent_path();
+        dirs.push_back(here);
+        dirs.push_back(here.parent_path() / RELGRAD_INSTALL_LIBDIR);
+    }
+    dirs.push_back(RELGRAD_BUILD_DIR);
+    for (auto& dir : dirs) dir /= RELGRAD_CUDA_MODULE;
+    return dirs;
+}
+
+// The module calls into the engine of the program that opens it. A program exports the engine's
+// symbols (-rdynamic); a library that holds the engine (the Python module, which Python opens
+// with RTLD_LOCAL) is made global first, so that the module's references find them.
+Backend& open_cuda_module() {
+    const std::vector<std::filesystem::path> candidates = cuda_module_candidates();
+    const auto found = std::find_if(candidates.begin(), candidates.end(), [](const std::filesystem::path& path) {
+        std::error_code ignored;
+        return std::filesystem::exists(path, ignored);
+    });
+    if (found == candidates.end()) {
+        std::string tried;
+        for (const auto& path : candidates) tried += (tried.empty() ? "" : ", ") + path.string();
+        throw std::runtime_error(
+            "no usable CUDA device: the CUDA backend " RELGRAD_CUDA_MODULE " was not found (looked for " + tried + ")");
+    }
+    if (const std::string engine = engine_file(); !engine.empty()) {
+        dlopen(engine.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);  // no effect on the main program
+    }
+    void* module = dlopen(found->c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed: the backend lives on
+    if (!module) {
+        throw std::runtime_error("no usable CUDA device: cannot load the CUDA backend " + found->string() + ": " +
+                                 dlerror());
+    }
+    using Open = Backend* (*)(std::string* why_not);
+    const auto open = reinterpret_cast<Open>(dlsym(module, "relgrad_open_cuda_backend"));
+    if (!open) throw std::runtime_error("no usable CUDA device: " + found->string() + " is not relgrad's CUDA backend");
+    std::string why_not;
+    Backend* backend = open(&why_not);
+    if (!backend) throw std::runtime_error(why_not);
+    return *backend;
+}
+
+}  // namespace
+#endif
+
 // The backends live as long as the program (never destroyed), so that a tensor freed during
 // static destruction still finds its allocator.
 Backend& backend_for(Device device) {
@@ -350,15 +415,17 @@ Backend& backend_for(Device device) {
     switch (device) {
         case Device::cpu: return *cpu;
         case Device::guarded_cpu: return guarded_cpu_backend();
-        case Device::cuda:
+        case Device::cuda: {
             if (Backend* installed = installed_cuda_backend()) return *installed;
-#ifdef RELGRAD_HAVE_CUDA
-            return cuda::gpu_backend();
+#ifdef RELGRAD_CUDA_MODULE
+            static Backend& cuda = open_cuda_module();  // tried again on the next call if it threw
+            return cuda;
 #else
             throw std::runtime_error(
                 "no usable CUDA device: this relgrad is built without its CUDA backend (RELGRAD_CUDA=OFF, or AUTO "
                 "where no nvcc was found)");
 #endif
+        }
     }
     throw std::invalid_argument(std::string("no backend is built for the ") + device_name(device) +
                                 " device in this build");

@@ -1,7 +1,8 @@
 // The values a kernel checks as it reads them, worded alike on every device: an index outside its
 // dim, a bucket outside [0, K), a float converted to int64 that has no int64 value. The CPU's
 // kernels check as they read (RELGRAD_CHECK, which builds the message only on failure); a CUDA
-// kernel reports the bad value to an ErrorSlot and the host checks after it (cuda_backend.hpp).
+// kernel reports the bad value to the backend's error record, which the host reads at its next copy
+// from the device (cuda_backend.hpp).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 # The command line: `relgrad gradcheck` prints a table and exits 0 when every check passes; bad
 # input gets one line on stderr and exit code 2. Run by ctest with -DRELGRAD=<path> and, where the
-# test build has the emulated cuda device, -DRELGRAD_EMULATED=<path of relgrad_emulated>.
+# test build has the emulated cuda device, -DRELGRAD_EMULATED=<path of relgrad_emulated>; where it
+# has the CUDA backend, -DRELGRAD_CUDA_MODULE=<path of librelgrad_cuda.so>.
 function(run_relgrad expected_code)
   execute_process(COMMAND ${RELGRAD} ${ARGN} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT code EQUAL expected_code)
@@ -48,11 +49,27 @@ else()
   if(NOT out STREQUAL "")
     message(FATAL_ERROR "gradcheck --device cuda printed before its error:\n${out}")
   endif()
+  if(RELGRAD_CUDA_MODULE AND err MATCHES "librelgrad_cuda|cannot load")
+    message(FATAL_ERROR "the CUDA backend's module was not opened: the reason should be CUDA's own:\n${err}")
+  endif()
   run_relgrad(2 train --device cuda --out ${CMAKE_CURRENT_BINARY_DIR}/cuda_run)
   expect_one_line_error("^relgrad: error: no usable CUDA device: [^\n]+")
   if(EXISTS ${CMAKE_CURRENT_BINARY_DIR}/cuda_run)
     message(FATAL_ERROR "train --device cuda without a GPU wrote ${CMAKE_CURRENT_BINARY_DIR}/cuda_run")
   endif()
+endif()
+# The CUDA backend is a module opened only for a cuda device: the program links no CUDA library,
+# and a missing module is named.
+if(RELGRAD_CUDA_MODULE)
+  execute_process(COMMAND ldd ${RELGRAD} OUTPUT_VARIABLE libraries RESULT_VARIABLE code)
+  if(NOT code EQUAL 0 OR libraries MATCHES "libcu|libnv")
+    message(FATAL_ERROR "ldd ${RELGRAD} (exit code ${code}) lists a CUDA library:\n${libraries}")
+  endif()
+  set(RELGRAD ${CMAKE_COMMAND} -E env RELGRAD_CUDA_LIBRARY=${CMAKE_CURRENT_BINARY_DIR}/missing/librelgrad_cuda.so
+      ${RELGRAD_PROGRAM})
+  run_relgrad(2 gradcheck --filter add --device cuda)
+  expect_one_line_error("^relgrad: error: no usable CUDA device: the CUDA backend librelgrad_cuda.so was not found \\(looked for [^\n]*/missing/librelgrad_cuda.so\\)\n$")
+  set(RELGRAD ${RELGRAD_PROGRAM})
 endif()
 # every check on the test build's cuda device (the CUDA kernels in the emulator)
 if(RELGRAD_EMULATED)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 #include "check.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
@@ -121,6 +122,31 @@ void check_equals_bucketed(const Case& c) {
 }
 
 }  // namespace
+
+TEST_CASE("pattern_mask writes the pattern's rules, on the device it is asked for") {
+    Case c;
+    c.B = 1;
+    c.Lq = 4;
+    c.Lk = 7;
+    const std::vector<std::tuple<bool, int64_t, int64_t>> patterns = {
+        // causal, window, query_offset
+        {true, -1, 0}, {true, -1, 3}, {false, 0, 0}, {false, 2, 2}, {true, 1, 3}, {true, 2, -3}, {false, 1, 9}};
+    for (const auto& [causal, window, offset] : patterns) {
+        c.pattern.causal = causal;
+        c.pattern.window = window;
+        c.pattern.query_offset = offset;
+        const std::vector<double> expected = dense_mask(c).to_vector();
+        for (Device device : std::vector<Device>{Device::cpu, Device::guarded_cpu, other_devices().back()}) {
+            const Tensor mask = pattern_mask(c.pattern, c.Lq, c.Lk, device);
+            CHECK(mask.device() == device);
+            CHECK(mask.dtype() == DType::boolean);
+            CHECK(mask.shape() == Shape{c.Lq, c.Lk});
+            CHECK_MESSAGE(mask.to(Device::cpu).to_vector() == expected, "causal " << causal << ", window " << window
+                                                                                  << ", offset " << offset << " on "
+                                                                                  << device_name(device));
+        }
+    }
+}
 
 TEST_CASE("fused attention equals the bucketed op, outputs and gradients, with each mask rule") {
     Case c;

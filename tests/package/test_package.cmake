@@ -33,3 +33,15 @@ step("running ${use_relgrad}" ${use_relgrad})
 message(STATUS "${out}")
 # The installed command-line program runs too.
 step("running the installed relgrad" ${prefix}/bin/relgrad gradcheck --filter matmul)
+# With the CUDA backend built, the installed relgrad opens the installed module (named here; it
+# looks in ../lib from bin/ first): the cuda device then runs, or is refused for CUDA's own reason,
+# never for a module that cannot be loaded.
+file(GLOB module ${prefix}/lib*/librelgrad_cuda.so)
+if(module)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env RELGRAD_CUDA_LIBRARY=${module}
+                          ${prefix}/bin/relgrad gradcheck --filter add --device cuda RESULT_VARIABLE code
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT code EQUAL 0 AND (NOT err MATCHES "^relgrad: error: no usable CUDA device: " OR err MATCHES "librelgrad_cuda|cannot load"))
+    message(FATAL_ERROR "the installed relgrad did not open ${module} (exit code ${code}):\n${err}")
+  endif()
+endif()

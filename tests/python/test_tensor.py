@@ -184,6 +184,20 @@ def test_guarded_device_refuses_host_access():
     np.testing.assert_array_equal((t + t).to("cpu").numpy(), np.full((2, 2), 2.0))
 
 
+def test_cuda_device_runs_or_is_refused_for_cuda_s_own_reason():
+    """The Python module opens the CUDA backend's module (librelgrad_cuda.so) as the program does:
+    without a GPU the refusal gives CUDA's reason (or says the build has no CUDA), never that
+    the module could not be found or loaded."""
+    try:
+        t = relgrad.ones(2, device="cuda")
+    except RuntimeError as error:
+        assert str(error).startswith("no usable CUDA device: ")
+        assert "librelgrad_cuda" not in str(error) and "cannot load" not in str(error), str(error)
+    else:
+        np.testing.assert_array_equal(t.to("cpu").numpy(), [1.0, 1.0])
+
+
+
 # --- operators and indexing against NumPy
 
 

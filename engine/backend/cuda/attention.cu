@@ -5,8 +5,6 @@
 #include <limits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -20,7 +18,7 @@ struct RelativeIndex {
 };
 
 // r(i, j), or -1 without an index; a bucket outside [0, K) is reported and read as -1
-__device__ inline int64_t bucket_of(const RelativeIndex& rel, int64_t i, int64_t j, DeviceError* error) {
+__device__ inline int64_t bucket_of(const RelativeIndex& rel, int64_t i, int64_t j, ErrorReport error) {
     if (!rel.index) return -1;
     const int64_t r = rel.index[i * rel.row_step + j * rel.column_step];
     if (r < 0 || r >= rel.buckets) {
@@ -33,7 +31,7 @@ __device__ inline int64_t bucket_of(const RelativeIndex& rel, int64_t i, int64_t
 // bucket_sums[r] = the sum of row[j] over the j with r(i, j) = r, one thread per bucket
 template <class T>
 __device__ void sum_by_bucket(const T* row, int64_t Lk, const RelativeIndex& rel, int64_t i, T* bucket_sums,
-                              DeviceError* error) {
+                              ErrorReport error) {
     for (int64_t r = threadIdx.x; r < rel.buckets; r += blockDim.x) {
         T total(0);
         for (int64_t j = 0; j < Lk; ++j) {
@@ -48,7 +46,7 @@ __device__ void sum_by_bucket(const T* row, int64_t Lk, const RelativeIndex& rel
 template <class T>
 __global__ void attention_softmax_kernel(T* scores, const T* bucket_scores, RelativeIndex rel, const bool* mask,
                                          Layout mask_layout, T scale, T* bucket_weights, int64_t Lq, int64_t Lk,
-                                         int64_t rows, DeviceError* error) {
+                                         int64_t rows, ErrorReport error) {
     RELGRAD_SHARED(T, partial, kRowThreads);
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -84,7 +82,7 @@ __global__ void attention_softmax_kernel(T* scores, const T* bucket_scores, Rela
 template <class T>
 __global__ void attention_softmax_backward_kernel(T* grad, const T* weights, const T* d_buckets, RelativeIndex rel,
                                                   T scale, T* d_bucket_scores, int64_t Lq, int64_t Lk, int64_t rows,
-                                                  DeviceError* error) {
+                                                  ErrorReport error) {
     RELGRAD_SHARED(T, partial, kRowThreads);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const int64_t i = row % Lq;
@@ -122,22 +120,13 @@ struct ScoreRows {
     int64_t K, Lq, Lk, count;
 };
 
-// Calls launch_rows(T{}, error) for the scores' dtype, then throws if a kernel found a bucket index
-// outside [0, K).
-template <class LaunchRows>
-void launch_checked(const char* kernel, const Tensor& scores, int64_t K, LaunchRows&& launch_rows) {
-    const ErrorSlot error;
-    dispatch_floating(scores.dtype(), kernel, [&](auto tag) { launch_rows(tag, error.device()); });
-    const DeviceError bad = error.read();
-    RELGRAD_CHECK(!bad.found, bucket_out_of_range(bad.index, K));
-}
-
 }  // namespace
 
 void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                        const Tensor& mask, double scale, Tensor& bucket_weights) {
     const ScoreRows rows(scores, bucket_scores);
-    launch_checked("attention_softmax", scores, rows.K, [&](auto tag, DeviceError* error) {
+    const ErrorReport error = error_report("attention_softmax", BadInput::bucket);  // a bucket outside [0, K)
+    dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {
         using T = decltype(tag);
         launch("attention_softmax", attention_softmax_kernel<T>, grid_for(rows.count, 1), row_threads(rows.Lk), 0,
                device_data<T>(scores), device_data_or_null<T>(bucket_scores), relative_index(index, rows.K),
@@ -149,7 +138,8 @@ void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scor
 void CudaBackend::do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                                 const Tensor& index, double scale, Tensor& d_bucket_scores) {
     const ScoreRows rows(grad, d_buckets.defined() ? d_buckets : d_bucket_scores);
-    launch_checked("attention_softmax_backward", grad, rows.K, [&](auto tag, DeviceError* error) {
+    const ErrorReport error = error_report("attention_softmax_backward", BadInput::bucket);
+    dispatch_floating(grad.dtype(), "attention_softmax_backward", [&](auto tag) {
         using T = decltype(tag);
         launch("attention_softmax_backward", attention_softmax_backward_kernel<T>, grid_for(rows.count, 1),
                row_threads(rows.Lk), 0, device_data<T>(grad), device_data<T>(weights),

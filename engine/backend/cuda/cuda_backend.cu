@@ -19,12 +19,17 @@ namespace RELGRAD_CUDA_NAMESPACE {
 
 // ---------------------------------------------------------------- the runtime (runtime.hpp)
 
+std::atomic<const char*>& last_kernel_launched() {
+    static std::atomic<const char*> name{"none yet"};
+    return name;
+}
+
 #ifdef RELGRAD_CUDA_EMULATION
 
 std::string unusable_reason() { return ""; }
 int multiprocessor_count() { return 1; }  // a small device: grids of a few blocks
 void* device_allocate(std::size_t nbytes) { return cuda_emulator::allocate_device_memory(nbytes); }
-void device_free(void* block) { cuda_emulator::free_device_memory(block); }
+void device_free(void* block) noexcept { cuda_emulator::free_device_memory(block); }
 constexpr bool kExactSizes = true;  // a block ends where its tensor ends: a read past it meets a guard zone
 constexpr std::size_t kCacheLimit = kHostCacheBytes;  // host memory, and blocks of many exact sizes
 void copy_to_device(const void* host, void* device, std::size_t nbytes) {
@@ -37,8 +42,13 @@ void copy_to_host(const void* device, void* host, std::size_t nbytes) {
 #else
 
 namespace {
+// A kernel's fault (an illegal address, ...) is met by the next call that waits for the device,
+// and stays (CUDA's sticky errors): the message names the last kernel launched.
 void check(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(status));
+    if (status != cudaSuccess) {
+        throw std::runtime_error(std::string(call) + ": " + cudaGetErrorString(status) +
+                                 " (the last kernel launched: " + last_kernel_launched().load() + ")");
+    }
 }
 }  // namespace
 
@@ -64,13 +74,17 @@ int multiprocessor_count() {
 
 void* device_allocate(std::size_t nbytes) {
     void* block = nullptr;
-    if (cudaMalloc(&block, nbytes) != cudaSuccess) {
+    const cudaError_t status = cudaMalloc(&block, nbytes);
+    if (status == cudaErrorMemoryAllocation) {
         cudaGetLastError();  // clear the out-of-memory error: the allocator retries after emptying its cache
         return nullptr;
     }
+    check(status, "cudaMalloc");  // anything else is an earlier kernel's fault, not a full device
     return block;
 }
-void device_free(void* block) { check(cudaFree(block), "cudaFree"); }
+// Called from destructors (a tensor's storage), so it never throws: a failure is an earlier
+// kernel's fault, which stays and is thrown by the next call that checks.
+void device_free(void* block) noexcept { cudaFree(block); }
 constexpr bool kExactSizes = false;  // the caching allocator's size classes
 // no limit: the device's memory is the process's own, and a full device gives the cache back
 constexpr std::size_t kCacheLimit = std::numeric_limits<std::size_t>::max();
@@ -95,8 +109,6 @@ CudaBackend& cuda_backend() {
     return *backend;
 }
 
-Backend& gpu_backend() { return cuda_backend(); }
-
 // A Layout holds kMaxDims dims: Backend refuses an operand of more before any kernel sees it.
 CudaBackend::CudaBackend()
     : Backend(Device::cuda, kMaxDims), allocator_(device_allocate, device_free, kCacheLimit, kExactSizes) {}
@@ -106,6 +118,8 @@ void CudaBackend::copy_from_host(const void* host, void* device, std::size_t nby
 }
 void CudaBackend::copy_to_host(const void* device, void* host, std::size_t nbytes) {
     RELGRAD_CUDA_NAMESPACE::copy_to_host(device, host, nbytes);
+    std::lock_guard<std::mutex> lock(unread_mutex_);
+    throw_reported_error();
 }
 
 // ---------------------------------------------------------------- shared by the kernel files
@@ -154,23 +168,53 @@ void merge_dims(std::initializer_list<Layout*> layouts) {
     for (Layout* l : layouts) l->rank = kept;
 }
 
-ErrorSlot::ErrorSlot() : record_(static_cast<DeviceError*>(cuda_backend().allocator().allocate(sizeof(DeviceError)))) {
-    const DeviceError none;
-    copy_to_device(&none, record_, sizeof(DeviceError));
+// ---------------------------------------------------------------- bad input found by kernels
+
+ErrorReport CudaBackend::error_report(const char* kernel, BadInput kind, int64_t dim) {
+    std::lock_guard<std::mutex> lock(unread_mutex_);
+    if (!error_record_) {
+        error_record_ = static_cast<DeviceError*>(allocator_.allocate(sizeof(DeviceError)));
+        const DeviceError none;
+        copy_to_device(&none, error_record_, sizeof(DeviceError));
+    }
+    if (unread_.size() == kMaxUnread) throw_reported_error();  // waits for the launches before
+    unread_.push_back({kernel, kind, dim});
+    return {error_record_, static_cast<int64_t>(unread_.size())};
 }
 
-ErrorSlot::~ErrorSlot() { cuda_backend().allocator().deallocate(record_, sizeof(DeviceError)); }
-
-DeviceError ErrorSlot::read() const {
+void CudaBackend::throw_reported_error() {
+    if (unread_.empty()) return;
     DeviceError error;
-    copy_to_host(record_, &error, sizeof(DeviceError));
-    return error;
-}
-
-void ErrorSlot::throw_if_index_error(const char* kernel, int64_t dim) const {
-    const DeviceError error = read();
-    RELGRAD_CHECK(!error.found, index_out_of_range(kernel, error.index, dim, error.size));
+    RELGRAD_CUDA_NAMESPACE::copy_to_host(error_record_, &error, sizeof(DeviceError));
+    const std::vector<ReportingLaunch> launches = std::move(unread_);
+    unread_.clear();
+    if (error.launch == 0) return;
+    const DeviceError none;
+    copy_to_device(&none, error_record_, sizeof(DeviceError));
+    if (error.launch > static_cast<int64_t>(launches.size())) {  // a launch of another thread, between its two steps
+        throw std::invalid_argument("a cuda kernel found a bad index or value (" + std::to_string(error.index) + ")");
+    }
+    const ReportingLaunch& launch = launches[static_cast<std::size_t>(error.launch - 1)];
+    switch (launch.kind) {
+        case BadInput::index:
+            throw std::invalid_argument(index_out_of_range(launch.kernel, error.index, launch.dim, error.size));
+        case BadInput::bucket: throw std::invalid_argument(bucket_out_of_range(error.index, error.size));
+        case BadInput::int64_value: throw std::invalid_argument(no_int64_value(error.value));
+    }
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad
+
+#ifndef RELGRAD_CUDA_EMULATION
+// The module's one entry point (the engine opens librelgrad_cuda.so and calls it: backend.cpp):
+// the backend, or nullptr and why not.
+extern "C" relgrad::Backend* relgrad_open_cuda_backend(std::string* why_not) noexcept {
+    try {
+        return &relgrad::cuda::cuda_backend();
+    } catch (const std::exception& error) {
+        *why_not = error.what();
+        return nullptr;
+    }
+}
+#endif

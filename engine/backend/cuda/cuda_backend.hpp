@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <vector>
 
 #include "engine/backend/backend.hpp"
@@ -21,6 +22,33 @@
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
 
+// Bad input found by a kernel (an index out of range, a bucket outside [0, K), a float without an
+// int64 value) is not waited for: the kernel stores it in the backend's one error record, and the
+// host reads that record when it next waits for the device anyway, at its next copy from the device
+// (a training step reads its loss: once a step at least), and throws there the
+// std::invalid_argument the CPU backend throws at once, worded by kernel_checks.hpp. The first
+// report since the last read is the one thrown; each launch that may report has a serial.
+struct DeviceError {
+    int64_t launch = 0;           // the serial of the launch that stored it; 0: none yet
+    int64_t index = 0, size = 0;  // the index and the size of its dim (or the number of buckets)
+    double value = 0;             // the float that has no int64 value
+};
+// What a kernel reports to: the record and its own launch's serial (CudaBackend::error_report).
+struct ErrorReport {
+    DeviceError* record;
+    int64_t launch;
+};
+// Stores a bad index (or value) unless an earlier launch has stored one; any thread of the launch
+// may, and the host reads one of them.
+__device__ inline void report(ErrorReport to, int64_t index, int64_t size, double value = 0) {
+    DeviceError& record = *to.record;
+    if (record.launch != 0 && record.launch != to.launch) return;
+    record.index = index;
+    record.size = size;
+    record.value = value;
+    record.launch = to.launch;
+}
+
 class CudaBackend final : public Backend {
 public:
     CudaBackend();
@@ -28,7 +56,12 @@ public:
 
     CachingAllocator& allocator() override { return allocator_; }
     void copy_from_host(const void* host, void* device, std::size_t nbytes) override;
+    // Copies, then throws the bad input a kernel has reported since the last copy, if any.
     void copy_to_host(const void* device, void* host, std::size_t nbytes) override;
+
+    // The bad input a launch of `kernel` may find, and where it reports it (a kernel argument).
+    enum class BadInput { index, bucket, int64_value };
+    ErrorReport error_report(const char* kernel, BadInput kind, int64_t dim = 0);
 
 private:
     void do_fill(Tensor& out, double value) override;
@@ -56,7 +89,22 @@ private:
                                      const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
                                      Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias) override;
 
+    // throws what the error record holds, if anything, and empties it and unread_
+    void throw_reported_error();
+
     CachingAllocator allocator_;
+    // The error record (made on first use, never freed) and the launches that may have written it
+    // since it was last read: launch serial s is unread_[s - 1]. Read at the next copy to the host,
+    // or when kMaxUnread launches wait.
+    struct ReportingLaunch {
+        const char* kernel;
+        BadInput kind;
+        int64_t dim;
+    };
+    static constexpr std::size_t kMaxUnread = 1024;
+    DeviceError* error_record_ = nullptr;
+    std::vector<ReportingLaunch> unread_;
+    std::mutex unread_mutex_;
 };
 
 // The backend, made on first use; throws std::runtime_error naming why when no kernel can run here
@@ -146,38 +194,6 @@ struct Max {  // max of two; NaN when either is NaN
         return isnan(x) || x > y ? x : y;
     }
 };
-
-// Bad input found by a kernel (an index out of range, a float without an int64 value): the kernel
-// stores it in device memory, the host reads it after the kernel and throws the same
-// std::invalid_argument as the CPU backend, worded by kernel_checks.hpp.
-struct DeviceError {
-    int64_t found = 0;            // 1 once a thread stored one (any of them: each stores the same kind)
-    int64_t index = 0, size = 0;  // the index and the size of its dim (or the number of buckets)
-    double value = 0;             // the float that has no int64 value
-};
-class ErrorSlot {
-public:
-    ErrorSlot();  // a zeroed record on the device
-    ~ErrorSlot();
-    ErrorSlot(const ErrorSlot&) = delete;
-    ErrorSlot& operator=(const ErrorSlot&) = delete;
-    DeviceError* device() const { return record_; }
-    // the record, copied to the host (after the kernels before it)
-    DeviceError read() const;
-    // throws "<kernel>: index i is out of range for dim d of size n" if a kernel stored one
-    void throw_if_index_error(const char* kernel, int64_t dim) const;
-
-private:
-    DeviceError* record_;
-};
-
-// Stores a bad index (or value) in *error; any thread may, and the host reads one of them.
-__device__ inline void report(DeviceError* error, int64_t index, int64_t size, double value = 0) {
-    error->index = index;
-    error->size = size;
-    error->value = value;
-    error->found = 1;
-}
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad

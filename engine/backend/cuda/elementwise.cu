@@ -2,12 +2,10 @@
 // one thread per output element in a grid-stride loop, every operand read through its Layout
 // (strided, broadcast with stride 0), so any view works without a copy.
 #include <cstdint>
-#include <memory>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
 #include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
@@ -21,7 +19,7 @@ __global__ void fill_kernel(T* out, Layout out_layout, int64_t n, T value) {
 
 // dst = src converted to D; a float without an int64 value (NaN, +-inf, beyond +-2^63) is reported
 template <class S, class D>
-__global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n, DeviceError* error) {
+__global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_layout, int64_t n, ErrorReport error) {
     RELGRAD_FOR_EACH_INDEX(i, n) {
         const S v = src[offset_of(src_layout, i)];
         if constexpr (std::is_same_v<D, int64_t> && is_real_v<S>) {
@@ -143,7 +141,7 @@ void CudaBackend::do_copy(const Tensor& src, Tensor& dst) {
     const int64_t n = dst.numel();
     // a float converted to int64 may have no int64 value: the kernel reports one
     const bool checked = dst.dtype() == DType::int64 && is_floating(src.dtype());
-    const std::unique_ptr<ErrorSlot> error(checked ? new ErrorSlot() : nullptr);
+    const ErrorReport error = checked ? error_report("copy", BadInput::int64_value) : ErrorReport{nullptr, 0};
     Layout src_layout = layout_of(src, "copy"), dst_layout = layout_of(dst, "copy");
     merge_dims({&src_layout, &dst_layout});
     dispatch_any(dst.dtype(), [&](auto dst_tag) {
@@ -151,13 +149,9 @@ void CudaBackend::do_copy(const Tensor& src, Tensor& dst) {
         dispatch_any(src.dtype(), [&](auto src_tag) {
             using S = decltype(src_tag);
             launch("copy", copy_kernel<S, D>, grid_for(n, kElementThreads), kElementThreads, 0, device_data<S>(src),
-                   src_layout, device_data<D>(dst), dst_layout, n, checked ? error->device() : nullptr);
+                   src_layout, device_data<D>(dst), dst_layout, n, error);
         });
     });
-    if (checked) {
-        const DeviceError bad = error->read();
-        RELGRAD_CHECK(!bad.found, no_int64_value(bad.value));
-    }
 }
 
 void CudaBackend::do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {

@@ -11,6 +11,7 @@
 // alone.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cmath>
@@ -68,12 +69,16 @@ using std::sqrt;
 using std::tanh;
 #endif
 
+// The name of the last kernel launched, for the message of a fault met later (cuda_backend.cu).
+std::atomic<const char*>& last_kernel_launched();
+
 // kernel<<<grid, block, shared_bytes>>>(args...), checked: a launch CUDA refuses is an
 // std::logic_error naming the kernel. An empty grid launches nothing.
 template <class... Params, class... Args>
 void launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
             Args... args) {
     if (uint64_t{grid.x} * grid.y * grid.z == 0) return;
+    last_kernel_launched() = name;
 #ifdef RELGRAD_CUDA_EMULATION
     const std::tuple<Params...> params(static_cast<Params>(args)...);  // copied once, as CUDA copies them
     cuda_emulator::run_grid(name, reinterpret_cast<cuda_emulator::KernelAddress>(kernel), grid, block, shared_bytes,
@@ -123,7 +128,7 @@ constexpr unsigned kElementThreads = 256;
 std::string unusable_reason();
 int multiprocessor_count();
 void* device_allocate(std::size_t nbytes);  // nullptr when the device is full
-void device_free(void* block);
+void device_free(void* block) noexcept;
 void copy_to_device(const void* host, void* device, std::size_t nbytes);
 void copy_to_host(const void* device, void* host, std::size_t nbytes);
 
