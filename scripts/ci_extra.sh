@@ -166,7 +166,8 @@ EOF
 
     section "the CUDA kernels' resources on sm_90 (nvcc, ptxas)"
     start=$(date +%s)
-    /usr/bin/python3 scripts/kernel_resources.py || return 1
+    /usr/bin/python3 scripts/kernel_resources.py --tensor-cores mma_forward_kernel \
+        --tensor-cores mma_query_gradients_kernel --tensor-cores mma_key_gradients_kernel || return 1
     elapsed "the CUDA kernels' resources" "$start"
 }
 

@@ -14,9 +14,10 @@ kernel:
 
 A row per kernel template, with the range over its instantiations (--each: a row for each).
 
-    /usr/bin/python3 scripts/kernel_resources.py [--arch sm_90] [--nvcc nvcc] [--each]
+    /usr/bin/python3 scripts/kernel_resources.py [--arch sm_90] [--nvcc nvcc] [--each] [--tensor-cores KERNEL]
 
-Exit status 2 when nvcc or ptxas is missing, 1 when a file does not compile. docs/performance.md
+Exit status 2 when nvcc or ptxas is missing, 1 when a file does not compile or a kernel named by
+--tensor-cores uses no mma or has a stack frame or spills. docs/performance.md
 ("On a GPU") carries the table."""
 import argparse
 import glob
@@ -70,6 +71,9 @@ def main():
     parser.add_argument("--nvcc", default="nvcc")
     parser.add_argument("--each", action="store_true",
                         help="a row per instantiation (default: a row per kernel template, with ranges)")
+    parser.add_argument("--tensor-cores", action="append", default=[], metavar="KERNEL",
+                        help="a kernel template that must, in every instantiation, use mma and have no stack "
+                             "frame and no spills (exit status 1 otherwise); may be repeated")
     args = parser.parse_args()
     for tool in (args.nvcc, "ptxas", "c++filt"):
         if not shutil.which(tool):
@@ -96,6 +100,15 @@ def main():
                 body = bodies.get(mangled, "")
                 rows.append((os.path.basename(source), name, found[mangled],
                              len(re.findall(r"\bmma\.", body)), len(re.findall(r"\bfma\.", body))))
+    failures = []
+    for required in args.tensor_cores:
+        instances = [(name, r, mma) for _, name, r, mma, _ in rows if re.sub(r"<.*", "", name) == required]
+        if not instances:
+            failures.append(f"{required}: no such kernel")
+        for name, r, mma in instances:
+            if mma == 0 or r["stack"] or r["spill_stores"] or r["spill_loads"]:
+                failures.append(f"{name}: {mma} mma, {r['stack']} bytes of stack frame, "
+                                f"{r['spill_stores']}/{r['spill_loads']} bytes of spills (expected mma, 0, 0/0)")
     if not args.each:  # a row per kernel template: the range over its instantiations
         groups = {}
         for source, name, r, mma, fma in rows:
@@ -114,6 +127,9 @@ def main():
     for source, name, r, mma, fma in rows:
         print(f"| {source} | `{name}` | {r['registers']} | {r['stack']} | {r['spill_stores']}/{r['spill_loads']} "
               f"| {r['shared']} | {mma} | {fma} |")
+    for failure in failures:
+        print(f"kernel_resources: {failure}", file=sys.stderr)
+    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":

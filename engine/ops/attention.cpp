@@ -210,6 +210,7 @@ Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t 
     const ProfileScope profiled("pattern_mask");
     check_window(pattern, "attention");
     if (!pattern.causal && pattern.window < 0) return pattern.mask;
+    shape_numel({query_len, key_len});  // "shape [-1, 4] has a negative size"
     NoGradGuard no_grad;
     const Tensor query_positions = arange(query_len, DType::float64, device) + double(pattern.query_offset);
     const Tensor d = sub(arange(key_len, DType::float64, device), query_positions.reshape({query_len, 1}));

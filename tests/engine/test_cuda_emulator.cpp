@@ -132,6 +132,21 @@ __global__ void warp_shift_left(const double* x, double* out) {
     if (with_syncwarp) __syncwarp();
     out[lane] = tile[(lane + 1) % 32];
 }
+// Each lane scales its own slot, then adds 1 to its neighbour's: with __syncwarp between, the
+// neighbour's read-and-write follows the owner's (ordered, whatever the lanes' order); without it,
+// a race. out[t] = 2 x[t] + 1.
+template <bool with_syncwarp>
+__global__ void scale_then_bump_neighbour(const double* x, double* out) {
+    RELGRAD_SHARED(double, tile, 32);
+    const unsigned lane = threadIdx.x;
+    tile[lane] = x[lane];
+    __syncwarp();
+    tile[lane] *= 2.0;  // a read and a write of the lane's own slot
+    if (with_syncwarp) __syncwarp();
+    tile[(lane + 1) % 32] += 1.0;  // a read and a write of the next lane's slot
+    __syncwarp();
+    out[lane] = tile[lane];
+}
 // the mistakes: out[t] = x[t + 32] through shared memory, 64 threads, with __syncwarp where
 // __syncthreads is needed; a write one past the end of a shared array
 __global__ void shift_across_warps(const double* x, double* out) {
@@ -548,6 +563,19 @@ TEST_CASE("lanes of a warp do not run in lockstep: shared memory between lanes n
         CHECK_THROWS_WITH_AS(
             launch("warp_shift_left<false>", warp_shift_left<false>, 1, 32, 0, x.data(), without.data()),
             doctest::Contains("a race on byte "), std::logic_error);
+    }
+}
+
+TEST_CASE("a lane's read before a warp-scoped point does not race with another lane's read and write after it") {
+    const std::vector<double> x = iota(32);
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+        relgrad::cuda_emulator::set_seed(seed);
+        std::vector<double> out(32);
+        launch("scale_then_bump_neighbour<true>", scale_then_bump_neighbour<true>, 1, 32, 0, x.data(), out.data());
+        for (int lane = 0; lane < 32; ++lane) CHECK(out[lane] == 2 * x[lane] + 1);
+        CHECK_THROWS_WITH_AS(launch("scale_then_bump_neighbour<false>", scale_then_bump_neighbour<false>, 1, 32, 0,
+                                    x.data(), out.data()),
+                             doctest::Contains("a race on byte "), std::logic_error);
     }
 }
 

@@ -12,6 +12,9 @@
 
 #include "check.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
+#ifdef RELGRAD_TEST_CUDA
+#include "engine/backend/cuda/runtime.hpp"
+#endif
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -272,6 +275,59 @@ TEST_CASE("fused attention at the head widths models use (32, 64, 128), an odd l
         check_equals_bucketed(windowed);
     }
 }
+
+#ifdef RELGRAD_TEST_CUDA
+TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor cores, within tf32's error") {
+    // tf32 keeps 10 of float32's 23 mantissa bits: q, k, P and V are each rounded by at most 2^-11
+    // of themselves before their products, which are then exact, summed in float32. A score
+    // c q.k then errs by at most 2^-10 c sum_d |q_d k_d|, about 1.5e-3 per unit of c sum |q_d k_d|
+    // (some 7 for these N(0, 1) rows at Dh = 128, so under 1e-2, and far less on average); a
+    // softmax weight by about as much relatively, and z, a weighted mean of V rows of size ~1,
+    // by that plus V's own 2^-11. Outputs and gradients (the backward recomputes from this lse)
+    // are held to 1e-2 (x (1 + |value|)) of float64 on the CPU; a fragment element in a wrong
+    // place errs by the size of a value, ~1.
+    const double tf32_tolerance = 1e-2;
+    for (int64_t Dh : {32, 64, 128}) {
+        CAPTURE(Dh);
+        Case c;
+        c.Lq = 45;  // one block of 64 queries, partly filled; three tiles of 32 keys, the last partly
+        c.Lk = 70;
+        c.Dh = Dh;
+        c.k_left = 4;
+        c.k_right = 3;
+        Case causal = c;  // and a row that sees no key (query 0 at position -1)
+        causal.pattern.causal = true;
+        causal.pattern.query_offset = -1;
+        Case windowed = c;
+        windowed.pattern.window = 9;
+        std::vector<double> keep(2 * 70, 1.0);
+        std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
+        windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
+        Case plain = c;
+        plain.relative = false;
+        Case edges_only = c;  // K = 2: the two edge buckets and no interior one
+        edges_only.k_left = 1;
+        edges_only.k_right = 0;
+        for (const Case& each : {c, causal, windowed, plain, edges_only}) {
+            check_same(run(each, true, DType::float32, 11, Device::cuda), run(each, true, DType::float64),
+                       tf32_tolerance);
+        }
+        // the forward alone: its last kernel is the tensor cores' (the old kernel would also pass the
+        // check above), and a distance bias (ALiBi's or T5's) is added per pair
+        Generator gen(4);
+        const Tensor q = randn({2, 2, 45, Dh}, gen, DType::float64), k = randn({2, 2, 70, Dh}, gen, DType::float64),
+                     v = randn({2, 2, 70, Dh}, gen, DType::float64),
+                     bias = randn({2, 45 + 70 - 1}, gen, DType::float64);
+        const ClippedRelativeTerms terms{Tensor(), Tensor(), 0, 0, bias};
+        const Tensor expected = fused_attention(q, k, v, causal.pattern, 0.125, terms);
+        const ClippedRelativeTerms on_cuda{Tensor(), Tensor(), 0, 0, bias.to(DType::float32).to(Device::cuda)};
+        const Tensor z = fused_attention(q.to(DType::float32).to(Device::cuda), k.to(DType::float32).to(Device::cuda),
+                                         v.to(DType::float32).to(Device::cuda), causal.pattern, 0.125, on_cuda);
+        CHECK(std::string(cuda_emulated::last_kernel_launched().load()) == "fused_attention (tensor cores)");
+        check_values(z.to(Device::cpu), expected.to_vector(), tf32_tolerance);
+    }
+}
+#endif
 
 TEST_CASE("fused attention in float32 agrees with float64, and does not depend on the thread count") {
     Case c;

@@ -678,6 +678,12 @@ void note_shared_access(const void* address, std::size_t bytes, bool write) {
             a.write_epoch = epoch;
         } else if (a.read_phase != block.phase) {
             a = {a.write_phase, block.phase, a.writer, a.write_epoch, me, me, me, epoch, false, false};
+        } else if (my_warp == a.first_reader / kWarpSize && a.read_epoch != epoch) {
+            // my warp's reads so far are ordered before its lanes' writes from now on by a warp-scoped
+            // point: they are forgotten (a read by another warp in this phase is kept)
+            a.first_reader = a.other_reader = me;
+            a.read_epoch = epoch;
+            a.several_readers = false;
         } else {
             if (me != a.first_reader && !a.several_readers) a.several_readers = true, a.other_reader = me;
             if (my_warp != a.first_reader / kWarpSize && !a.readers_in_two_warps) {

@@ -195,6 +195,7 @@ void mma_sync_point(MmaInputs inputs, float* d, const uint32_t* a, const uint32_
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 
 namespace relgrad {
 namespace cuda_emulator {

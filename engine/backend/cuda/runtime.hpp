@@ -40,6 +40,13 @@
     extern __shared__ __align__(16) unsigned char name##_bytes[]; \
     T* const name = reinterpret_cast<T*>(name##_bytes)
 #endif
+// A loop over fragment registers, unrolled by nvcc so that every register index is a constant
+// (an array indexed at run time would live in local memory); the host compiler takes it as it is.
+#ifdef RELGRAD_CUDA_EMULATION
+#define RELGRAD_UNROLL
+#else
+#define RELGRAD_UNROLL _Pragma("unroll")
+#endif
 // Shared memory, one copy per block, declared in a kernel as
 //   RELGRAD_SHARED(T, name, n);       __shared__ T name[n]          (n a constant)
 //   RELGRAD_DYNAMIC_SHARED(T, name);  extern __shared__ T name[]    (sized at launch)
