@@ -202,29 +202,21 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
     return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
 }
 
-// The rules as [Lq, Lk] booleans, built by ops on `device` (only the two index vectors are written
-// on the host): query i sits at position query_offset + i, key j at j, d = j - (query_offset + i).
-// A key is hidden when d > 0 (causal) or |d| > window, each test written clamp(x, 0, 1), which is 1
-// exactly when the whole number x is positive (float64 holds every distance exactly).
+// The rules are written out on the host, query i at position query_offset + i, key j at j.
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
     const ProfileScope profiled("pattern_mask");
     check_window(pattern, "attention");
     if (!pattern.causal && pattern.window < 0) return pattern.mask;
     shape_numel({query_len, key_len});  // "shape [-1, 4] has a negative size"
-    NoGradGuard no_grad;
-    const Tensor query_positions = arange(query_len, DType::float64, device) + double(pattern.query_offset);
-    const Tensor d = sub(arange(key_len, DType::float64, device), query_positions.reshape({query_len, 1}));
-    Tensor hidden;  // the number of rules that hide (j, i): 0, 1 or 2
-    const auto hide_where_positive = [&](const Tensor& x) {
-        hidden = hidden.defined() ? add(hidden, clamp(x, 0, 1)) : clamp(x, 0, 1);
-    };
-    if (pattern.causal) hide_where_positive(d);
-    if (pattern.window >= 0) {
-        hide_where_positive(d - double(pattern.window));   // d > window
-        hide_where_positive(-d - double(pattern.window));  // -d > window
+    std::vector<double> visible(query_len * key_len);
+    for (int64_t i = 0; i < query_len; ++i) {
+        for (int64_t j = 0; j < key_len; ++j) {
+            const int64_t distance = j - (pattern.query_offset + i);
+            visible[i * key_len + j] =
+                (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
+        }
     }
-    const Tensor visible = clamp(-hidden + 1.0, 0, 1).to(DType::boolean);
-    return combine_masks(pattern.mask, visible);
+    return combine_masks(pattern.mask, from_vector(visible, {query_len, key_len}, DType::boolean, device));
 }
 
 Tensor distance_entry_index(int64_t query_len, int64_t key_len, Device device) {
