@@ -646,9 +646,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         row_lse[h] = i < p.Lq ? lse[row] : kNegInf;
         if (i < p.Lq && t == 0) d_rows[row] = d[h];
     }
-    BucketSums probs{{0, 0}, {0, 0}, bands + warp * 16 * interior, interior};
-    BucketSums slopes{{0, 0}, {0, 0}, bands + (kMmaWarps + warp) * 16 * interior, interior};
-    for (int64_t e = lane; e < 16 * interior; e += 32) probs.band[e] = slopes.band[e] = 0.0f;
+    BucketSums p_by_bucket{{0, 0}, {0, 0}, bands + warp * 16 * interior, interior};
+    BucketSums ds_by_bucket{{0, 0}, {0, 0}, bands + (kMmaWarps + warp) * 16 * interior, interior};
+    for (int64_t e = lane; e < 16 * interior; e += 32) p_by_bucket.band[e] = ds_by_bucket.band[e] = 0.0f;
     float dq_acc[Dh / 8][4] = {};
     __syncwarp();
 
@@ -678,8 +678,8 @@ __global__ void __launch_bounds__(kMmaThreads)
                     const int64_t r = p.K ? p.bucket(i, j) : 0;
                     ds = prob * (dp[n][e] + (p.K ? g_rows[(bh * p.Lq + i) * p.K + r] : 0.0f) - d[h]);
                     if (p.K) {
-                        probs.add(p, at.row, h, r, prob);
-                        slopes.add(p, at.row, h, r, ds);
+                        p_by_bucket.add(p, at.row, h, r, prob);
+                        ds_by_bucket.add(p, at.row, h, r, ds);
                     }
                 }
                 s[n][e] = scale * ds;  // now c dS
@@ -693,8 +693,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int h = 0; h < 2; ++h) {
         const int64_t i = warp_i0 + g + 8 * h, row = bh * p.Lq + i;
         if (p.K) {
-            probs.write_row(p, lane, h, i < p.Lq, 1.0f, p_sums + row * p.K);
-            slopes.write_row(p, lane, h, i < p.Lq, 1.0f, s_sums + row * p.K);
+            p_by_bucket.write_row(p, lane, h, i < p.Lq, 1.0f, p_sums + row * p.K);
+            ds_by_bucket.write_row(p, lane, h, i < p.Lq, 1.0f, s_sums + row * p.K);
         }
         if (i >= p.Lq) continue;
         RELGRAD_UNROLL
