@@ -1,7 +1,7 @@
 // relgrad: what the CUDA backend's sources need from CUDA, on a GPU or in the emulator.
 //
 // Every file of engine/backend/cuda/ is compiled twice: by nvcc for the GPU (namespace
-// relgrad::cuda, into the engine when RELGRAD_CUDA is on), and by the host compiler with
+// relgrad::cuda, into librelgrad_cuda.so when RELGRAD_CUDA is on), and by the host compiler with
 // RELGRAD_CUDA_EMULATION for the emulated device of the test build (namespace
 // relgrad::cuda_emulated, emulator.hpp). The kernels are one source; the two builds differ in
 // this header (kernel launches, shared memory, the math functions, the block size) and in the two
