@@ -27,6 +27,11 @@ inline void check_window(const AttentionPattern& pattern, const char* op) {
                                     " must be >= 0 (or -1 for none)");
     }
 }
+// Whether the causal and window rules let a query see a key at `distance` = j - (query_offset + i)
+// from it (the mask aside).
+RELGRAD_HOST_DEVICE inline bool seen_by_rules(bool causal, int64_t window, int64_t distance) {
+    return (!causal || distance <= 0) && (window < 0 || (distance <= window && -distance <= window));
+}
 
 // The largest clipping distance k_left or k_right: K = k_left + k_right + 1 buckets must fit an
 // int64, and far smaller tables cannot be allocated anyway.

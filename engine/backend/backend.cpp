@@ -245,6 +245,15 @@ void Backend::softmax_last_dim(const Tensor& x, bool log, Tensor& out) {
     f32.finish();
 }
 
+void Backend::pattern_mask(const AttentionPattern& pattern, Tensor& out) {
+    require_on_device("pattern_mask", {&out});
+    RELGRAD_CHECK(out.dim() == 2 && out.dtype() == DType::boolean && out.is_contiguous(), "pattern_mask: out ",
+                  shape_str(out.shape()), " must be a contiguous bool [Lq, Lk]");
+    check_window(pattern, "pattern_mask");
+    if (out.numel() == 0) return;
+    do_pattern_mask(pattern.causal, pattern.window, pattern.query_offset, out);
+}
+
 void Backend::rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) {
     require_on_device("rotate_pairs", {&x, &cos, &sin, &out});
     const int64_t L = x.dim() >= 2 ? x.size(-2) : 0, Dh = x.dim() >= 2 ? x.size(-1) : 0;

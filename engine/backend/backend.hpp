@@ -176,6 +176,11 @@ public:
     // out[.., p, 2t+1] = x_2t sin[p, t] + x_2t+1 cos[p, t] (the inverse rotation: -sin)
     void rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out);
 
+    // The causal and window rules of `pattern` as bool out [Lq, Lk], true where query i (at
+    // position query_offset + i) may see key j: d = j - (query_offset + i) <= 0 if causal, and
+    // |d| <= window if window >= 0 (pattern.mask is not read)
+    void pattern_mask(const AttentionPattern& pattern, Tensor& out);
+
     // --- attention (engine/ops/attention.cpp). Rows are (b, h, i) of [B, H, Lq, Lk] tensors;
     // `index` is int64 [Lq, Lk] with the bucket r(i, j); `mask` is bool, already expanded to
     // [B, H, Lq, Lk]; undefined tensors are skipped. A bucket outside [0, K) is an
@@ -230,6 +235,8 @@ private:
     // x and out contiguous, seen as [rows, columns] with columns > 0
     virtual void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) = 0;
     virtual void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) = 0;
+    // out contiguous bool [Lq, Lk]
+    virtual void do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) = 0;
     virtual void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                       const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
     virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,

@@ -202,21 +202,14 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
     return mul(a.to(DType::float32), b.to(DType::float32)).to(DType::boolean);  // logical and
 }
 
-// The rules are written out on the host, query i at position query_offset + i, key j at j.
+// The rules written by the device's kernel (Backend::pattern_mask), and the given mask and-ed in.
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
     const ProfileScope profiled("pattern_mask");
     check_window(pattern, "attention");
     if (!pattern.causal && pattern.window < 0) return pattern.mask;
-    shape_numel({query_len, key_len});  // "shape [-1, 4] has a negative size"
-    std::vector<double> visible(query_len * key_len);
-    for (int64_t i = 0; i < query_len; ++i) {
-        for (int64_t j = 0; j < key_len; ++j) {
-            const int64_t distance = j - (pattern.query_offset + i);
-            visible[i * key_len + j] =
-                (!pattern.causal || distance <= 0) && (pattern.window < 0 || std::llabs(distance) <= pattern.window);
-        }
-    }
-    return combine_masks(pattern.mask, from_vector(visible, {query_len, key_len}, DType::boolean, device));
+    Tensor visible = empty({query_len, key_len}, DType::boolean, device);  // "shape [-1, 4] has a negative size"
+    backend_for(device).pattern_mask(pattern, visible);
+    return combine_masks(pattern.mask, visible);
 }
 
 Tensor distance_entry_index(int64_t query_len, int64_t key_len, Device device) {

@@ -70,6 +70,13 @@ private:
 
 }  // namespace
 
+void CpuBackend::do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) {
+    const int64_t Lq = out.size(0), Lk = out.size(1);
+    bool* visible = device_data<bool>(out);
+    for (int64_t i = 0; i < Lq; ++i)
+        for (int64_t j = 0; j < Lk; ++j) visible[i * Lk + j] = seen_by_rules(causal, window, j - (query_offset + i));
+}
+
 void CpuBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                       const Tensor& mask, double scale, Tensor& bucket_weights) {
     dispatch_floating(scores.dtype(), "attention_softmax", [&](auto tag) {

@@ -46,6 +46,7 @@ private:
     void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
     void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) override;
     void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) override;
+    void do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) override;
     void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
                               double scale, Tensor& bucket_weights) override;
     void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,

@@ -104,6 +104,12 @@ __global__ void attention_softmax_backward_kernel(T* grad, const T* weights, con
     }
 }
 
+// the causal and window rules, a thread per (i, j)
+__global__ void pattern_mask_kernel(bool causal, int64_t window, int64_t query_offset, int64_t Lk, bool* out,
+                                    int64_t n) {
+    RELGRAD_FOR_EACH_INDEX(e, n) out[e] = seen_by_rules(causal, window, e % Lk - (query_offset + e / Lk));
+}
+
 RelativeIndex relative_index(const Tensor& index, int64_t buckets) {
     if (!index.defined()) return {nullptr, 0, 0, 0};
     return {device_data<int64_t>(index), index.strides()[0], index.strides()[1], buckets};
@@ -121,6 +127,12 @@ struct ScoreRows {
 };
 
 }  // namespace
+
+void CudaBackend::do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) {
+    const int64_t n = out.numel();
+    launch("pattern_mask", pattern_mask_kernel, grid_for(n, kElementThreads), kElementThreads, 0, causal, window,
+           query_offset, out.size(1), device_data<bool>(out), n);
+}
 
 void CudaBackend::do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
                                        const Tensor& mask, double scale, Tensor& bucket_weights) {
