@@ -957,30 +957,15 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         }
         const int64_t tile = tile_rows<T>(p.Dh);
         const std::size_t shared_bytes = 2 * tile * p.Dh * sizeof(T);
-        bool queries_done = false;
-        if constexpr (std::is_same_v<T, float>) {
-            if (uses_tensor_cores(q.dtype(), p)) {
-                launch_on_tensor_cores(
-                    "fused_attention_backward (queries, tensor cores)", p, p.Lq, B, query_gradients_floats(p),
-                    [](auto Dh) { return mma_query_gradients_kernel<decltype(Dh)::value>; }, device_data<float>(q),
-                    device_data<float>(k), device_data<float>(v), device_data<float>(z), device_data<float>(lse),
-                    device_data<float>(dz), device_data_or_null<float>(qe), device_data_or_null<float>(g),
-                    device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dq),
-                    p.K ? device_data<float>(p_sums) : nullptr, p.K ? device_data<float>(s_sums) : nullptr,
-                    device_data<float>(d_rows));
-                queries_done = true;
-            }
-        }
-        if (!queries_done) {
-            launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
-                   grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
-                   device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
-                   device_data_or_null<T>(qe), device_data_or_null<T>(g),
-                   device_data_or_null<T>(relative.distance_bias), T(scale), tile, device_data<T>(dq),
-                   p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr,
-                   device_data<T>(d_rows));
-        }
-        if (queries_done) {  // on tensor cores, as the queries
+        if (uses_tensor_cores(q.dtype(), p)) {  // float32 at Dh 32, 64, 128: both kernels on tensor cores
+            launch_on_tensor_cores(
+                "fused_attention_backward (queries, tensor cores)", p, p.Lq, B, query_gradients_floats(p),
+                [](auto Dh) { return mma_query_gradients_kernel<decltype(Dh)::value>; }, device_data<float>(q),
+                device_data<float>(k), device_data<float>(v), device_data<float>(z), device_data<float>(lse),
+                device_data<float>(dz), device_data_or_null<float>(qe), device_data_or_null<float>(g),
+                device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dq),
+                p.K ? device_data<float>(p_sums) : nullptr, p.K ? device_data<float>(s_sums) : nullptr,
+                device_data<float>(d_rows));
             launch_on_tensor_cores(
                 "fused_attention_backward (keys, tensor cores)", p, p.Lk, B, key_gradients_floats(p),
                 [](auto Dh) { return mma_key_gradients_kernel<decltype(Dh)::value>; }, device_data<float>(q),
@@ -989,6 +974,13 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
                 device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dk),
                 device_data<float>(dv));
         } else {
+            launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
+                   grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
+                   device_data<T>(k), device_data<T>(v), device_data<T>(z), device_data<T>(lse), device_data<T>(dz),
+                   device_data_or_null<T>(qe), device_data_or_null<T>(g),
+                   device_data_or_null<T>(relative.distance_bias), T(scale), tile, device_data<T>(dq),
+                   p.K ? device_data<T>(p_sums) : nullptr, p.K ? device_data<T>(s_sums) : nullptr,
+                   device_data<T>(d_rows));
             launch("fused_attention_backward (keys)", key_gradients_kernel<T>,
                    grid_of(p.Lk, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
                    device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
