@@ -33,11 +33,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def demangled(names):
     """The kernels' names as C++ writes them, without namespaces and parameter lists."""
-    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["c++filt", "--no-params"], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout
     short = []
     for name in out.splitlines():
         name = re.sub(r"(\w+::|\(anonymous namespace\)::)", "", name)  # namespaces
-        name = re.sub(r"^void |\(.*\)$", "", name)  # the return type and the parameter list
+        name = re.sub(r"^void ", "", name)  # the return type
+        # an enum template argument, (MmaInputs)1, by its enumerator's name
+        name = re.sub(r"\(MmaInputs\)(\d)", lambda m: ["tf32", "bfloat16", "float16"][int(m.group(1))], name)
         short.append(name)
     return short
 

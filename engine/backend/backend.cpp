@@ -294,7 +294,8 @@ void Backend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
     InFloat32 f32(*this);
     const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
                                           relative.k_right, f32.in(relative.distance_bias)};
-    do_fused_attention(f32.in(q), f32.in(k), f32.in(v), pattern, scale, relative32, f32.out(z), f32.out(lse));
+    do_fused_attention(f32.in(q), f32.in(k), f32.in(v), pattern, scale, relative32, f32.out(z), f32.out(lse),
+                       q.dtype());
     f32.finish();
 }
 
@@ -310,18 +311,18 @@ void Backend::fused_attention_backward(const Tensor& q, const Tensor& k, const T
                                           relative.k_right, f32.in(relative.distance_bias)};
     do_fused_attention_backward(f32.in(q), f32.in(k), f32.in(v), f32.in(z), f32.in(lse), f32.in(dz), pattern, scale,
                                 relative32, f32.out(dq), f32.out(dk), f32.out(dv), f32.out(d_table_k),
-                                f32.out(d_table_v), f32.out(d_distance_bias));
+                                f32.out(d_table_v), f32.out(d_distance_bias), q.dtype());
     f32.finish();
 }
 
 // The optional kernels a backend leaves out: reaching one is a bug in the op that called it.
 void Backend::do_fused_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionPattern&, double,
-                                 const ClippedRelativeTerms&, Tensor&, Tensor&) {
+                                 const ClippedRelativeTerms&, Tensor&, Tensor&, DType) {
     throw std::logic_error(std::string("fused_attention: the ") + name() + " backend has no fused kernel");
 }
 void Backend::do_fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const AttentionPattern&, double, const ClippedRelativeTerms&,
-                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, DType) {
     throw std::logic_error(std::string("fused_attention_backward: the ") + name() + " backend has no fused kernel");
 }
 

@@ -241,12 +241,17 @@ private:
                                       const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
     virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                                const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
+    // The fused kernels take float32 copies of 16-bit operands; `operands` is q's dtype before the
+    // copy, in which the values of q, k, v (and dz) are exact (the CUDA kernels then use 16-bit
+    // tensor-core inputs).
     virtual void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
+                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
+                                    DType operands);
     virtual void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias);
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias,
+                                             DType operands);
 
     // Every kernel starts here: an operand on another device is a bug of the op that called it
     // (std::logic_error); one of more dims than the device's kernels take, an std::invalid_argument.

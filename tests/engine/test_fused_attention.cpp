@@ -58,18 +58,20 @@ struct Result {
     std::vector<Tensor> grads;  // q, k, v, [table_k, table_v]
 };
 
-// Runs one form forward and backward with the cotangent w; the inputs come from the seed.
-Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11, Device device = Device::cpu) {
+// Runs one form forward and backward with the cotangent w; the inputs come from the seed, their
+// values rounded to `values` (a 16-bit run's values, in float64 for its reference).
+Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t seed = 11, Device device = Device::cpu,
+           DType values = DType::float64) {
     Generator gen(seed);
-    std::vector<Tensor> inputs = {randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype, device),
-                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype, device),
-                                  randn({c.B, c.H, c.Lk, c.Dh}, gen, dtype, device)};
+    const auto random = [&](const Shape& shape) { return randn(shape, gen, values, device).to(dtype); };
+    std::vector<Tensor> inputs = {random({c.B, c.H, c.Lq, c.Dh}), random({c.B, c.H, c.Lk, c.Dh}),
+                                  random({c.B, c.H, c.Lk, c.Dh})};
     const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
     if (c.relative) {
-        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype, device));
-        inputs.push_back(randn({tables, K, c.Dh}, gen, dtype, device));
+        inputs.push_back(random({tables, K, c.Dh}));
+        inputs.push_back(random({tables, K, c.Dh}));
     }
-    const Tensor w = randn({c.B, c.H, c.Lq, c.Dh}, gen, dtype, device);
+    const Tensor w = random({c.B, c.H, c.Lq, c.Dh});
     for (Tensor& t : inputs) t.requires_grad_(true);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
     Tensor z;
@@ -88,6 +90,17 @@ Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t see
     Result result{z.detach(), {}};
     for (const Tensor& t : inputs) result.grads.push_back(t.grad());
     return result;
+}
+
+// as check_same, within tol (1 + |expected value|): for 16-bit results, whose rounding grows with
+// their size
+void check_close(const Result& on_cuda, const Result& expected, double tol) {
+    check_same_values(on_cuda.z.to_vector(), expected.z.to_vector(), Device::cuda, "z", tol);
+    REQUIRE(on_cuda.grads.size() == expected.grads.size());
+    for (std::size_t n = 0; n < expected.grads.size(); ++n) {
+        check_same_values(on_cuda.grads[n].to_vector(), expected.grads[n].to_vector(), Device::cuda,
+                          "gradient of input " + std::to_string(n), tol);
+    }
 }
 
 void check_same(const Result& fused, const Result& expected, double tol) {
@@ -284,7 +297,7 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
     // (some 7 for these N(0, 1) rows at Dh = 128, so under 1e-2, and far less on average); a
     // softmax weight by about as much relatively, and z, a weighted mean of V rows of size ~1,
     // by that plus V's own 2^-11. Outputs and gradients (the backward recomputes from this lse)
-    // are held to 1e-2 (x (1 + |value|)) of float64 on the CPU; a fragment element in a wrong
+    // are held to 1e-2 of float64 on the CPU; a fragment element in a wrong
     // place errs by the size of a value, ~1.
     const double tf32_tolerance = 1e-2;
     for (int64_t Dh : {32, 64, 128}) {
@@ -325,8 +338,59 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
         const Tensor z = fused_attention(q.to(DType::float32).to(Device::cuda), k.to(DType::float32).to(Device::cuda),
                                          v.to(DType::float32).to(Device::cuda), causal.pattern, 0.125, on_cuda);
         const bool emulated = &backend_for(Device::cuda) == &cuda_emulated::cuda_backend();  // (not a GPU's)
-        if (emulated) CHECK(std::string(cuda_emulated::last_kernel_launched().load()) == "fused_attention (tensor cores)");
+        if (emulated) {
+            CHECK(std::string(cuda_emulated::last_kernel_launched().load()) == "fused_attention (tensor cores, tf32)");
+        }
         check_values(z.to(Device::cpu), expected.to_vector(), tf32_tolerance);
+    }
+}
+
+TEST_CASE("on cuda, bfloat16 and float16 at head widths 32, 64 and 128 run on 16-bit tensor cores") {
+    // 16-bit q, k, v and dz are exact as mma inputs; what the kernels round is P (for P V) and dS
+    // (for dS K, dS^T Q), each by at most half an epsilon of itself (epsilon 2^-7 for bfloat16,
+    // 2^-10 for float16), with float32 sums. Against float64 on the CPU with the same 16-bit
+    // values, outputs and gradients are held to 6 epsilons x (1 + |value|). Most of that is the
+    // graph around the op, in 16 bits too (the cotangent, mul, sum; every result rounded): the
+    // CPU's own 16-bit run of these cases, float32 inside with no rounded P, errs by up to 3.9
+    // (bfloat16) and 4.5 (float16) epsilons, these kernels by up to 3.5 and 4.6. A fragment
+    // element in a wrong place, or a k-step of 8 where the 16-bit mma takes 16, errs by ~1.
+    for (const DType dtype : {DType::bfloat16, DType::float16}) {
+        INFO(std::string(dtype_name(dtype)));
+        const double tolerance = 6 * (dtype == DType::bfloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10));
+        for (int64_t Dh : {32, 64, 128}) {
+            CAPTURE(Dh);
+            Case c;
+            c.Lq = 45;
+            c.Lk = 70;
+            c.Dh = Dh;
+            c.k_left = 4;
+            c.k_right = 3;
+            Case causal = c;  // and a row that sees no key
+            causal.pattern.causal = true;
+            causal.pattern.query_offset = -1;
+            Case windowed = c;
+            windowed.pattern.window = 9;
+            std::vector<double> keep(2 * 70, 1.0);
+            std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
+            windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
+            for (const Case& each : {c, causal, windowed}) {
+                check_close(run(each, true, dtype, 11, Device::cuda, dtype),
+                            run(each, true, DType::float64, 11, Device::cpu, dtype), tolerance);
+            }
+        }
+        // the kernel that ran is the one for 16-bit inputs (the tf32 one would also pass above):
+        // the backend's forward into float32 outputs, whose last launch is the kernel's own
+        Generator gen(5);
+        const Tensor q = randn({1, 2, 45, 64}, gen, dtype, Device::cuda),
+                     k = randn({1, 2, 70, 64}, gen, dtype, Device::cuda),
+                     v = randn({1, 2, 70, 64}, gen, dtype, Device::cuda);
+        Tensor z = empty({1, 2, 45, 64}, DType::float32, Device::cuda),
+               lse = empty({1, 2, 45}, DType::float32, Device::cuda);
+        backend_for(Device::cuda).fused_attention(q, k, v, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, z, lse);
+        if (&backend_for(Device::cuda) == &cuda_emulated::cuda_backend()) {
+            CHECK(std::string(cuda_emulated::last_kernel_launched().load()) ==
+                  std::string("fused_attention (tensor cores, ") + dtype_name(dtype) + ")");
+        }
     }
 }
 #endif

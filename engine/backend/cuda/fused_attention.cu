@@ -302,14 +302,17 @@ __global__ void distance_bias_gradient_kernel(Problem p, const T* q, const T* k,
 
 // ---------------------------------------------------------------- on tensor cores
 //
-// float32 at head widths 32, 64 and 128 (float64 keeps the kernels above): FlashAttention-2's split
+// float32, bfloat16 and float16 at head widths 32, 64 and 128 (float64 keeps the kernels above):
+// FlashAttention-2's split
 // of the queries, on tensor cores (docs/cuda_tiling.md). A block of kMmaWarps warps takes 16
 // queries a warp, whose Q rows stay in registers as mma A fragments. The block walks the key tiles
 // its queries can see (kMmaKeys keys each), copied into shared memory by cp.async, the next tile's
 // copy in flight while this one is used (two buffers). A lane of an m16n8 tile holds rows g and
 // g + 8 (g = lane / 4) of it: a row's values lie in the 4 lanes of a quad, whose maxima and sums
 // take two shuffles. Per warp and key tile, both kernels first compute
-//   S = Q K^T                              mma m16n8k8, tf32 inputs, float32 sums
+//   S = Q K^T                              mma: tf32 inputs (m16n8k8) for float32 operands,
+//                                          16-bit ones (m16n8k16) for bfloat16 and float16;
+//                                          float32 sums
 //   s_ij = c (S_ij + QE[i, r]) + b(j - i)  -inf where the pattern hides j
 // and sum a value per row and bucket, X[i, r] = sum_{j: r(i, j) = r} x_ij, split by the band: the
 // two edge buckets (r = 0: j - i <= -k_left; r = K - 1: j - i >= k_right) as per-row scalars in
@@ -324,6 +327,8 @@ __global__ void distance_bias_gradient_kernel(Problem p, const T* q, const T* k,
 //   mma_query_gradients_kernel:  P_ij = exp(s_ij - lse_i),  dP = dZ V^T + G[i, r],
 //                         dS = P (dP - D_i),  dQ += c dS K,  and P and dS summed by bucket
 constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaThreads = 32 * kMmaWarps;
+// (The kernels declare __launch_bounds__(kMmaThreads, 1): a block of kMmaThreads, at least one per
+// multiprocessor, so that ptxas may give a thread up to 255 registers instead of spilling at 128.)
 constexpr int kMmaKeys = 32, kKeyTiles = kMmaKeys / 8;
 // Row strides in shared memory, padded so that the lanes of a fragment read distinct banks:
 // K, V (and dZ) rows Dh + 8 floats, the scratch kMmaKeys + 4.
@@ -349,6 +354,31 @@ __device__ inline float quad_sum(float x) {
     return x + __shfl_xor_sync(kFullWarp, x, 2);
 }
 
+// A lane's fragment of an mma operand for inputs In: element e, at place_of(e) (mma.hpp), holds
+// value_at(row, col), rounded to tf32 or packed two to a register as 16-bit values. A 16-bit
+// operand's values (Q, K, V, dZ) are exact; P and dS are rounded, as FlashAttention-2 does.
+template <MmaInputs In, int Registers, class PlaceOf, class ValueAt>
+__device__ inline void fragment(const PlaceOf& place_of, const ValueAt& value_at, uint32_t (&regs)[Registers]) {
+    RELGRAD_UNROLL
+    for (int r = 0; r < Registers; ++r) {
+        if constexpr (In == MmaInputs::tf32) {
+            const TilePlace at = place_of(r);
+            regs[r] = tf32_of(value_at(at.row, at.col));
+        } else {
+            const TilePlace low = place_of(2 * r), high = place_of(2 * r + 1);
+            regs[r] = pack_16_bit(In, value_at(low.row, low.col), value_at(high.row, high.col));
+        }
+    }
+}
+template <MmaInputs In, class ValueAt>
+__device__ inline void a_fragment(int lane, const ValueAt& value_at, uint32_t (&a)[4]) {
+    fragment<In>([lane](int e) { return mma_a_place(In, lane, e); }, value_at, a);
+}
+template <MmaInputs In, class ValueAt>
+__device__ inline void b_fragment(int lane, const ValueAt& value_at, uint32_t (&b)[2]) {
+    fragment<In>([lane](int e) { return mma_b_place(In, lane, e); }, value_at, b);
+}
+
 // rows [first, first + kMmaKeys) of two [*, Dh] matrices (K and V, or Q and dZ) into one buffer
 // each, 16 bytes a copy, zeros past `end`
 template <int Dh>
@@ -365,52 +395,50 @@ __device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const flo
     }
 }
 
-// The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as A fragments (zeros past Lq), tf32
-template <int Dh>
-__device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, int lane, uint32_t (&a)[Dh / 8][4]) {
+// The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as A fragments (zeros past Lq), a k-step of
+// mma_k(In) dims each
+template <MmaInputs In, int Dh>
+__device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, int lane,
+                                   uint32_t (&a)[Dh / mma_k(In)][4]) {
+    constexpr int kK = mma_k(In);
     RELGRAD_UNROLL
-    for (int ks = 0; ks < Dh / 8; ++ks) {
-        RELGRAD_UNROLL
-        for (int e = 0; e < 4; ++e) {
-            const TilePlace at = mma_a_place(MmaInputs::tf32, lane, e);
-            a[ks][e] = i0 + at.row < Lq ? tf32_of(rows[(i0 + at.row) * Dh + 8 * ks + at.col]) : 0u;
-        }
+    for (int ks = 0; ks < Dh / kK; ++ks) {
+        a_fragment<In>(
+            lane, [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : 0.0f; },
+            a[ks]);
     }
 }
 
-// out = A T^T for the warp's 16 rows: A [16, Dh], its fragment for dims [8 ks, 8 ks + 8) given by
-// a_of(ks, a) (from registers, or read from shared memory one k-step at a time, which keeps
+// out = A T^T for the warp's 16 rows: A [16, Dh], its fragment for dims [kK ks, kK ks + kK) given
+// by a_of(ks, a) (from registers, or read from shared memory one k-step at a time, which keeps
 // registers free), T a tile of kMmaKeys rows of Dh in shared memory (row stride Dh + kTilePad):
 // out[n][e] at C place e of T's rows [8 n, 8 n + 8)
-template <int Dh, class AOf>
+template <MmaInputs In, int Dh, class AOf>
 __device__ void rows_times_tile_rows(AOf&& a_of, Shared<float> tile, int lane, float (&out)[kKeyTiles][4]) {
-    constexpr int kRowStride = Dh + kTilePad;
+    constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
     RELGRAD_UNROLL
     for (int n = 0; n < kKeyTiles; ++n) {
         RELGRAD_UNROLL
         for (int e = 0; e < 4; ++e) out[n][e] = 0.0f;
     }
     RELGRAD_UNROLL
-    for (int ks = 0; ks < Dh / 8; ++ks) {
+    for (int ks = 0; ks < Dh / kK; ++ks) {
         uint32_t a[4];
         a_of(ks, a);
         RELGRAD_UNROLL
         for (int n = 0; n < kKeyTiles; ++n) {
             uint32_t b[2];
-            RELGRAD_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const TilePlace at = mma_b_place(MmaInputs::tf32, lane, e);  // (dim, tile row)
-                b[e] = tf32_of(tile[(8 * n + at.col) * kRowStride + 8 * ks + at.row]);
-            }
-            mma_sync<MmaInputs::tf32>(out[n], a, b, out[n]);
+            b_fragment<In>(  // B's row is a dim, its column a tile row
+                lane, [&](int row, int col) { return tile[(8 * n + col) * kRowStride + kK * ks + row]; }, b);
+            mma_sync<In>(out[n], a, b, out[n]);
         }
     }
 }
 
 // A fragments from registers (the Q rows each kernel keeps)
-template <int Dh>
+template <MmaInputs In, int Dh>
 struct FromRegisters {
-    const uint32_t (&fragments)[Dh / 8][4];
+    const uint32_t (&fragments)[Dh / mma_k(In)][4];
     __device__ void operator()(int ks, uint32_t (&a)[4]) const {
         RELGRAD_UNROLL
         for (int e = 0; e < 4; ++e) a[e] = fragments[ks][e];
@@ -419,10 +447,10 @@ struct FromRegisters {
 
 // acc += X T for the warp's 16 rows: X [16, kMmaKeys] at C places (x) through the warp's scratch,
 // T a tile of kMmaKeys rows of Dh in shared memory
-template <int Dh>
+template <MmaInputs In, int Dh>
 __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<float> scratch, Shared<float> tile,
                                       int lane, float (&acc)[Dh / 8][4]) {
-    constexpr int kRowStride = Dh + kTilePad;
+    constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
     RELGRAD_UNROLL
     for (int n = 0; n < kKeyTiles; ++n) {
         RELGRAD_UNROLL
@@ -433,22 +461,16 @@ __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<flo
     }
     __syncwarp();  // written at C places, read at A places
     RELGRAD_UNROLL
-    for (int ks = 0; ks < kKeyTiles; ++ks) {
+    for (int ks = 0; ks < kMmaKeys / kK; ++ks) {
         uint32_t a[4];
-        RELGRAD_UNROLL
-        for (int e = 0; e < 4; ++e) {
-            const TilePlace at = mma_a_place(MmaInputs::tf32, lane, e);  // (row, tile row)
-            a[e] = tf32_of(scratch[at.row * kScratchStride + 8 * ks + at.col]);
-        }
+        a_fragment<In>(  // A's column is a tile row
+            lane, [&](int row, int col) { return scratch[row * kScratchStride + kK * ks + col]; }, a);
         RELGRAD_UNROLL
         for (int n = 0; n < Dh / 8; ++n) {
             uint32_t b[2];
-            RELGRAD_UNROLL
-            for (int e = 0; e < 2; ++e) {
-                const TilePlace at = mma_b_place(MmaInputs::tf32, lane, e);  // (tile row, dim)
-                b[e] = tf32_of(tile[(8 * ks + at.row) * kRowStride + 8 * n + at.col]);
-            }
-            mma_sync<MmaInputs::tf32>(acc[n], a, b, acc[n]);
+            b_fragment<In>(  // B's row is a tile row, its column a dim
+                lane, [&](int row, int col) { return tile[(kK * ks + row) * kRowStride + 8 * n + col]; }, b);
+            mma_sync<In>(acc[n], a, b, acc[n]);
         }
     }
     __syncwarp();  // every lane has read the scratch before it is written again
@@ -540,8 +562,8 @@ struct KeyRange {
     }
 };
 
-template <int Dh>
-__global__ void __launch_bounds__(kMmaThreads)
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
     mma_forward_kernel(Problem p, const float* q, const float* k, const float* v, const float* qe, const float* bias,
                        float scale, float* w, float* z, float* lse) {
     RELGRAD_DYNAMIC_SHARED(float, shared);
@@ -550,8 +572,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const Shared<float> after_tiles = shared + 4 * kMmaKeys * (Dh + kTilePad);
     const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
-    uint32_t qa[Dh / 8][4];
-    load_row_fragments<Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    uint32_t qa[Dh / mma_k(In)][4];
+    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
     float o[Dh / 8][4] = {};
     float m[2] = {kNegInf, kNegInf}, l[2] = {0, 0};  // rows g, g + 8
     BucketSums weights{{0, 0}, {0, 0}, after_tiles + kMmaWarps * 16 * kScratchStride + warp * 16 * interior, interior};
@@ -561,7 +583,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const KeyRange seen(p, i0);
     const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
         float s[kKeyTiles][4];
-        rows_times_tile_rows<Dh>(FromRegisters<Dh>{qa}, keys, lane, s);
+        rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
         scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
         float shift[2];  // the new row maxima, 0 for a row that sees nothing yet (every P is then 0)
         RELGRAD_UNROLL
@@ -595,7 +617,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                 }
             }
         }
-        add_values_times_tile<Dh>(s, scratch, values, lane, o);  // O += P V
+        add_values_times_tile<In, Dh>(s, scratch, values, lane, o);  // O += P V
     };
     walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
     __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
@@ -615,8 +637,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 }
 
-template <int Dh>
-__global__ void __launch_bounds__(kMmaThreads)
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
     mma_query_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* z,
                                const float* lse, const float* dz, const float* qe, const float* g_rows,
                                const float* bias, float scale, float* dq, float* p_sums, float* s_sums, float* d_rows) {
@@ -629,8 +651,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const Shared<float> bands = after_tiles + kMmaWarps * 16 * kScratchStride;
     const Shared<float> dz_rows = bands + 2 * kMmaRows * interior + warp * 16 * kRowStride;  // its rows of dZ
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
-    uint32_t qa[Dh / 8][4];
-    load_row_fragments<Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    uint32_t qa[Dh / mma_k(In)][4];
+    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
     // the warp's dZ rows into shared memory (read as A fragments per tile), and D_i = dz_i . z_i
     float d[2], row_lse[2];
     RELGRAD_UNROLL
@@ -655,16 +677,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     const KeyRange seen(p, i0);
     const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
         float s[kKeyTiles][4], dp[kKeyTiles][4];
-        rows_times_tile_rows<Dh>(FromRegisters<Dh>{qa}, keys, lane, s);
+        rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
         scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
         const auto dz_fragment = [&](int ks, uint32_t(&a)[4]) {  // dZ's, read from the warp's rows
-            RELGRAD_UNROLL
-            for (int e = 0; e < 4; ++e) {
-                const TilePlace at = mma_a_place(MmaInputs::tf32, lane, e);
-                a[e] = tf32_of(dz_rows[at.row * kRowStride + 8 * ks + at.col]);
-            }
+            a_fragment<In>(
+                lane, [&](int row, int col) { return dz_rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
         };
-        rows_times_tile_rows<Dh>(dz_fragment, values, lane, dp);  // dP = dZ V^T
+        rows_times_tile_rows<In, Dh>(dz_fragment, values, lane, dp);  // dP = dZ V^T
         RELGRAD_UNROLL
         for (int n = 0; n < kKeyTiles; ++n) {
             RELGRAD_UNROLL
@@ -685,7 +704,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                 s[n][e] = scale * ds;  // now c dS
             }
         }
-        add_values_times_tile<Dh>(s, scratch, keys, lane, dq_acc);  // dQ += c dS K
+        add_values_times_tile<In, Dh>(s, scratch, keys, lane, dq_acc);  // dQ += c dS K
     };
     walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
     __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
@@ -781,8 +800,8 @@ dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel, int64_t rows
 //   dV += P^T dZ,  dK += c dS^T Q
 // The warp's K and V rows stay in shared memory (registers hold dK and dV), read one k-step at a
 // time as A fragments.
-template <int Dh>
-__global__ void __launch_bounds__(kMmaThreads)
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
     mma_key_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* lse,
                              const float* dz, const float* qe, const float* g_rows, const float* d_rows,
                              const float* bias, float scale, float* dk, float* dv) {
@@ -802,11 +821,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     __syncwarp();
     const auto fragment_of = [&](Shared<float> rows) {
         return [=](int ks, uint32_t(&a)[4]) {
-            RELGRAD_UNROLL
-            for (int e = 0; e < 4; ++e) {
-                const TilePlace at = mma_a_place(MmaInputs::tf32, lane, e);
-                a[e] = tf32_of(rows[at.row * kRowStride + 8 * ks + at.col]);
-            }
+            a_fragment<In>(
+                lane, [&](int row, int col) { return rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
         };
     };
     float dk_acc[Dh / 8][4] = {}, dv_acc[Dh / 8][4] = {};
@@ -814,8 +830,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t begin = p.queries_begin(j0), end = p.queries_end(j1);
     const auto query_tile = [&](int64_t i0, Shared<float> queries, Shared<float> dz_tile) {
         float probs[kKeyTiles][4], slopes[kKeyTiles][4];  // P^T and c dS^T: key rows, query columns
-        rows_times_tile_rows<Dh>(fragment_of(key_rows), queries, lane, probs);     // S^T = K Q^T
-        rows_times_tile_rows<Dh>(fragment_of(value_rows), dz_tile, lane, slopes);  // dP^T = V dZ^T
+        rows_times_tile_rows<In, Dh>(fragment_of(key_rows), queries, lane, probs);     // S^T = K Q^T
+        rows_times_tile_rows<In, Dh>(fragment_of(value_rows), dz_tile, lane, slopes);  // dP^T = V dZ^T
         RELGRAD_UNROLL
         for (int n = 0; n < kKeyTiles; ++n) {
             RELGRAD_UNROLL
@@ -834,8 +850,8 @@ __global__ void __launch_bounds__(kMmaThreads)
                 slopes[n][e] = scale * ds;
             }
         }
-        add_values_times_tile<Dh>(probs, scratch, dz_tile, lane, dv_acc);   // dV += P^T dZ
-        add_values_times_tile<Dh>(slopes, scratch, queries, lane, dk_acc);  // dK += c dS^T Q
+        add_values_times_tile<In, Dh>(probs, scratch, dz_tile, lane, dv_acc);   // dV += P^T dZ
+        add_values_times_tile<In, Dh>(slopes, scratch, queries, lane, dk_acc);  // dK += c dS^T Q
     };
     walk_tiles<Dh>(shared, q + bh * p.Lq * Dh, dz + bh * p.Lq * Dh, begin, end, query_tile);
     RELGRAD_UNROLL
@@ -853,8 +869,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 }
 
-// The kernels on tensor cores take float32 at head widths 32, 64 and 128 when each one's shared
-// memory fits in 163 KiB, sm_80's most (Shaw's tables add K - 2 interior buckets a row).
+// The kernels on tensor cores take float32 (and the float32 copies of 16-bit operands) at head
+// widths 32, 64 and 128 when each one's shared memory fits in 163 KiB, sm_80's most (Shaw's tables
+// add K - 2 interior buckets a row).
 constexpr int64_t kMaxMmaSharedBytes = 163 * 1024;
 // The shared memory of each kernel (mma_shared_floats): the forward's band; the query gradients'
 // two bands (P and dS by bucket) and dZ rows; the key gradients' K and V rows.
@@ -867,21 +884,50 @@ bool uses_tensor_cores(DType dtype, const Problem& p) {
            most * static_cast<int64_t>(sizeof(float)) <= kMaxMmaSharedBytes;
 }
 
-// Launches kernel_for(Dh) (a kernel template's instance for Dh, given as an integral constant) for
-// p.Dh (32, 64 or 128) over blocks of kMmaRows of `rows` (queries or keys), with `floats` of
-// shared memory.
+// The tensor-core inputs for operands of a dtype: tf32 for float32, the 16-bit type itself for
+// bfloat16 and float16 (whose values reach the kernels exact, in float32 copies).
+MmaInputs mma_inputs_for(DType operands) {
+    if (operands == DType::bfloat16) return MmaInputs::bfloat16;
+    if (operands == DType::float16) return MmaInputs::float16;
+    return MmaInputs::tf32;
+}
+
+// A kernel's name per tensor-core inputs, in MmaInputs' order (the name a fault message gives)
+using NamesByInputs = const char* const[3];
+constexpr NamesByInputs kForwardNames = {"fused_attention (tensor cores, tf32)",
+                                         "fused_attention (tensor cores, bfloat16)",
+                                         "fused_attention (tensor cores, float16)"};
+constexpr NamesByInputs kQueryGradientsNames = {"fused_attention_backward (queries, tensor cores, tf32)",
+                                                "fused_attention_backward (queries, tensor cores, bfloat16)",
+                                                "fused_attention_backward (queries, tensor cores, float16)"};
+constexpr NamesByInputs kKeyGradientsNames = {"fused_attention_backward (keys, tensor cores, tf32)",
+                                              "fused_attention_backward (keys, tensor cores, bfloat16)",
+                                              "fused_attention_backward (keys, tensor cores, float16)"};
+
+// Launches kernel_for(In, Dh) (a kernel template's instance, In and Dh given as integral constants)
+// for the inputs of `operands` and p.Dh (32, 64 or 128) over blocks of kMmaRows of `rows` (queries
+// or keys), with `floats` of shared memory.
 template <class KernelFor, class... Args>
-void launch_on_tensor_cores(const char* name, const Problem& p, int64_t rows, int64_t B, int64_t floats,
-                            KernelFor kernel_for, Args... args) {
+void launch_on_tensor_cores(const NamesByInputs& names, const Problem& p, DType operands, int64_t rows, int64_t B,
+                            int64_t floats, KernelFor kernel_for, Args... args) {
+    const char* name = names[static_cast<int>(mma_inputs_for(operands))];
     const auto bytes = static_cast<std::size_t>(floats) * sizeof(float);
     const dim3 grid = grid_of(rows, B * p.H, name, kMmaRows);
-    const auto run = [&](auto kernel) {
-        allow_dynamic_shared(name, kernel, bytes);
-        launch(name, kernel, grid, kMmaThreads, bytes, p, args...);
+    const auto run = [&](auto in) {
+        const auto run_for = [&](auto Dh) {
+            const auto kernel = kernel_for(in, Dh);
+            allow_dynamic_shared(name, kernel, bytes);
+            launch(name, kernel, grid, kMmaThreads, bytes, p, args...);
+        };
+        if (p.Dh == 32) run_for(std::integral_constant<int, 32>());
+        if (p.Dh == 64) run_for(std::integral_constant<int, 64>());
+        if (p.Dh == 128) run_for(std::integral_constant<int, 128>());
     };
-    if (p.Dh == 32) run(kernel_for(std::integral_constant<int, 32>()));
-    if (p.Dh == 64) run(kernel_for(std::integral_constant<int, 64>()));
-    if (p.Dh == 128) run(kernel_for(std::integral_constant<int, 128>()));
+    switch (mma_inputs_for(operands)) {
+        case MmaInputs::tf32: return run(std::integral_constant<MmaInputs, MmaInputs::tf32>());
+        case MmaInputs::bfloat16: return run(std::integral_constant<MmaInputs, MmaInputs::bfloat16>());
+        case MmaInputs::float16: return run(std::integral_constant<MmaInputs, MmaInputs::float16>());
+    }
 }
 
 }  // namespace
@@ -896,7 +942,8 @@ bool CudaBackend::supports(OptionalKernel kernel) const {
 }
 
 void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
+                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
+                                     DType operands) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention");
     const int64_t B = q.size(0);
     dispatch_floating(q.dtype(), "fused_attention", [&](auto tag) {
@@ -913,9 +960,9 @@ void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Ten
         if constexpr (std::is_same_v<T, float>) {
             if (uses_tensor_cores(q.dtype(), p)) {
                 launch_on_tensor_cores(
-                    "fused_attention (tensor cores)", p, p.Lq, B, forward_floats(p),
-                    [](auto Dh) { return mma_forward_kernel<decltype(Dh)::value>; }, device_data<float>(q),
-                    device_data<float>(k), device_data<float>(v), device_data_or_null<float>(qe),
+                    kForwardNames, p, operands, p.Lq, B, forward_floats(p),
+                    [](auto in, auto Dh) { return mma_forward_kernel<decltype(in)::value, decltype(Dh)::value>; },
+                    device_data<float>(q), device_data<float>(k), device_data<float>(v), device_data_or_null<float>(qe),
                     device_data_or_null<float>(relative.distance_bias), float(scale),
                     p.K ? device_data<float>(w) : nullptr, device_data<float>(z), device_data<float>(lse));
                 if (p.K) {  // z += w E_V
@@ -939,7 +986,7 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
                                               const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                               double scale, const ClippedRelativeTerms& relative, Tensor& dq,
                                               Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
-                                              Tensor& d_distance_bias) {
+                                              Tensor& d_distance_bias, DType operands) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
     const int64_t B = q.size(0);
     dispatch_floating(q.dtype(), "fused_attention_backward", [&](auto tag) {
@@ -959,20 +1006,20 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         const std::size_t shared_bytes = 2 * tile * p.Dh * sizeof(T);
         if (uses_tensor_cores(q.dtype(), p)) {  // float32 at Dh 32, 64, 128: both kernels on tensor cores
             launch_on_tensor_cores(
-                "fused_attention_backward (queries, tensor cores)", p, p.Lq, B, query_gradients_floats(p),
-                [](auto Dh) { return mma_query_gradients_kernel<decltype(Dh)::value>; }, device_data<float>(q),
-                device_data<float>(k), device_data<float>(v), device_data<float>(z), device_data<float>(lse),
-                device_data<float>(dz), device_data_or_null<float>(qe), device_data_or_null<float>(g),
-                device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dq),
-                p.K ? device_data<float>(p_sums) : nullptr, p.K ? device_data<float>(s_sums) : nullptr,
-                device_data<float>(d_rows));
+                kQueryGradientsNames, p, operands, p.Lq, B, query_gradients_floats(p),
+                [](auto in, auto Dh) { return mma_query_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; },
+                device_data<float>(q), device_data<float>(k), device_data<float>(v), device_data<float>(z),
+                device_data<float>(lse), device_data<float>(dz), device_data_or_null<float>(qe),
+                device_data_or_null<float>(g), device_data_or_null<float>(relative.distance_bias), float(scale),
+                device_data<float>(dq), p.K ? device_data<float>(p_sums) : nullptr,
+                p.K ? device_data<float>(s_sums) : nullptr, device_data<float>(d_rows));
             launch_on_tensor_cores(
-                "fused_attention_backward (keys, tensor cores)", p, p.Lk, B, key_gradients_floats(p),
-                [](auto Dh) { return mma_key_gradients_kernel<decltype(Dh)::value>; }, device_data<float>(q),
-                device_data<float>(k), device_data<float>(v), device_data<float>(lse), device_data<float>(dz),
-                device_data_or_null<float>(qe), device_data_or_null<float>(g), device_data<float>(d_rows),
-                device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dk),
-                device_data<float>(dv));
+                kKeyGradientsNames, p, operands, p.Lk, B, key_gradients_floats(p),
+                [](auto in, auto Dh) { return mma_key_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; },
+                device_data<float>(q), device_data<float>(k), device_data<float>(v), device_data<float>(lse),
+                device_data<float>(dz), device_data_or_null<float>(qe), device_data_or_null<float>(g),
+                device_data<float>(d_rows), device_data_or_null<float>(relative.distance_bias), float(scale),
+                device_data<float>(dk), device_data<float>(dv));
         } else {
             launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
                    grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),

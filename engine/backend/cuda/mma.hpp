@@ -79,12 +79,23 @@ RELGRAD_HOST_DEVICE inline uint32_t tf32_of(float value) {
 #endif
 }
 
-// Two 16-bit inputs in one register, `low` the element with the lower index.
+// Two 16-bit inputs in one register, `low` the element with the lower index, each rounded to
+// nearest even (on the GPU one cvt.rn for the pair, which puts its first operand in the high half).
 RELGRAD_HOST_DEVICE inline uint32_t pack_16_bit(MmaInputs inputs, float low, float high) {
+#if defined(__CUDA_ARCH__)
+    uint32_t bits;
+    if (inputs == MmaInputs::bfloat16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(high), "f"(low));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bits) : "f"(high), "f"(low));
+    }
+    return bits;
+#else
     const auto bits = [&](float f) -> uint32_t {
         return inputs == MmaInputs::bfloat16 ? half_bits::bfloat16_of(f) : half_bits::float16_of(f);
     };
     return bits(low) | bits(high) << 16;
+#endif
 }
 
 // Element i of an A or B fragment (registers `regs`) as a float.
