@@ -9,6 +9,7 @@
 #include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -46,7 +47,41 @@ Node::~Node() {
     }  // each node is freed here with no inputs left: no recursion
 }
 
-Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
+// The fingerprint of the tensor's values, packed: what NumPy may have written is found by
+// comparing two
+static uint64_t fingerprint_of(const Tensor& t) {
+    const Tensor packed = t.contiguous();
+    const auto* first = static_cast<const unsigned char*>(packed.storage()->data()) +
+                        packed.offset() * static_cast<int64_t>(dtype_size(packed.dtype()));
+    return fingerprint(first, packed.numel() * dtype_size(packed.dtype()));
+}
+
+SavedTensor save_for_backward(const Save& save) {
+    const std::shared_ptr<Storage>& storage = save.tensor.storage();
+    SavedTensor saved;
+    saved.name = save.name;
+    saved.tensor = save.tensor.detach();
+    saved.version = storage->version();
+    if (storage->numpy_can_write()) saved.fingerprint = fingerprint_of(saved.tensor);
+    ++storage->saved_by_graphs;
+    saved.hold = std::shared_ptr<void>(nullptr, [storage](void*) { --storage->saved_by_graphs; });
+    return saved;
+}
+
+void check_unchanged(const SavedTensor& saved, const std::string& op_name) {
+    const Storage& storage = *saved.tensor.storage();
+    const bool written = storage.version() != saved.version;
+    if (!written && !(storage.numpy_can_write() && fingerprint_of(saved.tensor) != saved.fingerprint)) return;
+    throw std::runtime_error(
+        "backward of " + op_name + ": " + saved.name + " (" + shape_str(saved.tensor.shape()) + ", " +
+        dtype_name(saved.tensor.dtype()) + "), which " + op_name + " saved for its gradient, was changed in place " +
+        (written ? "(copy_, an optimizer step or a load)" : "through a NumPy array sharing its memory") +
+        " after the forward; the gradient would be of the new values. Run the forward again after the change, or "
+        "change a clone()");
+}
+
+Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, const std::vector<Save>& saved,
+              BackwardFn backward) {
     if (!grad_mode || !is_floating(output.dtype())) return output;  // an integer result has no gradient
     bool any_requires_grad = false;
     for (const Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
@@ -55,6 +90,9 @@ Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, Ba
     node->op_name = std::move(op_name);
     node->inputs = std::move(inputs);
     node->backward = std::move(backward);
+    for (const Save& save : saved) {
+        if (save.tensor.defined()) node->saved.push_back(save_for_backward(save));
+    }
     node->output_shape = output.shape();
     node->output_dtype = output.dtype();
     node->output_device = output.device();
@@ -147,6 +185,7 @@ void run_backward(const Tensor& root, const Tensor& gradient, bool retain_graph)
         if (!tensor->grad_fn) continue;
 
         Node& node = *tensor->grad_fn;
+        for (const SavedTensor& saved : node.saved) check_unchanged(saved, node.op_name);
         std::vector<Tensor> input_grads;
         {
             const ProfileScope profiled(node.op_name.c_str(), Phase::backward);
@@ -189,7 +228,9 @@ Tensor checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs, con
     // gradient; their gradients come from the inner pass, so the node returns none for them
     std::vector<Tensor> recorded = inputs;
     recorded.insert(recorded.end(), parameters.begin(), parameters.end());
-    return record(output, "checkpoint", recorded,
+    std::vector<Save> read_again;  // the inputs fn runs on again (the parameters are their own graph's)
+    for (const Tensor& input : inputs) read_again.push_back({"an input", input});
+    return record(output, "checkpoint", recorded, read_again,
                   [fn, saved, wants_grad, before_recompute, count = recorded.size()](const Tensor& g) {
                       if (before_recompute) before_recompute();
                       std::vector<Tensor> fresh;  // new leaves on every pass

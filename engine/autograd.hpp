@@ -21,10 +21,34 @@ namespace relgrad {
 // Maps dL/dy to {dL/dx_0, dL/dx_1, ...}; an undefined Tensor means "no gradient for this input".
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
 
+// A tensor whose values a backward reads, by its name in the op ("x", "y" for the output, "cond"),
+// as an op hands it to record().
+struct Save {
+    const char* name;
+    Tensor tensor;
+};
+
+// What the node keeps of a Save: the storage's version when the op recorded it (Storage::version:
+// relgrad's in-place writes count) and, for memory NumPy can write too, a fingerprint of the
+// values. Before the node's backward runs, run_backward checks that both are unchanged: a tensor
+// written in place in between would give a gradient of other values than the forward's, without
+// a word. While a node keeps it, Tensor.numpy() hands out read-only views of that memory.
+struct SavedTensor {
+    std::string name;
+    Tensor tensor;
+    uint64_t version = 0;
+    uint64_t fingerprint = 0;    // where the memory is NumPy's to write too; else 0
+    std::shared_ptr<void> hold;  // counts the save in Storage::saved_by_graphs while it lives
+};
+SavedTensor save_for_backward(const Save& save);
+// throws std::runtime_error naming the op and the tensor when the memory changed since
+void check_unchanged(const SavedTensor& saved, const std::string& op_name);
+
 struct Node {
     std::string op_name;
     std::vector<Tensor> inputs;
     BackwardFn backward;
+    std::vector<SavedTensor> saved;  // what backward reads, checked before it runs
     // what the op produced, which is what backward's argument must be like
     Shape output_shape;
     DType output_dtype = DType::float32;
@@ -41,6 +65,7 @@ struct Node {
     void release() {
         inputs.clear();
         backward = nullptr;
+        saved.clear();
         released = true;
     }
 };
@@ -69,8 +94,13 @@ struct EnableGradGuard : GradModeGuard {
 
 // Called by every op: when recording is on and an input requires a gradient, attach a Node to
 // `output` and return it. The backward closure must not capture `output` itself (that would be a
-// reference cycle); capture output.detach() instead.
-Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward);
+// reference cycle); capture output.detach() instead. `saved` names every tensor whose values the
+// closure reads, written beside its captures (a backward that needs only shapes saves none).
+Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, const std::vector<Save>& saved,
+              BackwardFn backward);
+inline Tensor record(Tensor output, std::string op_name, std::vector<Tensor> inputs, BackwardFn backward) {
+    return record(std::move(output), std::move(op_name), std::move(inputs), {}, std::move(backward));
+}
 
 // The tensors reachable from root through inputs that require a gradient, each listed after all
 // the tensors it depends on (root last). backward() walks this list from the end, so every use

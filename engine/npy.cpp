@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/backend/backend.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -326,11 +327,10 @@ void read_elements(std::ifstream& in, const ElementType& type, Tensor& tensor, c
 }  // namespace
 
 Tensor load_npy(const std::string& path) {
-    std::error_code ignored;  // a file that cannot be examined fails to open below
-    const auto status = std::filesystem::status(path, ignored);
-    if (std::filesystem::is_directory(status)) throw npy_error(path, "is a directory, expected a .npy file");
-    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-        throw npy_error(path, "is not a regular file, expected a .npy file");
+    try {
+        require_regular_file(path, "a .npy file");
+    } catch (const std::invalid_argument& e) {  // a file error, as every other of this reader
+        throw std::runtime_error(e.what());
     }
     std::ifstream in(path, std::ios::binary);
     if (!in) throw npy_error(path, "cannot open file");

@@ -7,6 +7,7 @@
 // on the CPU.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -55,11 +56,24 @@ public:
     std::size_t nbytes() const { return nbytes_; }
     Device device() const { return device_; }
 
+    // What the graph checks before a backward reads a tensor it saved (autograd.hpp): the count of
+    // relgrad's in-place writes into this memory (Tensor::copy_, so an optimizer's step too), and
+    // whether NumPy can write it as well (a writable Tensor.numpy() view was handed out, or the
+    // memory is a NumPy array's, relgrad.from_numpy), writes no count sees.
+    uint64_t version() const { return version_; }
+    void count_write() { ++version_; }
+    bool numpy_can_write() const { return numpy_can_write_; }
+    void note_numpy_can_write() { numpy_can_write_ = true; }
+    // how many recorded ops keep this memory for their backward (SavedTensor)
+    std::atomic<int64_t> saved_by_graphs{0};
+
 private:
     void* data_ = nullptr;
     std::size_t nbytes_ = 0;
     Device device_;
     std::shared_ptr<void> owner_;  // set for borrowed memory
+    std::atomic<uint64_t> version_{0};
+    std::atomic<bool> numpy_can_write_{false};
 };
 
 // One device's allocator: blocks from the device's raw allocation functions, with the live/peak

@@ -2,9 +2,12 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/check.hpp"
 
@@ -18,12 +21,19 @@ fs::path with_suffix(const fs::path& dir, const char* suffix) { return dir.strin
 
 }  // namespace
 
-std::string read_file(const fs::path& path, const std::string& what) {
+void require_regular_file(const fs::path& path, const std::string& what) {
     std::error_code error;
     const fs::file_status status = fs::status(path, error);
+    RELGRAD_CHECK(error != std::errc::too_many_symbolic_link_levels, path.string(),
+                  ": a loop of symbolic links, expected ", what);
     RELGRAD_CHECK(fs::exists(status), path.string(), ": missing, expected ", what);
     RELGRAD_CHECK(!fs::is_directory(status), path.string(), ": is a directory, expected ", what);
-    RELGRAD_CHECK(fs::is_regular_file(status), path.string(), ": not a regular file, expected ", what);
+    RELGRAD_CHECK(fs::is_regular_file(status), path.string(), ": not a regular file (a FIFO or a device), expected ",
+                  what);
+}
+
+std::string read_file(const fs::path& path, const std::string& what) {
+    require_regular_file(path, what);
     std::ifstream in(path, std::ios::binary);
     RELGRAD_CHECK(in, path.string(), ": cannot open, expected ", what);
     std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -59,6 +69,29 @@ void finish_replacing(const fs::path& dir) {
     if (fs::exists(dir)) fs::rename(dir, previous);
     fs::rename(with_suffix(dir, ".partial"), dir);
     fs::remove_all(previous);  // only once the new content is in place
+}
+
+uint64_t fingerprint(const void* bytes, std::size_t size, uint64_t hash) {
+    const auto* byte = static_cast<const unsigned char*>(bytes);
+    for (std::size_t i = 0; i < size; ++i) hash = (hash ^ byte[i]) * 1099511628211ull;
+    return hash;
+}
+
+std::string directory_fingerprint(const fs::path& dir) {
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+        if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    uint64_t hash = kFingerprintStart;
+    for (const fs::path& file : files) {
+        const std::string name = file.filename().string(), content = read_file(file, "a file of " + dir.string());
+        hash = fingerprint(name.data(), name.size() + 1, hash);  // with the name's terminating 0
+        hash = fingerprint(content.data(), content.size(), hash);
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    return hex;
 }
 
 bool recover_directory(const fs::path& dir) {

@@ -8,13 +8,21 @@
 // and `relgrad data fetch` write their directories this way.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
 namespace relgrad {
 
-// The whole content of the regular file `path`. `what` says what the file should be; it is named
-// in the one-line errors (std::invalid_argument) for a missing file, a directory, a read failure:
+// Refuses (std::invalid_argument) anything at `path` but a regular file, before it is opened: a
+// FIFO or a device would block the read or never end it. `what` says what the file should be:
+//     runs/x/config.json: is a directory, expected the run's config
+//     data/a.tsv: a loop of symbolic links, expected a data file
+void require_regular_file(const std::filesystem::path& path, const std::string& what);
+
+// The whole content of the regular file `path` (require_regular_file first). `what` says what the file should be; it is
+// named in the one-line errors (std::invalid_argument) for a missing file, a directory, a read failure:
 //     runs/x/config.json: is a directory, expected the run's config
 std::string read_file(const std::filesystem::path& path, const std::string& what);
 
@@ -32,6 +40,14 @@ void finish_replacing(const std::filesystem::path& dir);
 // Renames a dir.previous/ left by a finish_replacing() stopped between its renames back to dir/;
 // returns whether dir/ exists.
 bool recover_directory(const std::filesystem::path& dir);
+
+// FNV-1a (64 bits) of `size` bytes, going on from `hash` (a fingerprint of several pieces): what
+// finds that memory or a file changed, not a cryptographic hash (it does not stop a forgery).
+constexpr uint64_t kFingerprintStart = 14695981039346656037ull;
+uint64_t fingerprint(const void* bytes, std::size_t size, uint64_t hash = kFingerprintStart);
+// The fingerprint of a directory's regular files (names and contents, in name order), as 16 hex
+// digits; errors name the file that could not be read.
+std::string directory_fingerprint(const std::filesystem::path& dir);
 
 // The most memory the process has held resident so far, in MiB.
 double peak_rss_mib();

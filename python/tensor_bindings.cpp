@@ -2,6 +2,7 @@
 // dtypes, NumPy in and out (relgrad.tensor, Tensor.numpy) and the shapes Python passes.
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -164,6 +165,14 @@ Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool require
                                         dtype_name(target));
         }
     }
+    // uint64 values past int64's range would wrap around (2^64 - 1 to -1) in the conversion below
+    if (target == DType::int64 && values.dtype().kind() == 'u' && values.dtype().itemsize() == 8 && values.size() > 0) {
+        const py::object largest = numpy.attr("max")(values);
+        if (largest.cast<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            throw std::invalid_argument("relgrad.tensor: " + py::str(largest).cast<std::string>() +
+                                        " does not fit int64, relgrad's integer dtype (at most 2^63 - 1)");
+        }
+    }
     // NumPy has no bfloat16: its values come as float64 and are rounded by relgrad (engine/half.hpp)
     const DType packed_dtype = target == DType::bfloat16 ? DType::float64 : target;
     py::array packed =
@@ -201,8 +210,13 @@ py::array to_numpy(const Tensor& t) {
     py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<Storage>*>(p); });
     char* first = static_cast<char*>(t.storage()->data()) + t.offset() * itemsize;
     py::array array(py::dtype(dtype_name(t.dtype())), shape, strides, first, base);  // relgrad names dtypes as NumPy
-    if (t.requires_grad() || broadcast) {
+    // read-only: a parameter's values (an optimizer writes them), a broadcast view (whose elements
+    // share memory), and memory a live graph saved for its backward (autograd.hpp), whose gradient
+    // would otherwise be of values written after the forward
+    if (t.requires_grad() || broadcast || t.storage()->saved_by_graphs > 0) {
         py::detail::array_proxy(array.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    } else {
+        t.storage()->note_numpy_can_write();  // a graph that saves it later keeps a fingerprint of it
     }
     return array;
 }
@@ -258,6 +272,7 @@ Tensor tensor_over_numpy(const py::array& array) {
     });
     auto impl = std::make_shared<TensorImpl>();
     impl->storage = std::make_shared<Storage>(const_cast<void*>(array.data()), span, std::move(owner));
+    impl->storage->note_numpy_can_write();
     impl->shape = std::move(shape);
     impl->strides = std::move(strides);
     impl->dtype = dtype;

@@ -191,6 +191,7 @@ std::vector<TokenPair> make_sequence_task(const std::string& task, int64_t count
 
 // The two fields of every example of the file, in the order of `fields`.
 std::vector<std::array<std::string, 2>> read_examples(const std::string& path, const std::array<Field, 2>& fields) {
+    require_regular_file(path, "a data file");  // before its name: /dev/zero is no data file, whatever its name
     const Format format = format_of(path);
     std::vector<std::array<std::string, 2>> examples;
     for (const Line& line : read_lines(path)) examples.push_back(parse_example(format, line, fields));

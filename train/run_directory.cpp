@@ -29,12 +29,34 @@ std::optional<Tokenizer> saved_tokenizer(const fs::path& run, TaskKind kind) {
     }
 }
 
+json run_identity(json resolved) {
+    resolved["output"].erase("dir");               // the same run, reached by another path
+    resolved["output"].erase("checkpoint_every");  // when it is saved changes no number of the run
+    resolved["training"].erase("threads");         // nor does the thread count
+    resolved["training"].erase("device");          // nor does the device
+    return resolved;
+}
+
+std::string first_difference(const json& a, const json& b) {
+    for (const auto& [section, values] : a.items()) {
+        for (const auto& [key, value] : values.items()) {
+            if (!b.contains(section) || !b[section].contains(key) || b[section][key] != value)
+                return "/" + section + "/" + key;
+        }
+    }
+    return a == b ? "" : "(a section)";
+}
+
 void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& optimizer, const LossScaler* scaler,
-                     int64_t step) {
+                     int64_t step, const json& run) {
     const fs::path partial = start_replacing(dir);
     model.save((partial / "model").string());
     optimizer.save((partial / "optimizer").string());
-    json state{{"step", step}};
+    json state{{"step", step},
+               {"run", run},
+               {"files",
+                {{"model", directory_fingerprint(partial / "model")},
+                 {"optimizer", directory_fingerprint(partial / "optimizer")}}}};
     if (scaler) {
         state["loss_scaler"] = {{"scale", scaler->scale()},
                                 {"clean_steps", scaler->clean_steps()},
@@ -53,25 +75,57 @@ fs::path readable_checkpoint(const fs::path& run) {
     throw std::invalid_argument(run.string() + ": not a trained run (needs config.json and checkpoint/)");
 }
 
-int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler) {
+// state.json's record of the run: its identity, and the fingerprints of the two halves
+void check_run_record(const fs::path& dir, const json& state, const json& run) {
+    const fs::path state_path = dir / "state.json";
+    std::string differs = first_difference(run, state["run"]);
+    if (differs.empty()) differs = first_difference(state["run"], run);  // a key only the checkpoint has
+    if (!differs.empty()) {
+        const auto value_in = [&differs](const json& config) {
+            const bool named = differs.front() == '/' && config.contains(json::json_pointer(differs));
+            return named ? json_excerpt(config[json::json_pointer(differs)]) : std::string("absent");
+        };
+        throw std::invalid_argument(state_path.string() + ": the checkpoint is of another run: " + differs + " is " +
+                                    value_in(state["run"]) + " there and " + value_in(run) +
+                                    " in this run's config (a run resumes only with the config it was trained with)");
+    }
+    for (const char* half : {"model", "optimizer"}) {
+        if (directory_fingerprint(dir / half) != state["files"][half].get<std::string>()) {
+            throw std::invalid_argument((dir / half).string() + ": not the " + half + " state saved with " +
+                                        state_path.string() +
+                                        " (its files differ: a half of another checkpoint, or edited)");
+        }
+    }
+}
+
+int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler, const json& run) {
     if (!fs::exists(dir / "state.json")) {
         throw std::invalid_argument("--resume: no checkpoint in " + dir.string());
     }
     const fs::path state_path = dir / "state.json";
     const json state = read_json_file(state_path);
-    const char* expected = scaler ? "{\"step\": a whole number, \"loss_scaler\": {\"scale\": a number, "
-                                    "\"clean_steps\": a whole number, \"skipped_steps\": a whole number}} (a "
-                                    "float16 run)"
-                                  : "{\"step\": a whole number}";
+    const char* expected = scaler ? "{\"step\": a whole number, \"run\": the run's config, \"files\": "
+                                    "{\"model\": a fingerprint, \"optimizer\": a fingerprint}, \"loss_scaler\": "
+                                    "{\"scale\": a number, \"clean_steps\": a whole number, \"skipped_steps\": a "
+                                    "whole number}} (a float16 run)"
+                                  : "{\"step\": a whole number, \"run\": the run's config, \"files\": "
+                                    "{\"model\": a fingerprint, \"optimizer\": a fingerprint}}";
+    const auto fingerprint_at = [&](const char* half) {
+        return state.contains("files") && state["files"].is_object() && state["files"].size() == 2 &&
+               state["files"].contains(half) && state["files"][half].is_string();
+    };
+    const bool record_ok = state.is_object() && state.contains("run") && state["run"].is_object() &&
+                           fingerprint_at("model") && fingerprint_at("optimizer");
     const bool scaler_ok = !scaler || (state.contains("loss_scaler") && state["loss_scaler"].is_object() &&
                                        state["loss_scaler"].size() == 3 && state["loss_scaler"].contains("scale") &&
                                        state["loss_scaler"]["scale"].is_number() &&
                                        is_int64(state["loss_scaler"].value("clean_steps", json())) &&
                                        is_int64(state["loss_scaler"].value("skipped_steps", json())));
-    if (!state.is_object() || state.size() != (scaler ? 2u : 1u) || !state.contains("step") ||
-        !is_int64(state["step"]) || state["step"].get<int64_t>() < 0 || !scaler_ok) {
+    if (!state.is_object() || state.size() != (scaler ? 4u : 3u) || !state.contains("step") ||
+        !is_int64(state["step"]) || state["step"].get<int64_t>() < 0 || !scaler_ok || !record_ok) {
         throw std::invalid_argument(state_path.string() + ": expected " + expected + ", got " + json_excerpt(state));
     }
+    check_run_record(dir, state, run);
     const int64_t step = state["step"].get<int64_t>();
     int64_t skipped = 0;
     if (scaler) {

@@ -29,16 +29,6 @@ namespace {
 // ---------------------------------------------------------------- the output directory
 
 // The first value that differs between two resolved configs, as "/section/key", or "" if none.
-std::string first_difference(const json& a, const json& b) {
-    for (const auto& [section, values] : a.items()) {
-        for (const auto& [key, value] : values.items()) {
-            if (!b.contains(section) || !b[section].contains(key) || b[section][key] != value)
-                return "/" + section + "/" + key;
-        }
-    }
-    return a == b ? "" : "(a section)";
-}
-
 // A fresh run needs an output directory without a run in it. --resume needs an unfinished run
 // there, trained with the same config (the directory's name and the thread count aside), and
 // returns that run's tokenizer: the ids its checkpoint was trained on.
@@ -57,14 +47,8 @@ std::optional<Tokenizer> checked_output_directory(const fs::path& out, const jso
         throw std::invalid_argument("--resume: the run in " + out.string() + " is finished (it has summary.json)");
     }
     // read back through the parser, so that a key added to relgrad since has its default
-    json saved = Config::parse(read_json_file(out / "config.json"), (out / "config.json").string()).resolved();
-    json wanted = resolved;
-    for (json* document : {&saved, &wanted}) {
-        (*document)["output"].erase("dir");        // the same run, reached by another path
-        (*document)["training"].erase("threads");  // changes no number of the run
-        (*document)["training"].erase("device");   // nor does the device
-    }
-    const std::string differs = first_difference(wanted, saved);
+    const json saved = Config::parse(read_json_file(out / "config.json"), (out / "config.json").string()).resolved();
+    const std::string differs = first_difference(run_identity(resolved), run_identity(saved));
     if (!differs.empty()) {
         throw std::invalid_argument("--resume: " + differs + " differs from the config " + out.string() +
                                     " was trained with");
@@ -148,7 +132,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         return {};
     }
     recovered_checkpoint(out);
-    const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler);
+    const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler, run_identity(resolved));
     if (step > total_steps) {
         throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
                                     " is past the run's " + std::to_string(total_steps) + " steps");
@@ -416,7 +400,7 @@ json train(const Config& config, const TrainOptions& options) {
         const bool stop_here =
             done < total_steps && (done == options.stop_after || (options.interrupted && options.interrupted()));
         if (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here) {
-            save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done);
+            save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done, run_identity(resolved));
         }
         if (stop_here) {
             if (options.progress) std::fprintf(stderr, "\n");

@@ -119,7 +119,15 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     // a constant bias (ALiBi's) needs no bucket sums of ds
     const bool bias_gradient = biased && rel.bias.requires_grad();
     auto detached = [](const Tensor& t) { return t.defined() ? t.detach() : Tensor(); };
-    return record(z, "attention", inputs,
+    const std::vector<Save> saved = {{"q", q},
+                                     {"k", k},
+                                     {"v", v},
+                                     {"weights", a},
+                                     {"table_k", rel.table_k},
+                                     {"table_v", rel.table_v},
+                                     {"index", rel.index},
+                                     {"bias", rel.bias}};
+    return record(z, "attention", inputs, saved,
                   [q = q.detach(), k = k.detach(), v = v.detach(), a, bucket_weights, scale, bias_view, bias_gradient,
                    rel = RelativeTerms{detached(rel.table_k), detached(rel.table_v), rel.index, detached(rel.bias)}](
                       const Tensor& g) {
@@ -272,7 +280,15 @@ Tensor fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     std::vector<Tensor> inputs = {q_in, k_in, v_in};
     if (relative) inputs.insert(inputs.end(), {rel_in.table_k, rel_in.table_v});
     if (biased) inputs.push_back(rel_in.distance_bias);
-    return record(z, "fused_attention", inputs,
+    const std::vector<Save> saved = {{"q", q},
+                                     {"k", k},
+                                     {"v", v},
+                                     {"z", z},
+                                     {"mask", pattern.mask},
+                                     {"table_k", rel.table_k},
+                                     {"table_v", rel.table_v},
+                                     {"distance_bias", rel.distance_bias}};
+    return record(z, "fused_attention", inputs, saved,
                   [q, k, v, z = z.detach(), lse, pattern, scale, rel, empty_problem, bias_gradient](const Tensor& g) {
                       // zeros when there is nothing to compute; else the kernel writes every element
                       auto fresh = [empty_problem](const Tensor& t) {

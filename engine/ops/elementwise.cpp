@@ -83,7 +83,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
     const ProfileScope profiled("mul");
     Tensor y = binary_kernel(BinaryOp::mul, a, b, "mul");
-    return record(y, "mul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+    return record(y, "mul", {a, b}, {{"a", a}, {"b", b}}, [a = a.detach(), b = b.detach()](const Tensor& g) {
         return std::vector<Tensor>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
     });
 }
@@ -92,10 +92,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
     const ProfileScope profiled("div");
     Tensor y = binary_kernel(BinaryOp::div, a, b, "div");
-    return record(y, "div", {a, b}, [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& g) {
-        const Tensor g_over_b = div(g, b);
-        return std::vector<Tensor>{sum_to(g_over_b, sa), sum_to(neg(mul(g_over_b, y)), b.shape())};
-    });
+    return record(y, "div", {a, b}, {{"b", b}, {"y", y}},
+                  [sa = a.shape(), b = b.detach(), y = y.detach()](const Tensor& g) {
+                      const Tensor g_over_b = div(g, b);
+                      return std::vector<Tensor>{sum_to(g_over_b, sa), sum_to(neg(mul(g_over_b, y)), b.shape())};
+                  });
 }
 
 // y = a^b            da = g b a^(b-1), db = g y log(a)
@@ -105,7 +106,8 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor y = binary_kernel(BinaryOp::pow, a, b, "pow");
     const bool exponent_needs_grad = b.requires_grad();  // log(a) is only taken when it is
     return record(
-        y, "pow", {a, b}, [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
+        y, "pow", {a, b}, {{"a", a}, {"b", b}, {"y", y}},
+        [a = a.detach(), b = b.detach(), y = y.detach(), exponent_needs_grad](const Tensor& g) {
             const Tensor zero = scalar_like(g, 0);
             const Tensor da = where(equals(b, 0), zero, mul(g, mul(b, pow(a, sub(b, scalar_like(b, 1))))));
             const Tensor db =
@@ -120,7 +122,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& x, double p) {
     const ProfileScope profiled("pow_scalar");
     Tensor y = unary_kernel(UnaryOp::pow_scalar, x, p);
-    return record(y, "pow_scalar", {x}, [x = x.detach(), p](const Tensor& g) {
+    return record(y, "pow_scalar", {x}, {{"x", x}}, [x = x.detach(), p](const Tensor& g) {
         if (p == 0) return std::vector<Tensor>{zeros_like(g)};
         return std::vector<Tensor>{mul(g, mul(scalar_like(x, p), pow(x, p - 1)))};
     });
@@ -137,21 +139,23 @@ Tensor neg(const Tensor& x) {
 Tensor exp(const Tensor& x) {
     const ProfileScope profiled("exp");
     Tensor y = unary_kernel(UnaryOp::exp, x);
-    return record(y, "exp", {x}, [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{mul(g, y)}; });
+    return record(y, "exp", {x}, {{"y", y}},
+                  [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{mul(g, y)}; });
 }
 
 // y = ln x           dx = g / x
 Tensor log(const Tensor& x) {
     const ProfileScope profiled("log");
     Tensor y = unary_kernel(UnaryOp::log, x);
-    return record(y, "log", {x}, [x = x.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, x)}; });
+    return record(y, "log", {x}, {{"x", x}},
+                  [x = x.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, x)}; });
 }
 
 // y = sqrt(x)        dx = g / (2 y)
 Tensor sqrt(const Tensor& x) {
     const ProfileScope profiled("sqrt");
     Tensor y = unary_kernel(UnaryOp::sqrt, x);
-    return record(y, "sqrt", {x},
+    return record(y, "sqrt", {x}, {{"y", y}},
                   [y = y.detach()](const Tensor& g) { return std::vector<Tensor>{div(g, mul(scalar_like(y, 2), y))}; });
 }
 
@@ -159,7 +163,7 @@ Tensor sqrt(const Tensor& x) {
 Tensor tanh(const Tensor& x) {
     const ProfileScope profiled("tanh");
     Tensor y = unary_kernel(UnaryOp::tanh, x);
-    return record(y, "tanh", {x}, [y = y.detach()](const Tensor& g) {
+    return record(y, "tanh", {x}, {{"y", y}}, [y = y.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, sub(scalar_like(y, 1), mul(y, y)))};
     });
 }
@@ -168,7 +172,7 @@ Tensor tanh(const Tensor& x) {
 Tensor sigmoid(const Tensor& x) {
     const ProfileScope profiled("sigmoid");
     Tensor y = unary_kernel(UnaryOp::sigmoid, x);
-    return record(y, "sigmoid", {x}, [y = y.detach()](const Tensor& g) {
+    return record(y, "sigmoid", {x}, {{"y", y}}, [y = y.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, mul(y, sub(scalar_like(y, 1), y)))};
     });
 }
@@ -177,7 +181,7 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
     const ProfileScope profiled("relu");
     Tensor y = unary_kernel(UnaryOp::relu, x);
-    return record(y, "relu", {x}, [x = x.detach()](const Tensor& g) {
+    return record(y, "relu", {x}, {{"x", x}}, [x = x.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::relu_grad, x))};
     });
 }
@@ -186,7 +190,7 @@ Tensor relu(const Tensor& x) {
 Tensor gelu(const Tensor& x) {
     const ProfileScope profiled("gelu");
     Tensor y = unary_kernel(UnaryOp::gelu, x);
-    return record(y, "gelu", {x}, [x = x.detach()](const Tensor& g) {
+    return record(y, "gelu", {x}, {{"x", x}}, [x = x.detach()](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::gelu_grad, x))};
     });
 }
@@ -196,7 +200,7 @@ Tensor clamp(const Tensor& x, double low, double high) {
     const ProfileScope profiled("clamp");
     RELGRAD_CHECK(!(low > high), "clamp: low ", std::to_string(low), " is above high ", std::to_string(high));
     Tensor y = unary_kernel(UnaryOp::clamp, x, low, high);
-    return record(y, "clamp", {x}, [x = x.detach(), low, high](const Tensor& g) {
+    return record(y, "clamp", {x}, {{"x", x}}, [x = x.detach(), low, high](const Tensor& g) {
         return std::vector<Tensor>{mul(g, unary_kernel(UnaryOp::inside, x, low, high))};
     });
 }
@@ -211,10 +215,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
     Tensor y = empty(shape, a.dtype(), a.device());
     backend_for(a.device()).where(cond, a, b, y);
-    return record(y, "where", {a, b}, [cond = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) {
-        const Tensor zero = scalar_like(g, 0);
-        return std::vector<Tensor>{sum_to(where(cond, g, zero), sa), sum_to(where(cond, zero, g), sb)};
-    });
+    return record(y, "where", {a, b}, {{"cond", cond}},
+                  [cond = cond.detach(), sa = a.shape(), sb = b.shape()](const Tensor& g) {
+                      const Tensor zero = scalar_like(g, 0);
+                      return std::vector<Tensor>{sum_to(where(cond, g, zero), sa), sum_to(where(cond, zero, g), sb)};
+                  });
 }
 
 // y = mask ? value : x  (a where() whose result keeps x's shape)

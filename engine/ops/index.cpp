@@ -32,7 +32,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     check_gather_shapes(x, dim, index, "gather");
     Tensor y = empty(index.shape(), x.dtype(), x.device());
     backend_for(x.device()).gather(x, dim, index, y);
-    return record(y, "gather", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
+    return record(y, "gather", {x}, {{"index", index}}, [shape = x.shape(), dim, index](const Tensor& g) {
         Tensor dx = zeros(shape, g.dtype(), g.device());
         backend_for(g.device()).scatter_add(dx, dim, index, g);
         return std::vector<Tensor>{dx};
@@ -54,7 +54,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     Tensor y = empty(x.shape(), x.dtype(), x.device());
     backend_for(x.device()).copy(x, y);
     backend_for(x.device()).scatter_add(y, dim, index, src);
-    return record(y, "scatter_add", {x, src}, [dim, index](const Tensor& g) {
+    return record(y, "scatter_add", {x, src}, {{"index", index}}, [dim, index](const Tensor& g) {
         Tensor dsrc = empty(index.shape(), g.dtype(), g.device());
         backend_for(g.device()).gather(g, dim, index, dsrc);
         return std::vector<Tensor>{g, dsrc};
@@ -72,7 +72,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     shape[dim] = index.numel();
     Tensor y = empty(shape, x.dtype(), x.device());
     backend_for(x.device()).index_select(x, dim, index, y);
-    return record(y, "index_select", {x}, [shape = x.shape(), dim, index](const Tensor& g) {
+    return record(y, "index_select", {x}, {{"index", index}}, [shape = x.shape(), dim, index](const Tensor& g) {
         Tensor dx = zeros(shape, g.dtype(), g.device());
         backend_for(g.device()).index_add(dx, dim, index, g);
         return std::vector<Tensor>{dx};

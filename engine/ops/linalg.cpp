@@ -39,7 +39,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         NoGradGuard views_only;  // the expands below are internal views, not graph nodes
         backend_for(a.device()).batched_gemm(a.expand(with_matrix(M, K)), b.expand(with_matrix(K, N)), y);
     }
-    return record(y, "matmul", {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g) {
+    return record(y, "matmul", {a, b}, {{"a", a}, {"b", b}}, [a = a.detach(), b = b.detach()](const Tensor& g) {
         return std::vector<Tensor>{sum_to(matmul(g, b.transpose(-1, -2)), a.shape()),
                                    sum_to(matmul(a.transpose(-1, -2), g), b.shape())};
     });

@@ -31,7 +31,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
     const ProfileScope profiled("softmax");
     dim = wrap_dim(dim, x.dim(), "softmax");
     Tensor y = softmax_kernel(x, dim, false, "softmax");
-    return record(y, "softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
+    return record(y, "softmax", {x}, {{"y", y}}, [y = y.detach(), dim](const Tensor& g) {
         const DType c = statistics_dtype(g.dtype());
         const Tensor yc = y.to(c), gc = g.to(c);
         return std::vector<Tensor>{mul(yc, sub(gc, sum(mul(gc, yc), {dim}, true))).to(g.dtype())};
@@ -45,7 +45,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
     const ProfileScope profiled("log_softmax");
     dim = wrap_dim(dim, x.dim(), "log_softmax");
     Tensor y = softmax_kernel(x, dim, true, "log_softmax");
-    return record(y, "log_softmax", {x}, [y = y.detach(), dim](const Tensor& g) {
+    return record(y, "log_softmax", {x}, {{"y", y}}, [y = y.detach(), dim](const Tensor& g) {
         const DType c = statistics_dtype(g.dtype());
         const Tensor yc = y.to(c), gc = g.to(c);
         const Tensor dx = sub(gc, mul(exp(yc), sum(gc, {dim}, true)));
@@ -84,7 +84,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                    sqrt(add(mean(mul(centered, centered), {-1}, true), scalar(eps, c, x.device()))));
         y = add(mul(mul(centered, rstd), weight.to(c)), bias.to(c)).to(x.dtype());
     }
-    return record(y, "layer_norm", {x, weight, bias},
+    return record(y, "layer_norm", {x, weight, bias}, {{"x", x}, {"weight", weight}},
                   [x = x.detach(), mu, rstd, weight = weight.detach(), c](const Tensor& g) {
                       const Tensor xhat = mul(sub(x.to(c), mu), rstd);
                       const Tensor gc = g.to(c);

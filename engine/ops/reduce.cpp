@@ -77,7 +77,7 @@ Tensor max(const Tensor& x, std::vector<int64_t> dims_in, bool keepdim) {
                       shape_str(x.shape()));
     }
     Tensor y = reduce_kernel(ReduceOp::max, x, dims, "max");
-    y = record(y, "max", {x}, [x = x.detach(), y = y.detach(), dims](const Tensor& g) {
+    y = record(y, "max", {x}, {{"x", x}, {"y", y}}, [x = x.detach(), y = y.detach(), dims](const Tensor& g) {
         Tensor is_max = empty(x.shape(), x.dtype(), x.device());
         backend_for(x.device()).binary(BinaryOp::equal, x, y, is_max);
         const Tensor ties = sum(is_max, dims, /*keepdim=*/true);

@@ -216,6 +216,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
                       " is an expanded view, whose elements share memory");
     }
     NoGradGuard no_grad;
+    storage()->count_write();  // a graph that saved this memory refuses its backward now
     // a source that shares this tensor's memory is read from a copy of it, not while being written
     const Tensor source = src.storage() == storage() ? src.clone() : src;
     if (source.device() == device()) {

@@ -156,11 +156,37 @@ file(WRITE ${work}/spec.json "{\"type\": \"linear\", \"in_features\": 2, \"out_f
 file(MAKE_DIRECTORY ${work}/in/x.npy)
 run_relgrad(2 layer --spec ${work}/spec.json --in ${work}/in --out ${work}/out)
 expect_one_line_error("^relgrad: error: .*in/x.npy: is a directory, expected a .npy file")
+# a FIFO, a device or a loop of symbolic links where a file belongs: refused before it is opened
+# (opening a FIFO would wait for a writer), whatever reads it
+execute_process(COMMAND mkfifo ${work}/pipe.json ${work}/pipe.tsv ${work}/in_pipe.npy RESULT_VARIABLE code)
+if(NOT code EQUAL 0)
+  message(FATAL_ERROR "mkfifo failed")
+endif()
+run_relgrad(2 validate ${work}/pipe.json)
+expect_one_line_error("^relgrad: error: .*pipe.json: not a regular file \\(a FIFO or a device\\), expected a config file")
+file(WRITE ${work}/data.tsv "a b\t1\nb a\t0\n")
+run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=${work}/pipe.tsv
+            --set data.test=${work}/data.tsv --out ${work}/fifo_run)
+expect_one_line_error("^relgrad: error: .*pipe.tsv: not a regular file \\(a FIFO or a device\\), expected a data file")
+run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=/dev/zero
+            --set data.test=${work}/data.tsv --out ${work}/fifo_run)
+expect_one_line_error("^relgrad: error: /dev/zero: not a regular file \\(a FIFO or a device\\), expected a data file")
+file(MAKE_DIRECTORY ${work}/in_fifo)
+file(RENAME ${work}/in_pipe.npy ${work}/in_fifo/x.npy)
+run_relgrad(2 layer --spec ${work}/spec.json --in ${work}/in_fifo --out ${work}/out)
+expect_one_line_error("^relgrad: error: .*x.npy: not a regular file \\(a FIFO or a device\\), expected a .npy file")
+file(CREATE_LINK ${work}/loop_b.json ${work}/loop_a.json SYMBOLIC)
+file(CREATE_LINK ${work}/loop_a.json ${work}/loop_b.json SYMBOLIC)
+run_relgrad(2 validate ${work}/loop_a.json)
+expect_one_line_error("^relgrad: error: .*loop_a.json: a loop of symbolic links, expected a config file")
+if(EXISTS ${work}/fifo_run)
+  message(FATAL_ERROR "a refused data file still wrote ${work}/fifo_run")
+endif()
 run_relgrad(0 train ${work}/good.json --out ${work}/trained)
 file(WRITE ${work}/trained/checkpoint/state.json "{\"step\": 3, \"extra\": 1}")
 file(REMOVE ${work}/trained/summary.json)
 run_relgrad(2 train ${work}/good.json --out ${work}/trained --resume)
-expect_one_line_error("^relgrad: error: .*state.json: expected {\"step\": a whole number}, got {\"extra\":1,\"step\":3}")
+expect_one_line_error("^relgrad: error: .*state.json: expected {\"step\": a whole number, \"run\": the run's config, \"files\": {\"model\": a fingerprint, \"optimizer\": a fingerprint}}, got {\"extra\":1,\"step\":3}")
 file(RENAME ${work}/trained/checkpoint ${work}/trained/checkpoint.previous)
 run_relgrad(0 eval ${work}/trained)  # eval reads a checkpoint left as checkpoint.previous/
 

@@ -3,6 +3,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/gradcheck.hpp"
+#include "engine/optim.hpp"
 #include "engine/profile.hpp"
 
 using namespace relgrad;
@@ -227,4 +228,40 @@ TEST_CASE("a profile lists each outermost op per phase, with its products' FLOPs
     const std::string table = profile_table(profile, 100.0);
     CHECK(table.find("layer_norm                   backward") != std::string::npos);
     CHECK(table.find("of this machine's 100.0 GFLOP/s") != std::string::npos);
+}
+
+TEST_CASE("backward refuses a tensor its ops saved and something wrote in place after the forward") {
+    // the tensors each op's backward reads are checked; a tensor only its shape is read of is not
+    Tensor w = f64({1, 1, 1}, {3}).requires_grad_(true);
+    Tensor x = f64({1, 2, 3}, {3});
+    const Tensor product = sum(mul(w, x)), total = sum(add(w, x));
+    x.copy_(f64({5, 5, 5}, {3}));  // after the forward: the gradient of the product would be [5, 5, 5]
+    CHECK_THROWS_WITH_AS(product.backward(),
+                         "backward of mul: b ([3], float64), which mul saved for its gradient, was changed in place "
+                         "(copy_, an optimizer step or a load) after the forward; the gradient would be of the new "
+                         "values. Run the forward again after the change, or change a clone()",
+                         std::runtime_error);
+    CHECK_FALSE(w.grad().defined());
+    total.backward();  // add's backward reads no values
+    check_values(w.grad(), {1, 1, 1});
+
+    SUBCASE("an op's own output, read by its backward") {
+        Tensor v = f64({0.5, -1}, {2}).requires_grad_(true);
+        Tensor e = exp(v);
+        const Tensor loss = sum(e);
+        {
+            NoGradGuard overwrite;
+            e.copy_(f64({0, 0}, {2}));
+        }
+        CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("backward of exp: y ([2], float64)"),
+                             std::runtime_error);
+    }
+    SUBCASE("an optimizer's step between the forward and the backward") {
+        Tensor v = f64({0.5, -1}, {2}).requires_grad_(true);
+        const Tensor loss = sum(mul(v, v));
+        loss.backward(Tensor(), true);
+        AdamW(std::vector<Tensor>{v}, AdamWOptions{}).step(0.1);
+        CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("backward of mul: a ([2], float64)"),
+                             std::runtime_error);
+    }
 }

@@ -421,14 +421,22 @@ TEST_CASE("corrupt and unsupported files give errors that name the file and the 
     CHECK(load_error(path, std::string("\x93NUMPY\x04\x00\x00\x00", 10)) ==
           path + ": unsupported .npy format version (expected 1.0, 2.0 or 3.0)");
     std::remove(path.c_str());
-    CHECK_THROWS_WITH_AS(load_npy(path), (path + ": cannot open file").c_str(), std::runtime_error);
+    CHECK_THROWS_WITH_AS(load_npy(path), (path + ": missing, expected a .npy file").c_str(), std::runtime_error);
     const std::string directory = temp_path("a_directory.npy");
     std::filesystem::create_directory(directory);
     CHECK_THROWS_WITH_AS(load_npy(directory), (directory + ": is a directory, expected a .npy file").c_str(),
                          std::runtime_error);
     std::filesystem::remove(directory);
-    CHECK_THROWS_WITH_AS(load_npy("/dev/null"), "/dev/null: is not a regular file, expected a .npy file",
+    CHECK_THROWS_WITH_AS(load_npy("/dev/null"),
+                         "/dev/null: not a regular file (a FIFO or a device), expected a .npy file",
                          std::runtime_error);
+    const std::string loop = temp_path("loop.npy"), back = temp_path("back.npy");  // loop -> back -> loop
+    std::filesystem::create_symlink(back, loop);
+    std::filesystem::create_symlink(loop, back);
+    CHECK_THROWS_WITH_AS(load_npy(loop), (loop + ": a loop of symbolic links, expected a .npy file").c_str(),
+                         std::runtime_error);
+    std::filesystem::remove(loop);
+    std::filesystem::remove(back);
 }
 
 TEST_CASE("shapes that do not fit the file are rejected before anything is allocated") {

@@ -5,9 +5,11 @@
 // data) and optimizer once. Each input then replaces ONE file of the run's checkpoint/: the first
 // byte picks the file (modulo their count, in sorted path order: model/*.npy, model/manifest.json,
 // optimizer/m.*.npy, optimizer/step.txt, optimizer/v.*.npy, state.json), the other bytes are its
-// new content. The checkpoint is loaded into that model and optimizer by load_checkpoint
+// new content. Unless that file is state.json, state.json's fingerprints of the two halves are
+// brought up to date (as an edit that updates them too would), so that the checks behind them are
+// reached. The checkpoint is loaded into that model and optimizer by load_checkpoint
 // (train/run_directory.hpp, the resume path) and, when it loads, the model is evaluated on the
-// run's test set; then the file is put back. Refusals are std::exceptions; weights the checks let
+// run's test set; then the files are put back. Refusals are std::exceptions; weights the checks let
 // through must only give numbers, never a crash or undefined behaviour. (The model is reused, not
 // rebuilt per input: building one precomputes a 512 x 512 relative index, which under the
 // sanitizers costs more than the rest of an input; a load that succeeds replaces every parameter
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "engine/optim.hpp"
+#include "engine/system.hpp"
 #include "fuzz_common.hpp"
 #include "train/config.hpp"
 #include "train/make_task.hpp"
@@ -150,7 +153,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         optimizer =
             std::make_unique<relgrad::AdamW>(relgrad::without_names(relgrad::parameter_groups(config, task->model())),
                                              config.training.adamw);  // as train() builds it
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr);
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr,
+                                 relgrad::run_identity(config.resolved()));
     } catch (const std::exception& e) {
         finding(std::string("fuzz_checkpoint: the tiny run does not load: ") + e.what());
     }
@@ -164,11 +168,23 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const fs::path& file = files[data[0] % files.size()];
+    const fs::path state = run / "checkpoint" / "state.json";
     write_file(file, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+    if (file != state) {
+        nlohmann::json fresh = nlohmann::json::parse(pristine[state]);
+        for (const char* half : {"model", "optimizer"}) {
+            try {
+                fresh["files"][half] = relgrad::directory_fingerprint(run / "checkpoint" / half);
+            } catch (const std::exception&) {  // a file that cannot be read: load_checkpoint says so
+            }
+        }
+        write_file(state, fresh.dump());
+    }
 
     bool loaded = false;
     try {
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr);
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr,
+                                 relgrad::run_identity(config.resolved()));
         loaded = true;
     } catch (const std::exception&) {
     }
@@ -181,5 +197,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
     }
     write_file(file, pristine[file]);
+    write_file(state, pristine[state]);
     return 0;
 }

@@ -86,6 +86,8 @@ def test_explicit_dtype_converts():
     (np.array(["a"]), None, "relgrad dtype"),
     ([1.0], "float8", "unknown dtype"),
     ([1.0], 3, "a dtype is a relgrad.dtype or its name"),
+    (np.array([5, 2**64 - 1], dtype=np.uint64), None, r"18446744073709551615 does not fit int64, .*2\^63 - 1"),
+    ([2**63], "int64", r"9223372036854775808 does not fit int64"),
 ])
 def test_tensor_refuses_what_it_cannot_hold(data, dtype, message):
     with pytest.raises(ValueError, match=message):
@@ -109,6 +111,48 @@ def test_numpy_is_read_only_where_writing_would_bypass_autograd():
     broadcast = relgrad.ones(1, 3).expand(4, 3)
     assert not broadcast.numpy().flags.writeable
     assert relgrad.ones(3).numpy().flags.writeable
+
+
+def test_backward_refuses_a_saved_tensor_written_through_numpy_after_the_forward():
+    w = relgrad.ones(3, requires_grad=True)
+    x = relgrad.tensor([1.0, 2.0, 3.0])
+    before = x.numpy()  # handed out before the graph saved x: writable
+    y = (w * x).sum()
+    during = x.numpy()  # while mul keeps x for its backward: read-only
+    assert before.flags.writeable and not during.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        during[:] = 5
+    before[:] = [1.0, 2.0, 3.0]  # the same values: nothing the gradient reads changed
+    y.backward(retain_graph=True)
+    np.testing.assert_array_equal(w.grad.numpy(), [1, 2, 3])
+    before[:] = 5
+    with pytest.raises(RuntimeError, match=r"backward of mul: b \(\[3\], float32\), which mul saved for its "
+                                           r"gradient, was changed in place through a NumPy array"):
+        y.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [1, 2, 3])  # the refused pass added nothing
+    del y
+    gc.collect()
+    assert x.numpy().flags.writeable  # no graph keeps x any more
+
+
+def test_backward_refuses_a_saved_tensor_changed_by_a_step_or_through_from_numpy():
+    w = relgrad.ones(3, requires_grad=True)
+    y = (w * relgrad.tensor([1.0, 2.0, 3.0])).sum()
+    y.backward(retain_graph=True)
+    relgrad.AdamW([w], lr=0.1).step()  # writes w, which mul saved
+    with pytest.raises(RuntimeError, match=r"backward of mul: a .* in place \(copy_, an optimizer step or a load\)"):
+        y.backward()
+    w = relgrad.ones(3, requires_grad=True)
+    array = np.ones(3, dtype=np.float32)
+    shared = relgrad.from_numpy(array)
+    y = (w * shared).sum()
+    array[0] = 7
+    with pytest.raises(RuntimeError, match="backward of mul: b .* through a NumPy array sharing its memory"):
+        y.backward()
+    y = (w + shared).sum()  # add reads no values in its backward: nothing to refuse
+    array[1] = 7
+    y.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [1, 1, 1])
 
 
 def test_array_outlives_its_tensor():

@@ -10,6 +10,7 @@
 #include "../engine/check.hpp"
 #include "commands/run_commands.hpp"
 #include "engine/npy.hpp"
+#include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/config.hpp"
 #include "train/make_task.hpp"
@@ -450,38 +451,102 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
     TrainOptions resume;
     resume.resume = true;
     int copies = 0;
-    // the stopped run copied, changed by `corrupt`, then resumed: the error, or "resumed"
-    auto resume_error = [&](const std::function<void(const fs::path&)>& corrupt) -> std::string {
+    auto write = [](const fs::path& file, const std::string& text) { std::ofstream(file) << text; };
+    // state.json's fingerprints of the two halves brought up to date, as an edit that updates them
+    // too would: what the checks behind them see (a state.json without them is left alone)
+    auto refresh_fingerprints = [&](const fs::path& checkpoint) {
+        if (!fs::is_regular_file(checkpoint / "state.json")) return;
+        std::ifstream in(checkpoint / "state.json");
+        nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
+        if (!state.is_object() || !state.contains("files")) return;
+        for (const char* half : {"model", "optimizer"}) state["files"][half] = directory_fingerprint(checkpoint / half);
+        write(checkpoint / "state.json", state.dump());
+    };
+    // the stopped run copied, changed by `corrupt` (its fingerprints refreshed unless told not to),
+    // then resumed with `config` (tiny_run's by default): the error, or "resumed"
+    auto resume_error = [&](const std::function<void(const fs::path&)>& corrupt, bool refresh = true,
+                            const std::function<void(nlohmann::json&)>& config = {}) -> std::string {
         const fs::path run = base.path / ("copy" + std::to_string(copies++));
         fs::copy(stopped, run, fs::copy_options::recursive);
         corrupt(run);
+        if (refresh) refresh_fingerprints(run / "checkpoint");
+        nlohmann::json c = tiny_run(run);
+        if (config) config(c);
         try {
-            train(Config::parse(tiny_run(run), "tiny"), resume);
+            train(Config::parse(c, "tiny"), resume);
         } catch (const std::exception& e) {
             return e.what();
         }
         return "resumed";
     };
-    auto write = [](const fs::path& file, const std::string& text) { std::ofstream(file) << text; };
+    // state.json as saved, changed by `change`
+    auto edit_state = [&](const fs::path& run, const std::function<void(nlohmann::json&)>& change) {
+        std::ifstream in(run / "checkpoint" / "state.json");
+        nlohmann::json state = nlohmann::json::parse(in);
+        change(state);
+        write(run / "checkpoint" / "state.json", state.dump());
+    };
     const fs::path checkpoint = base.path / "copyN" / "checkpoint";  // as named in the messages below
     auto named = [&](const fs::path& file) {                         // the file in the copy about to be made
         return (base.path / ("copy" + std::to_string(copies)) / fs::relative(file, base.path / "copyN")).string();
     };
 
     CHECK(resume_error([&](const fs::path& run) {
-              write(run / "checkpoint" / "state.json", "{\"step\": 1000000000}");
+              edit_state(run, [](nlohmann::json& state) { state["step"] = 1000000000; });
           }) == named(checkpoint / "state.json") + ": step 1000000000, but " +
                     named(checkpoint / "optimizer" / "step.txt") + " counts 8 (a corrupt checkpoint)");
     CHECK(resume_error([&](const fs::path& run) {
-              write(run / "checkpoint" / "state.json", "{\"step\": 13}");
+              edit_state(run, [](nlohmann::json& state) { state["step"] = 13; });
               write(run / "checkpoint" / "optimizer" / "step.txt", "13\n");
           }) == named(checkpoint / "state.json") + ": step 13 is past the run's 12 steps");
     CHECK(resume_error([&](const fs::path& run) {
               write(run / "checkpoint" / "state.json", "{\"step\": 8, \"step\": 9}");
           }) == named(checkpoint / "state.json") + ": /step: the key is given twice");
+    const std::string expected_state =
+        ": expected {\"step\": a whole number, \"run\": the run's config, \"files\": {\"model\": a fingerprint, "
+        "\"optimizer\": a fingerprint}}, got ";
+    CHECK(resume_error([&](const fs::path& run) {
+              write(run / "checkpoint" / "state.json", "{\"step\": 8, \"loss\": 1}");
+          }) == named(checkpoint / "state.json") + expected_state + "{\"loss\":1,\"step\":8}");
+    const std::string without_run = named(checkpoint / "state.json") + expected_state + "{\"files\":";
+    CHECK(resume_error([&](const fs::path& run) {  // a checkpoint that does not say which run it is of
+              edit_state(run, [](nlohmann::json& state) { state.erase("run"); });
+          })
+              .rfind(without_run, 0) == 0);
+
+    // the run it belongs to: the same config (seed, steps, dropout...), and its own two halves
+    const fs::path other = base.path / "other_seed";
+    nlohmann::json other_config = tiny_run(other);
+    other_config["training"]["seed"] = 2;
+    train(Config::parse(other_config, "tiny"), stop);
+    auto another_run = [&] { return named(checkpoint / "state.json") + ": the checkpoint is of another run: "; };
+    CHECK(resume_error([&](const fs::path& run) {
+              fs::remove_all(run / "checkpoint");
+              fs::copy(other / "checkpoint", run / "checkpoint", fs::copy_options::recursive);
+          }) == another_run() +
+                    "/training/seed is 2 there and 1 in this run's config (a run resumes only with the "
+                    "config it was trained with)");
+    CHECK(resume_error(  // config.json and the config both edited: the checkpoint knows its steps
+              [&](const fs::path& run) {
+                  nlohmann::json edited = tiny_run(run);
+                  edited["training"]["steps"] = 16;
+                  write(run / "config.json", Config::parse(edited, "tiny").resolved().dump());
+              },
+              true, [](nlohmann::json& c) { c["training"]["steps"] = 16; }) ==
+          another_run() +
+              "/training/steps is 12 there and 16 in this run's config (a run resumes only with the config "
+              "it was trained with)");
     CHECK(resume_error(
-              [&](const fs::path& run) { write(run / "checkpoint" / "state.json", "{\"step\": 8, \"loss\": 1}"); }) ==
-          named(checkpoint / "state.json") + ": expected {\"step\": a whole number}, got {\"loss\":1,\"step\":8}");
+              [&](const fs::path& run) {
+                  fs::remove_all(run / "checkpoint" / "optimizer");
+                  fs::copy(other / "checkpoint" / "optimizer", run / "checkpoint" / "optimizer");
+              },
+              false) == named(checkpoint / "optimizer") + ": not the optimizer state saved with " +
+                            named(checkpoint / "state.json") +
+                            " (its files differ: a half of another checkpoint, or edited)");
+    CHECK(resume_error([&](const fs::path& run) { write(run / "checkpoint" / "model" / "notes.txt", ""); }, false) ==
+          named(checkpoint / "model") + ": not the model state saved with " + named(checkpoint / "state.json") +
+              " (its files differ: a half of another checkpoint, or edited)");
     CHECK(resume_error([&](const fs::path& run) {
               write(run / "checkpoint" / "optimizer" / "step.txt", "8 steps\n");
           }) == named(checkpoint / "optimizer" / "step.txt") + ": missing or not a step count");
