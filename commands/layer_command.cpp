@@ -287,7 +287,7 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     y.backward(dy);
 
     const fs::path out(out_dir);
-    fs::create_directories(out);
+    create_output_directory(out, "the output directory (--out)");
     auto gradient_of = [](const Tensor& t) { return t.grad().defined() ? t.grad() : zeros_like(t); };
     save_npy(y, (out / "y.npy").string());
     save_npy(gradient_of(x), (out / "dx.npy").string());

@@ -18,8 +18,10 @@
 // on stderr), 130 (143) training interrupted by Ctrl-C (SIGTERM), checkpoint written.
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -181,6 +183,16 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
     }
 }
 
+// An option given as "" (--out "", --device ""): refused, never taken as one not given.
+void refuse_empty_values(const CLI::App& app) {
+    for (const CLI::Option* option : app.get_options()) {
+        for (const std::string& value : option->results()) {
+            if (value.empty()) throw std::invalid_argument(option->get_name() + ": the value is empty");
+        }
+    }
+    for (const CLI::App* command : app.get_subcommands()) refuse_empty_values(*command);
+}
+
 std::string one_line(std::string message) {
     for (char& c : message) {
         if (c == '\n') c = ' ';
@@ -188,9 +200,9 @@ std::string one_line(std::string message) {
     return message;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line parsed and run: the exit code (0, 1 for a failed check or a diverged run, 2 for
+// bad input, each error one line on stderr).
+int run(int argc, char** argv) {
     CLI::App app{"relgrad: a reverse-mode autograd engine and relative-position Transformer layers"};
     app.require_subcommand(1);
     app.fallthrough();  // --threads may come after the subcommand too
@@ -250,6 +262,7 @@ int main(int argc, char** argv) {
     try {
         require_known_command(app, argc, argv);
         app.parse(argc, argv);
+        refuse_empty_values(app);
         if (threads > 0) {
             omp_set_num_threads(threads);
             overrides.push_back("training.threads=" + std::to_string(threads));
@@ -314,9 +327,25 @@ int main(int argc, char** argv) {
     } catch (const relgrad::TrainingDiverged& e) {
         std::cerr << "relgrad: " << one_line(e.what()) << "\n";
         return 1;
+    } catch (const std::bad_alloc& e) {  // relgrad's own say what could not be allocated
+        std::cerr << "relgrad: error: out of memory: " << one_line(e.what()) << "\n";
+        return 2;
     } catch (const std::exception& e) {
         std::cerr << "relgrad: error: " << one_line(e.what()) << "\n";
         return 2;
     }
     return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int code = run(argc, argv);
+    // what a command printed must have reached stdout: a full disk is an error, not a success
+    std::cout.flush();
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+        std::cerr << "relgrad: error: writing to stdout failed (" << std::strerror(errno) << ")\n";
+        return code == 0 ? 2 : code;
+    }
+    return code;
 }

@@ -8,6 +8,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/npy.hpp"
+#include "engine/system.hpp"
 #include "train/config.hpp"
 #include "train/make_task.hpp"
 #include "train/run_directory.hpp"
@@ -49,6 +50,9 @@ namespace {
 
 // A prompt as token ids: the run's tokenizer, or for synthetic tasks space-separated symbol ids.
 std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
+    if (prompt.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw std::invalid_argument(std::string(command) + ": the prompt is empty");
+    }
     if (run.tokenizer) return run.tokenizer->encode(prompt);
     std::vector<int64_t> ids;
     std::istringstream words(prompt);
@@ -91,7 +95,6 @@ std::string generate(const std::string& run_dir, const std::string& prompt, int6
 std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt, Device device) {
     LoadedRun run = load_run(run_dir, "", /*weights_kept=*/true, device);
     const std::vector<int64_t> ids = prompt_ids(run, prompt, "attention");
-    if (ids.empty()) throw std::invalid_argument("attention: the prompt is empty");
     NoGradGuard no_grad;
     return run.task->attention(ids);
 }
@@ -99,7 +102,7 @@ std::vector<Tensor> attention_weights(const std::string& run_dir, const std::str
 std::vector<std::string> write_attention(const std::string& run_dir, const std::string& prompt,
                                          const std::string& out_dir, Device device) {
     const std::vector<Tensor> weights = attention_weights(run_dir, prompt, device);
-    fs::create_directories(out_dir);
+    create_output_directory(out_dir, "the output directory (--out)");
     std::vector<std::string> written;
     for (std::size_t layer = 0; layer < weights.size(); ++layer) {
         written.push_back((fs::path(out_dir) / ("layer" + std::to_string(layer) + ".npy")).string());

@@ -103,6 +103,11 @@ private:
 }  // namespace
 
 GradcheckResult gradcheck(const Function& f, const std::vector<Tensor>& inputs, const GradcheckOptions& options) {
+    // a step of 0 divides 0 by 0; the tolerances are distances
+    RELGRAD_CHECK(options.eps > 0 && std::isfinite(options.eps), "gradcheck: eps ", options.eps,
+                  ", expected a finite step > 0");
+    RELGRAD_CHECK(options.atol >= 0 && options.rtol >= 0 && std::isfinite(options.atol) && std::isfinite(options.rtol),
+                  "gradcheck: atol ", options.atol, " and rtol ", options.rtol, ", expected finite numbers >= 0");
     std::vector<Tensor> leaves;
     std::vector<bool> checked;
     for (std::size_t i = 0; i < inputs.size(); ++i) {

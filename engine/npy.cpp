@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -404,7 +405,10 @@ void save_npy(const Tensor& tensor, const std::string& path) {
     header.append(63 - (preamble + header.size()) % 64, ' ');
     header.push_back('\n');
 
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    // written whole to <path>.partial, then renamed: a reader (or a full disk) never leaves a
+    // part of the file at `path`, which keeps what it held
+    const std::string partial = path + ".partial";
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     if (!out) throw npy_error(path, "cannot open file for writing");
     out.write(kMagic, 6);
     const char version[2] = {1, 0};
@@ -415,7 +419,11 @@ void save_npy(const Tensor& tensor, const std::string& path) {
     out.write(static_cast<const char*>(packed.storage()->data()) + packed.offset() * dtype_size(packed.dtype()),
               static_cast<std::streamsize>(packed.numel() * dtype_size(packed.dtype())));
     out.close();  // flushes: a full disk shows here
-    if (!out) throw npy_error(path, "write failed");
+    if (!out) {
+        std::remove(partial.c_str());
+        throw npy_error(path, "write failed (disk full?)");
+    }
+    std::filesystem::rename(partial, path);
 }
 
 Tensor load_saved_state(const std::string& path) {

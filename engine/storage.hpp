@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,17 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(Device device = Device::cpu);
 void reset_peak_memory(Device device = Device::cpu);  // peak_live_bytes <- live_bytes
+
+// An allocation the device could not make, naming what was asked for (a std::bad_alloc, so that
+// Python sees a MemoryError): "cannot allocate 4.0 TiB on the cpu for a [1099511627776] float32 tensor".
+class OutOfMemory : public std::bad_alloc {
+public:
+    explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+    const char* what() const noexcept override { return message_.c_str(); }
+
+private:
+    std::string message_;
+};
 
 // A flat, 64-byte-aligned, uninitialised buffer on one device. Shared by all views of it.
 class Storage {

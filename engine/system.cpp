@@ -56,6 +56,14 @@ void write_file(const fs::path& path, const std::string& bytes) {
     fs::rename(partial, path);
 }
 
+void create_output_directory(const fs::path& dir, const std::string& what) {
+    RELGRAD_CHECK(!dir.empty(), "an empty path, expected ", what);
+    std::error_code error;
+    fs::create_directories(dir, error);
+    if (!error && !fs::is_directory(dir)) error = std::make_error_code(std::errc::not_a_directory);
+    RELGRAD_CHECK(!error, dir.string(), ": cannot create ", what, " (", error.message(), ")");
+}
+
 fs::path start_replacing(const fs::path& dir) {
     const fs::path partial = with_suffix(dir, ".partial");
     fs::remove_all(partial);  // left by a write that was stopped

@@ -31,6 +31,11 @@ std::string read_file(const std::filesystem::path& path, const std::string& what
 // std::runtime_error: "out/y.npy: cannot write (disk full? permission denied?)".
 void write_file(const std::filesystem::path& path, const std::string& bytes);
 
+// Creates the directory `dir` (and its parents) for what a command writes; a file in the way, or a
+// directory that cannot be made, is std::invalid_argument naming it and `what` it was to be:
+//     runs/a/x: cannot create the run's directory (Not a directory)
+void create_output_directory(const std::filesystem::path& dir, const std::string& what);
+
 // Empties and creates <dir>.partial/ and returns it: the new content of dir goes there.
 std::filesystem::path start_replacing(const std::filesystem::path& dir);
 

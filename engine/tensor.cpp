@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -176,8 +177,23 @@ Tensor Tensor::detach() const {
 // ---------------------------------------------------------------- factories
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
+    // shape_numel rejects sizes < 0, and more than 2^56 elements: the byte count cannot overflow
+    const auto nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
     auto impl = std::make_shared<TensorImpl>();
-    impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);  // rejects sizes < 0
+    try {
+        impl->storage = std::make_shared<Storage>(nbytes, device);
+    } catch (const OutOfMemory&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        char size[32];
+        const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+        double amount = static_cast<double>(nbytes);
+        int unit = 0;
+        for (; amount >= 1024 && unit < 6; ++unit) amount /= 1024;
+        std::snprintf(size, sizeof size, unit == 0 ? "%.0f %s" : "%.1f %s", amount, units[unit]);
+        throw OutOfMemory(std::string("cannot allocate ") + size + " on the " + device_name(device) + " for a " +
+                          shape_str(shape) + " " + dtype_name(dtype) + " tensor");
+    }
     impl->shape = shape;
     impl->strides = contiguous_strides(shape);
     impl->dtype = dtype;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
@@ -182,53 +183,85 @@ void Module::save(const std::string& dir) const {
 
 void Module::load(const std::string& dir) {
     const fs::path manifest_path = fs::path(dir) / "manifest.json";
-    std::ifstream in(manifest_path);
-    if (!in) throw std::runtime_error(manifest_path.string() + ": cannot open (is " + dir + " a saved state?)");
+    const std::string where = manifest_path.string();
     nlohmann::json manifest;
     try {
-        manifest = nlohmann::json::parse(in);
+        manifest = nlohmann::json::parse(
+            read_file(manifest_path, "a saved state's manifest.json (is " + dir + " a directory Module.save wrote?)"));
     } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(manifest_path.string() + ": not valid JSON: " + e.what());
+        throw std::invalid_argument(where + ": not valid JSON: " + e.what());
     }
-    std::map<std::string, Shape> stored;
-    try {
-        for (const auto& entry : manifest.at("parameters")) {
-            const std::string name = entry.at("name").get<std::string>();
-            const nlohmann::json& shape = entry.at("shape");
-            // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined);
-            // parsed JSON keeps every integer >= 0 as an unsigned one
-            const auto is_size = [](const nlohmann::json& n) {
-                return n.is_number_unsigned() && n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX};
-            };
-            if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), is_size)) {
-                throw std::runtime_error(manifest_path.string() + ": parameter '" + name +
-                                         "': shape must be a list of sizes (whole numbers >= 0)");
-            }
-            if (!stored.emplace(name, shape.get<Shape>()).second) {
-                throw std::runtime_error(manifest_path.string() + ": parameter '" + name + "' is listed twice");
-            }
+    // what save() writes, and nothing else: a field that is written is checked
+    const auto refuse = [&where](const std::string& what) { throw std::invalid_argument(where + ": " + what); };
+    if (!manifest.is_object() || manifest.size() != 3 ||
+        manifest.value("format", nlohmann::json()) != "relgrad-state" || !manifest.contains("version") ||
+        !manifest.contains("parameters") || !manifest["parameters"].is_array()) {
+        refuse("expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
+    }
+    if (manifest["version"] != 1) refuse("version " + manifest["version"].dump() + ", this relgrad reads version 1");
+    struct Listed {
+        Shape shape;
+        DType dtype;
+    };
+    std::map<std::string, Listed> listed;
+    for (const nlohmann::json& entry : manifest["parameters"]) {
+        const auto text = [&entry](const char* key) {
+            return entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>() : std::string();
+        };
+        const std::string name = text("name");
+        if (!entry.is_object() || entry.size() != 4 || name.empty() || !entry.contains("shape")) {
+            refuse("a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got " + entry.dump());
         }
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(manifest_path.string() + ": not a relgrad state manifest: " + e.what());
+        // the file is the one save() names after the parameter: nothing else is read
+        if (text("file") != name + ".npy") refuse("parameter '" + name + "': file must be '" + name + ".npy'");
+        // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined);
+        // parsed JSON keeps every integer >= 0 as an unsigned one
+        const auto is_size = [](const nlohmann::json& n) {
+            return n.is_number_unsigned() && n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX};
+        };
+        const nlohmann::json& shape = entry["shape"];
+        if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), is_size)) {
+            refuse("parameter '" + name + "': shape must be a list of sizes (whole numbers >= 0)");
+        }
+        const std::optional<DType> dtype = value_named(floating_dtype_names, text("dtype"));
+        if (!dtype) {
+            refuse("parameter '" + name + "': dtype must be one of " + names_in_words(floating_dtype_names) + ", got " +
+                   entry.value("dtype", nlohmann::json()).dump());
+        }
+        if (!listed.emplace(name, Listed{shape.get<Shape>(), *dtype}).second) {
+            refuse("parameter '" + name + "' is listed twice");
+        }
     }
     std::vector<std::pair<std::string, Tensor*>> slots;
     collect("", slots);
     // check everything before changing anything
     std::vector<Tensor> loaded;
     for (const auto& [name, slot] : slots) {
-        const auto found = stored.find(name);
-        if (found == stored.end()) throw std::runtime_error(dir + ": no saved value for parameter '" + name + "'");
-        const Tensor value = load_saved_state((fs::path(dir) / (name + ".npy")).string());
-        if (value.shape() != slot->shape() || found->second != slot->shape()) {
-            throw std::runtime_error(dir + ": parameter '" + name + "' has shape " + shape_str(value.shape()) +
-                                     ", the model expects " + shape_str(slot->shape()));
+        const auto found = listed.find(name);
+        if (found == listed.end()) refuse("no saved value for the model's parameter '" + name + "'");
+        const Listed& entry = found->second;
+        if (entry.shape != slot->shape()) {
+            refuse("parameter '" + name + "' has shape " + shape_str(entry.shape) + ", the model's is " +
+                   shape_str(slot->shape()));
+        }
+        const fs::path file = fs::path(dir) / (name + ".npy");
+        Tensor value;
+        try {
+            value = load_saved_state(file.string());
+        } catch (const std::runtime_error& e) {  // a file of the state: bad input as the manifest is
+            throw std::invalid_argument(e.what());
+        }
+        // bfloat16 is saved as float32 (NumPy has no bfloat16), exactly
+        const DType stored = entry.dtype == DType::bfloat16 ? DType::float32 : entry.dtype;
+        if (value.shape() != entry.shape || value.dtype() != stored) {
+            throw std::invalid_argument(file.string() + ": holds " + shape_str(value.shape()) + " " +
+                                        dtype_name(value.dtype()) + ", " + where + " lists " + shape_str(entry.shape) +
+                                        " " + dtype_name(entry.dtype));
         }
         loaded.push_back(value);
-        stored.erase(found);
+        listed.erase(found);
     }
-    if (!stored.empty()) {
-        throw std::runtime_error(dir + ": saved parameter '" + stored.begin()->first + "' is not in the model");
-    }
+    if (!listed.empty()) refuse("saved parameter '" + listed.begin()->first + "' is not in the model");
     NoGradGuard no_grad;
     for (std::size_t i = 0; i < slots.size(); ++i) {
         Tensor& slot = *slots[i].second;

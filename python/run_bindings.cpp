@@ -1,5 +1,6 @@
 // relgrad's Python module: training from a config (the command line's keys, defaults and errors)
 // and the commands on a trained run: evaluate, generate, attention weights, the loaded model.
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -26,6 +27,27 @@ namespace fs = std::filesystem;
 
 py::object to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
+// The JSON path ("/training/learning_rate") of the first float in a config dict that JSON cannot
+// hold (NaN, infinity), or "" when there is none; walked with a stack of its own, not recursion.
+std::string non_json_number(const py::dict& config) {
+    std::vector<std::pair<py::handle, std::string>> pending = {{config, ""}};
+    while (!pending.empty()) {
+        const auto [value, path] = pending.back();
+        pending.pop_back();
+        if (py::isinstance<py::float_>(value)) {
+            if (!std::isfinite(value.cast<double>())) return path;
+        } else if (py::isinstance<py::dict>(value)) {
+            for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(value)) {
+                pending.push_back({item, path + "/" + py::str(key).cast<std::string>()});
+            }
+        } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+            std::size_t index = 0;
+            for (const py::handle item : value) pending.push_back({item, path + "/" + std::to_string(index++)});
+        }
+    }
+    return "";
+}
+
 // A config document from a dict (read as the JSON it would be written as), a path to a JSON file,
 // or None (the quickstart); then the overrides, as `relgrad train --set`.
 nlohmann::json config_document(const py::object& config, const std::vector<std::string>& overrides, std::string& name) {
@@ -35,6 +57,10 @@ nlohmann::json config_document(const py::object& config, const std::vector<std::
         document = quickstart_config();
     } else if (py::isinstance<py::dict>(config)) {
         name = "config";
+        const std::string not_json = non_json_number(config.cast<py::dict>());
+        if (!not_json.empty()) {
+            throw std::invalid_argument("config: " + not_json + " is NaN or infinite, a number JSON cannot hold");
+        }
         const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
         document = parse_json(text, name);
     } else if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__")) {

@@ -111,15 +111,40 @@ py::array numpy_copy(const Tensor& t) {
 
 }  // namespace
 
+// A size or dim: a Python int that int64 holds (2**64 is refused by name, not by a failed cast)
+int64_t size_from(const py::handle& item) {
+    if (!py::isinstance<py::int_>(item)) {
+        try {
+            return item.cast<int64_t>();  // NumPy's integers, through __index__
+        } catch (const py::cast_error&) {
+            throw py::type_error("a size is an int, got " +
+                                 py::str(py::type::of(item).attr("__name__")).cast<std::string>());
+        }
+    }
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
+    if (overflow != 0) {
+        throw std::invalid_argument("size " + py::str(item).cast<std::string>() +
+                                    " does not fit int64 (sizes are at most 2^63 - 1)");
+    }
+    return value;
+}
+
 Shape shape_from(const py::handle& value) {
-    if (py::isinstance<py::int_>(value)) return {value.cast<int64_t>()};
-    return value.cast<Shape>();
+    if (py::isinstance<py::int_>(value)) return {size_from(value)};
+    if (!py::isinstance<py::sequence>(value) || py::isinstance<py::str>(value)) {
+        throw py::type_error("a shape is an int or a sequence of ints, got " +
+                             py::str(py::type::of(value).attr("__name__")).cast<std::string>());
+    }
+    Shape shape;
+    for (const py::handle item : value) shape.push_back(size_from(item));
+    return shape;
 }
 
 // view(2, 3) and view((2, 3)) alike
 Shape shape_from_args(const py::args& args) {
     if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return shape_from(args[0]);
-    return args.cast<Shape>();
+    return shape_from(args);
 }
 
 std::vector<int64_t> dims_from(const py::handle& value) {

@@ -17,6 +17,14 @@ std::vector<int64_t> truncated(std::vector<int64_t> ids, int64_t max_length) {
 // "data:NAME/FILE" names a file of a fetched data set in the data cache (relgrad data fetch).
 std::string resolve_data_path(const std::string& path) {
     if (path.rfind("data:", 0) != 0) return path;
+    // NAME/FILE, inside the cache: no absolute path, no "..", nothing empty
+    const std::filesystem::path inside(path.substr(5));
+    bool within = !inside.empty() && inside.is_relative();
+    for (const auto& part : inside) within = within && part != ".." && part != "." && !part.empty();
+    if (!within) {
+        throw std::invalid_argument(path + ": expected data:NAME/FILE, a file inside the data cache (" +
+                                    default_data_dir() + ")");
+    }
     const std::string resolved = default_data_dir() + "/" + path.substr(5);
     if (!std::filesystem::exists(resolved)) {
         const std::string name = path.substr(5, path.find('/', 5) - 5);
@@ -42,7 +50,15 @@ template <class T, class Read>
 std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
     std::vector<T> train = read(d.train);
     if (!d.test.empty()) return {std::move(train), read(d.test)};
-    return split_held_out(std::move(train), d.held_out, seed);
+    try {
+        return split_held_out(std::move(train), d.held_out, seed);
+    } catch (const std::invalid_argument& e) {  // too few examples for the fraction: name the file and the key
+        std::string why = e.what();
+        const std::string function = "split_held_out: ";
+        if (why.rfind(function, 0) == 0) why.erase(0, function.size());
+        throw std::invalid_argument(d.train + ": /data/held_out: " + why +
+                                    " (give more examples, a larger held_out, or data.test)");
+    }
 }
 
 // What errors call the test examples: data.test, or the held-out part of data.train.
@@ -111,6 +127,10 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
     for (const auto& example : train) labels.push_back(example.label);
     std::sort(labels.begin(), labels.end());
     labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+    if (labels.size() < 2) {  // one class: nothing to learn, and an accuracy of 1 that means nothing
+        throw std::invalid_argument(d.train + ": every training example has the label '" + labels.front() +
+                                    "'; classification needs at least two labels");
+    }
     if (!tokenizer) tokenizer = tokenizer_for(d, texts);
     auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
         std::vector<LabeledTokens> out;

@@ -72,6 +72,10 @@ fs::path readable_checkpoint(const fs::path& run) {
     for (const char* name : {"checkpoint", "checkpoint.previous"}) {
         if (fs::exists(run / name / "state.json")) return run / name;
     }
+    if (fs::is_directory(run / "checkpoint")) {
+        throw std::invalid_argument((run / "checkpoint" / "state.json").string() +
+                                    ": missing, expected the checkpoint's state (an incomplete checkpoint)");
+    }
     throw std::invalid_argument(run.string() + ": not a trained run (needs config.json and checkpoint/)");
 }
 

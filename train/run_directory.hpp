@@ -50,8 +50,8 @@ std::filesystem::path readable_checkpoint(const std::filesystem::path& run);
 // Loads the checkpoint `dir` of the run `run` (its run_identity) into model and optimizer and
 // returns its step count. Every file is checked before use: state.json is {"step": N, "run": ...,
 // "files": ...} with this run's identity and the optimizer's own count equal to N; the two halves
-// are the ones saved with it (their fingerprints); the weights and moments are floating (float32
-// or float64 as relgrad saves them), finite, with no negative second moment.
+// are the ones saved with it (their fingerprints); the weights and moments are floating (as
+// Module::load and AdamW::load check them), finite, with no negative second moment.
 int64_t load_checkpoint(const std::filesystem::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler,
                         const nlohmann::json& run);
 

@@ -34,6 +34,10 @@ namespace {
 // returns that run's tokenizer: the ids its checkpoint was trained on.
 std::optional<Tokenizer> checked_output_directory(const fs::path& out, const json& resolved,
                                                   const TrainOptions& options) {
+    std::error_code error;
+    if (fs::exists(out, error) && !fs::is_directory(out, error)) {
+        throw std::invalid_argument(out.string() + ": not a directory, expected the run's directory (output.dir)");
+    }
     if (!options.resume) {
         if (recovered_checkpoint(out)) {
             throw std::invalid_argument(out.string() +
@@ -124,7 +128,7 @@ struct Start {
 Start first_step(const fs::path& out, const Config& config, const json& resolved,
                  const std::optional<Tokenizer>& tokenizer, const TrainOptions& options, int64_t total_steps,
                  Module& model, AdamW& optimizer, LossScaler* scaler) {
-    fs::create_directories(out);
+    create_output_directory(out, "the run's directory");
     if (!options.resume) {
         write_json_file(out / "config.json", resolved);
         if (tokenizer) write_json_file(out / "tokenizer.json", json::parse(tokenizer->to_json()));

@@ -164,7 +164,7 @@ if(NOT code EQUAL 0)
 endif()
 run_relgrad(2 validate ${work}/pipe.json)
 expect_one_line_error("^relgrad: error: .*pipe.json: not a regular file \\(a FIFO or a device\\), expected a config file")
-file(WRITE ${work}/data.tsv "a b\t1\nb a\t0\n")
+file(WRITE ${work}/data.tsv "1\ta b\n0\tb a\n")
 run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=${work}/pipe.tsv
             --set data.test=${work}/data.tsv --out ${work}/fifo_run)
 expect_one_line_error("^relgrad: error: .*pipe.tsv: not a regular file \\(a FIFO or a device\\), expected a data file")
@@ -181,6 +181,48 @@ run_relgrad(2 validate ${work}/loop_a.json)
 expect_one_line_error("^relgrad: error: .*loop_a.json: a loop of symbolic links, expected a config file")
 if(EXISTS ${work}/fifo_run)
   message(FATAL_ERROR "a refused data file still wrote ${work}/fifo_run")
+endif()
+# data that cannot train what is asked: one label only; a held-out part too small to hold anything
+file(WRITE ${work}/one_label.tsv "1\ta b\n1\tb a\n")
+run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=${work}/one_label.tsv
+            --set data.test=${work}/data.tsv --out ${work}/one_label_run)
+expect_one_line_error("^relgrad: error: .*one_label.tsv: every training example has the label '1'; classification needs at least two labels")
+run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=${work}/data.tsv
+            --out ${work}/held_out_run)
+expect_one_line_error("^relgrad: error: .*data.tsv: /data/held_out: a fraction of 0.1 of 2 examples holds out 0; both the training and the held-out part must be non-empty")
+# data:NAME/FILE stays inside the data cache
+run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=data:../../etc/passwd
+            --set data.test=${work}/data.tsv --out ${work}/escaped_run)
+expect_one_line_error("^relgrad: error: data:../../etc/passwd: expected data:NAME/FILE, a file inside the data cache")
+# a value given as "" is refused, never taken as one not given (execute_process itself: run_relgrad's
+# ARGN would drop an empty argument)
+execute_process(COMMAND ${RELGRAD} gradcheck --filter add --device "" RESULT_VARIABLE code ERROR_VARIABLE err)
+expect_one_line_error("^relgrad: error: --device: the value is empty")
+execute_process(COMMAND ${RELGRAD} train ${work}/good.json --out "" RESULT_VARIABLE code ERROR_VARIABLE err)
+expect_one_line_error("^relgrad: error: --out: the value is empty")
+# an output path with a file in the way
+file(WRITE ${work}/a_file "")
+file(MAKE_DIRECTORY ${work}/layer_in)
+execute_process(COMMAND /usr/bin/python3 -c
+  "import numpy as np; d = '${work}/layer_in/'; np.save(d + 'x.npy', np.ones((256, 2), np.float32)); np.save(d + 'weight.npy', np.eye(2, dtype=np.float32)); np.save(d + 'bias.npy', np.zeros(2, np.float32))")
+run_relgrad(2 layer --spec ${work}/spec.json --in ${work}/layer_in --out ${work}/a_file/out)
+expect_one_line_error("^relgrad: error: .*a_file/out: cannot create the output directory \\(--out\\) \\(Not a directory\\)")
+# output that cannot be written whole leaves no part of a file: y.npy (256 x 2 float32, 2176 bytes)
+# past a file size limit of one block (512 or 1024 bytes; SIGXFSZ ignored, so that the write fails)
+execute_process(COMMAND sh -c "trap '' XFSZ; ulimit -f 1; exec \"$0\" layer --spec \"$1\" --in \"$2\" --out \"$3\""
+                        ${RELGRAD} ${work}/spec.json ${work}/layer_in ${work}/limited
+                RESULT_VARIABLE code ERROR_VARIABLE err)
+if(NOT code EQUAL 2 OR NOT err MATCHES "limited/y.npy: write failed")
+  message(FATAL_ERROR "a write past the file size limit: exit code ${code}, stderr:\n${err}")
+endif()
+if(EXISTS ${work}/limited/y.npy OR EXISTS ${work}/limited/y.npy.partial)
+  message(FATAL_ERROR "a failed write left ${work}/limited/y.npy or its .partial")
+endif()
+# what a command prints must reach stdout: a full device is an error
+execute_process(COMMAND ${RELGRAD} validate ${work}/good.json OUTPUT_FILE /dev/full RESULT_VARIABLE code
+                ERROR_VARIABLE err)
+if(NOT code EQUAL 2 OR NOT err MATCHES "^relgrad: error: writing to stdout failed \\(No space left on device\\)")
+  message(FATAL_ERROR "validate > /dev/full: exit code ${code}, stderr:\n${err}")
 endif()
 run_relgrad(0 train ${work}/good.json --out ${work}/trained)
 file(WRITE ${work}/trained/checkpoint/state.json "{\"step\": 3, \"extra\": 1}")

@@ -101,6 +101,10 @@ TEST_CASE("gradcheck needs float64 and an output that depends on the inputs") {
     CHECK_THROWS_AS(gradcheck([](const std::vector<Tensor>&) { return zeros({2}, DType::float64); },
                               {zeros({2}, DType::float64).requires_grad_(true)}),
                     std::invalid_argument);
+    GradcheckOptions no_step;
+    no_step.eps = 0;  // (f(x) - f(x)) / 0 would be NaN numerics
+    CHECK_THROWS_WITH_AS(gradcheck(identity, {f64({1, 2}, {2}).requires_grad_(true)}, no_step),
+                         "gradcheck: eps 0, expected a finite step > 0", std::invalid_argument);
     // inputs without requires_grad are passed through and not checked
     const Tensor fixed = f64({1, 2}, {2});
     const GradcheckResult result =

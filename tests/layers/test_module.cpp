@@ -1,6 +1,7 @@
 // The Module base and the basic layers: names, modes, state files, initialisation, gradients.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "engine/npy.hpp"
@@ -64,16 +65,77 @@ TEST_CASE("state saves as .npy files plus a manifest and loads back") {
 
     Linear wrong_shape(4, 2, Init{g2});
     const std::vector<double> before = wrong_shape.weight.to_vector();
+    const std::string manifest_path = (dir / "manifest.json").string();
     CHECK_THROWS_WITH_AS(wrong_shape.load(dir.string()),
-                         (dir.string() + ": parameter 'weight' has shape [2, 3], the model expects [2, 4]").c_str(),
-                         std::runtime_error);
+                         (manifest_path + ": parameter 'weight' has shape [2, 3], the model's is [2, 4]").c_str(),
+                         std::invalid_argument);
     CHECK(wrong_shape.weight.to_vector() == before);  // a failed load changes nothing
     Linear no_bias(3, 2, Init{g2}, false);
     CHECK_THROWS_WITH_AS(no_bias.load(dir.string()),
-                         (dir.string() + ": saved parameter 'bias' is not in the model").c_str(), std::runtime_error);
-    CHECK_THROWS_AS(saved.load((dir / "nowhere").string()), std::runtime_error);
+                         (manifest_path + ": saved parameter 'bias' is not in the model").c_str(),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        saved.load((dir / "nowhere").string()),
+        ((dir / "nowhere" / "manifest.json").string() + ": missing, expected a saved state's manifest.json (is " +
+         (dir / "nowhere").string() + " a directory Module.save wrote?)")
+            .c_str(),
+        std::invalid_argument);
     fs::remove(dir / "bias.npy");
-    CHECK_THROWS_AS(restored.load(dir.string()), std::runtime_error);
+    CHECK_THROWS_WITH_AS(restored.load(dir.string()),
+                         ((dir / "bias.npy").string() + ": missing, expected a .npy file").c_str(),
+                         std::invalid_argument);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("every field of a manifest is checked: format, version, each parameter's file and dtype") {
+    const fs::path dir = fs::temp_directory_path() / "relgrad_test_state_fields";
+    fs::remove_all(dir);
+    Generator g1(1), g2(2);
+    Linear saved(3, 2, Init{g1}), restored(3, 2, Init{g2});
+    saved.save(dir.string());
+    std::ifstream manifest_file(dir / "manifest.json");
+    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+    manifest_file.close();
+    const std::string where = (dir / "manifest.json").string();
+    const std::vector<double> before = restored.weight.to_vector();
+    const auto refusal = [&](const std::function<void(nlohmann::json&)>& change) -> std::string {
+        nlohmann::json damaged = manifest;
+        change(damaged);
+        std::ofstream(dir / "manifest.json") << damaged.dump();
+        try {
+            restored.load(dir.string());
+        } catch (const std::invalid_argument& e) {
+            return e.what();
+        }
+        return "loaded";
+    };
+    CHECK(refusal([](nlohmann::json& m) { m["version"] = 99; }) ==
+          where + ": version 99, this relgrad reads version 1");
+    CHECK(refusal([](nlohmann::json& m) { m["format"] = "other"; }) ==
+          where + ": expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
+    CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["file"] = "../../../../../etc/passwd"; }) ==
+          where + ": parameter 'weight': file must be 'weight.npy'");
+    CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["dtype"] = "int64"; }) ==
+          where + ": parameter 'weight': dtype must be one of float32, float64, bfloat16 or float16, got \"int64\"");
+    CHECK(refusal([](nlohmann::json& m) {
+              m["parameters"][0].erase("dtype");
+          }).rfind(where + ": a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got ", 0) == 0);
+    // the file's dtype and shape are the manifest's: float16 weights where float32 was written
+    std::ofstream(dir / "manifest.json") << manifest.dump();
+    save_npy(saved.weight.to(DType::float16), (dir / "weight.npy").string());
+    CHECK_THROWS_WITH_AS(
+        restored.load(dir.string()),
+        ((dir / "weight.npy").string() + ": holds [2, 3] float16, " + where + " lists [2, 3] float32").c_str(),
+        std::invalid_argument);
+    CHECK(restored.weight.to_vector() == before);
+    save_npy(saved.weight.reshape({3, 2}), (dir / "weight.npy").string());
+    CHECK_THROWS_WITH_AS(
+        restored.load(dir.string()),
+        ((dir / "weight.npy").string() + ": holds [3, 2] float32, " + where + " lists [2, 3] float32").c_str(),
+        std::invalid_argument);
+    save_npy(saved.weight, (dir / "weight.npy").string());  // as saved: loads
+    restored.load(dir.string());
+    CHECK(restored.weight.to_vector() == saved.weight.to_vector());
     fs::remove_all(dir);
 }
 
@@ -98,13 +160,13 @@ TEST_CASE("a manifest whose shapes are not lists of sizes is refused before anyt
                              ((dir / "manifest.json").string() +
                               ": parameter 'weight': shape must be a list of sizes (whole numbers >= 0)")
                                  .c_str(),
-                             std::runtime_error);
+                             std::invalid_argument);
         CHECK(restored.weight.to_vector() == before);
     }
     nlohmann::json not_a_list = manifest;
     not_a_list["parameters"][0]["shape"] = 6;
     std::ofstream(dir / "manifest.json") << not_a_list.dump();
-    CHECK_THROWS_AS(restored.load(dir.string()), std::runtime_error);
+    CHECK_THROWS_AS(restored.load(dir.string()), std::invalid_argument);
     std::ofstream(dir / "manifest.json") << manifest.dump();  // the sizes as saved load
     restored.load(dir.string());
     CHECK(restored.weight.to_vector() == saved.weight.to_vector());

@@ -48,7 +48,9 @@ def test_config_as_dict_path_and_overrides_agree(tmp_path):
     ({"training": {"stepz": 1}}, [], "stepz"),
     ({"model": {"position": "kerple"}}, [], "kerple"),
     (None, ["training.steps"], "training.steps"),
-    ({"training": {"learning_rate": float("nan")}}, [], "not valid JSON"),
+    ({"training": {"learning_rate": float("nan")}}, [],
+     "config: /training/learning_rate is NaN or infinite, a number JSON cannot hold"),
+    ({"task": {"train_lengths": [4, float("inf")]}}, [], "config: /task/train_lengths/1 is NaN or infinite"),
 ])
 def test_bad_configs_raise_value_error(config, overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -98,6 +100,18 @@ def test_train_in_a_precision(tmp_path):
 def test_run_errors(run_dir, tmp_path):
     with pytest.raises(ValueError, match="checkpoint"):
         relgrad.load_run(str(tmp_path))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match=r"a_file: not a directory, expected the run's directory \(output.dir\)"):
+        relgrad.train(out=str(a_file), set=SMALL)
+    with pytest.raises(ValueError, match=r"a_file/run: cannot create the run's directory \(Not a directory\)"):
+        relgrad.train(out=str(a_file / "run"), set=SMALL)
+    model = relgrad.nn.Linear(2, 3)
+    with pytest.raises(ValueError, match=r"nowhere/manifest.json: missing, expected a saved state's manifest.json"):
+        model.load(str(tmp_path / "nowhere"))
+    relgrad.nn.Linear(3, 2).save(str(tmp_path / "other"))
+    with pytest.raises(ValueError, match=r"manifest.json: parameter 'weight' has shape \[2, 3\], the model's is \[3, 2\]"):
+        model.load(str(tmp_path / "other"))
     run = relgrad.load_run(str(run_dir))
     with pytest.raises(ValueError, match="not a symbol id"):
         run.attention("4 banana")

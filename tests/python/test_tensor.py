@@ -80,6 +80,21 @@ def test_explicit_dtype_converts():
     assert t.to("float32").dtype == relgrad.float32
 
 
+def test_sizes_past_int64_and_past_memory_are_named():
+    with pytest.raises(ValueError, match=r"size 18446744073709551616 does not fit int64 \(sizes are at most 2\^63 - 1\)"):
+        relgrad.zeros(2**64)
+    with pytest.raises(ValueError, match="size -18446744073709551616 does not fit int64"):
+        relgrad.ones(3).view(-2**64)
+    with pytest.raises(MemoryError, match=r"^cannot allocate 128.0 TiB on the cpu for a \[35184372088832\] float32 tensor$"):
+        relgrad.zeros(2**45)
+    with pytest.raises(ValueError, match=r"shape \[576460752303423488, 4\] has too many elements"):
+        relgrad.zeros(2**59, 4, dtype="float64")
+    with pytest.raises(TypeError, match="a shape is an int or a sequence of ints, got float"):
+        relgrad.zeros(2.5)
+    with pytest.raises(TypeError, match="a size is an int, got str"):
+        relgrad.zeros((2, "3"))
+
+
 @pytest.mark.parametrize("data, dtype, message", [
     (np.array([0.5]), "int64", "fractional"),
     (np.array([1 + 2j]), None, "complex128"),
@@ -392,6 +407,11 @@ def test_gradcheck_catches_a_kink_and_refuses_float32():
         relgrad.gradcheck(lambda x: 1.0, [at_kink])
     with pytest.raises(KeyError):  # an exception raised by fn comes through unchanged
         relgrad.gradcheck(lambda x: {}["missing"], [at_kink])
+    for eps in (0.0, -1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"gradcheck: eps .*, expected a finite step > 0"):
+            relgrad.gradcheck(lambda x: x.sum(), [at_kink], eps=eps)
+    with pytest.raises(ValueError, match="expected finite numbers >= 0"):
+        relgrad.gradcheck(lambda x: x.sum(), [at_kink], atol=-1.0)
 
 
 # --- gradients of composed expressions against PyTorch
