@@ -99,8 +99,14 @@ void write_seeds(const fs::path& dir) {
                                      {"valid_optimizer_tensor", optimizer_npy}}) {
         seed(name, file, pristine[file]);
     }
-    seed("broken_state_negative", checkpoint / "state.json", "{\"step\": -1}\n");
-    seed("broken_state_text", checkpoint / "state.json", "{\"step\": \"2\"}");
+    nlohmann::json state = nlohmann::json::parse(pristine[checkpoint / "state.json"]);  // its run and fingerprints
+    state["step"] = -1;
+    seed("broken_state_negative", checkpoint / "state.json", state.dump());
+    state["step"] = "2";
+    seed("broken_state_text", checkpoint / "state.json", state.dump());
+    state["step"] = 2;
+    state["run"]["training"]["seed"] = 7;  // another run's checkpoint
+    seed("broken_state_other_run", checkpoint / "state.json", state.dump());
     seed("broken_step", checkpoint / "optimizer" / "step.txt", "two\n");
     nlohmann::json manifest = nlohmann::json::parse(pristine[checkpoint / "model" / "manifest.json"]);
     nlohmann::json fewer = manifest;
