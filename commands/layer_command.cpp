@@ -85,6 +85,7 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
     const bool family = type == "rope_attention" || type == "alibi_attention" || type == "t5_attention";
     if (type == "attention" || type == "relative_attention" || type == "gated_attention" || family) {
         const int64_t dim = spec.size("dim"), heads = spec.size("heads");
+        spec.check(dim % heads == 0, "heads", "a divisor of dim = " + std::to_string(dim));
         run.causal = spec.flag("causal", false);
         // W_q .. W_o are [D, D]; the tables [K, D] at most and the low-rank factors [rank, D] stay
         // within 2^28 elements when they do, as the description bounds K and rank by 8193
@@ -170,14 +171,7 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
     return run;
 }
 
-Tensor load_floating(const fs::path& path, DType dtype) {
-    const Tensor t = load_npy(path.string());
-    if (!is_floating(t.dtype())) {
-        throw std::invalid_argument(path.string() + ": expected " + names_in_words(floating_dtype_names) +
-                                    " data, got " + dtype_name(t.dtype()));
-    }
-    return t.to(dtype);
-}
+Tensor load_floating(const fs::path& path, DType dtype) { return load_npy_floats(path.string()).to(dtype); }
 
 std::string shape_pattern(const Shape& shape) {  // [B, L, 8] with -1 shown as a letter
     std::string out = "[";

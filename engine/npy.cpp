@@ -327,7 +327,9 @@ void read_elements(std::ifstream& in, const ElementType& type, Tensor& tensor, c
 
 }  // namespace
 
-Tensor load_npy(const std::string& path) {
+namespace {
+
+Tensor read_npy(const std::string& path, const std::string* refuse_non_floats_as) {
     try {
         require_regular_file(path, "a .npy file");
     } catch (const std::invalid_argument& e) {  // a file error, as every other of this reader
@@ -352,6 +354,10 @@ Tensor load_npy(const std::string& path) {
     if (!in.read(text.data(), header_length)) throw npy_error(path, "truncated .npy header");
     text.erase(text.find_last_not_of(" \t\f\r\n") + 1);  // the padding, so that no message quotes it
     const Header header = HeaderParser(text, path).parse();
+    if (refuse_non_floats_as && header.type.kind != 'f') {
+        throw npy_error(
+            path, *refuse_non_floats_as + type_name(header.type) + " values, expected float16, float32 or float64");
+    }
     const DType dtype = engine_dtype(header.type);
     int64_t count = 0;
     try {
@@ -392,6 +398,11 @@ Tensor load_npy(const std::string& path) {
     return tensor.permute(reversed).contiguous();
 }
 
+}  // namespace
+
+Tensor load_npy(const std::string& path) { return read_npy(path, nullptr); }
+Tensor load_npy_floats(const std::string& path, const std::string& what) { return read_npy(path, &what); }
+
 void save_npy(const Tensor& tensor, const std::string& path) {
     Tensor packed = tensor.detach().to(Device::cpu).contiguous();  // a host copy of a device tensor
     if (packed.dtype() == DType::bfloat16) packed = packed.to(DType::float32);
@@ -427,11 +438,7 @@ void save_npy(const Tensor& tensor, const std::string& path) {
 }
 
 Tensor load_saved_state(const std::string& path) {
-    const Tensor tensor = load_npy(path);
-    if (!is_floating(tensor.dtype())) {
-        throw npy_error(path, std::string("a corrupt state: ") + dtype_name(tensor.dtype()) + " values, expected " +
-                                  names_in_words(floating_dtype_names));
-    }
+    const Tensor tensor = load_npy_floats(path, "a corrupt state: ");
     for (const double value : tensor.to_vector()) {
         if (!std::isfinite(value)) throw npy_error(path, "a corrupt state: it holds " + std::to_string(value));
     }

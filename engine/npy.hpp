@@ -16,6 +16,10 @@
 namespace relgrad {
 
 Tensor load_npy(const std::string& path);
+// load_npy for where floats belong: a file of another type is refused right after its header,
+// named by NumPy's name for it, `what` first: "x.npy: int32 values, expected float16, float32 or
+// float64" (not the int64 the engine would hold it as).
+Tensor load_npy_floats(const std::string& path, const std::string& what = "");
 void save_npy(const Tensor& tensor, const std::string& path);
 
 // A saved state (a module's parameter, an optimizer's moment): load_npy, and then a floating

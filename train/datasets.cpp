@@ -50,12 +50,22 @@ void check_utf8(const Line& line) {
     }
 }
 
+// The most bytes a line of a data file may hold: an example's text, whose tokens past
+// data.max_length are dropped anyway; a longer line is an error that names it, before the
+// tokenizer would spend gigabytes on it.
+constexpr std::size_t kMaxLineBytes = std::size_t{1} << 20;
+
 // The lines of a file that are not blank, without their \n or \r\n, each checked to be UTF-8.
 std::vector<Line> read_lines(const std::string& path) {
     std::istringstream in(read_file(path, "a data file"));
     std::vector<Line> lines;
     std::string text;
     for (int64_t number = 1; std::getline(in, text); ++number) {
+        if (text.size() > kMaxLineBytes) {
+            Line{path, number, ""}.fail(std::to_string(text.size()) +
+                                        " bytes, more than the 1 MiB a line of a data "
+                                        "file may hold");
+        }
         if (number == 1) skip_byte_order_mark(text);
         if (!text.empty() && text.back() == '\r') text.pop_back();
         if (text.find_first_not_of(" \t") == std::string::npos) continue;

@@ -163,6 +163,8 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "n_heads": 2})");
     CHECK(w.error().find(spec + ": /n_heads: unknown key (expected one of: attention, causal, dim, dtype, heads, k,") ==
           0);
+    w.write_spec(R"({"type": "attention", "dim": 3, "heads": 2})");  // the file and both keys, not the class's words
+    CHECK(w.error() == spec + ": /heads: got 2, expected a divisor of dim = 3");
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": -2})");
     CHECK(w.error() == spec + ": /heads: got -2, expected an integer in [1, 1048576]");
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "attention": "fast"})");

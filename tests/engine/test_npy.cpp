@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <tuple>
 
 #include "engine/npy.hpp"
 
@@ -141,6 +142,22 @@ TEST_CASE("every header Python writes the same dict for loads: quotes, order, sp
         const Tensor t = load_bytes(path, npy_file_v(major, dict("<f4", "(6,)") + "\n", data));
         check_values(t, {1, 2, 3, 4, 5, 6});
     }
+    std::remove(path.c_str());
+}
+
+TEST_CASE("where floats belong, a file of another type is named by its own NumPy type") {
+    const std::string path = temp_path("not_floats.npy");
+    for (const auto& [descr, name, size] :
+         {std::tuple{"<i4", "int32", 4}, {"|i1", "int8", 1}, {"<u2", "uint16", 2}, {"|b1", "bool", 1}}) {
+        CAPTURE(name);
+        write_bytes(path, npy_file(dict(descr, "(2,)"), std::string(2 * size, '\0')));
+        CHECK(load_npy(path).dtype() == (std::string(name) == "bool" ? DType::boolean : DType::int64));
+        CHECK_THROWS_WITH_AS(load_npy_floats(path),
+                             (path + ": " + name + " values, expected float16, float32 or float64").c_str(),
+                             std::runtime_error);
+    }
+    write_bytes(path, npy_file(dict("<f2", "(2,)"), std::string(4, '\0')));
+    CHECK(load_npy_floats(path).dtype() == DType::float16);
     std::remove(path.c_str());
 }
 

@@ -135,6 +135,11 @@ TEST_CASE("malformed dataset lines are errors with path:line and what was expect
     p = w.write("n.jsonl",
                 "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"a\", \"label\": \"x\", \"label\": \"y\"}\n");
     CHECK(classification_error(p) == p + ":line 2: /label: the key is given twice");
+    // a line past 1 MiB, named before the tokenizer would spend memory on it; one of 1 MiB is read
+    p = w.write("long.tsv", "pos\tgut\nneg\t" + std::string((1 << 20) + 1 - 4, 'a') + "\n");
+    CHECK(classification_error(p) == p + ":line 2: 1048577 bytes, more than the 1 MiB a line of a data file may hold");
+    p = w.write("long_enough.tsv", "pos\tgut\nneg\t" + std::string((1 << 20) - 4, 'a') + "\n");
+    CHECK(classification_error(p) == "no error");
     p = w.write("o.tsv", "pos\tgut\n");
     fs::remove(p);
     fs::create_directory(p);
