@@ -303,7 +303,17 @@ int run(int argc, char** argv) {
             return 0;
         }
         if (generate->parsed()) {
-            std::printf("%s\n", relgrad::generate(run_dir, prompt, max_tokens, device).c_str());
+            // on a terminal, the tokens made so far (a long --max-tokens takes a while), as training shows its steps
+            relgrad::DecodeProgress progress;
+            if (isatty(fileno(stderr))) {
+                progress = [](int64_t done, int64_t most) {
+                    std::fprintf(stderr, "\rgenerating: token %lld of at most %lld", static_cast<long long>(done),
+                                 static_cast<long long>(most));
+                };
+            }
+            const std::string text = relgrad::generate(run_dir, prompt, max_tokens, device, progress);
+            if (progress) std::fprintf(stderr, "\n");
+            std::printf("%s\n", text.c_str());
             return 0;
         }
         if (attention->parsed()) {

@@ -82,10 +82,11 @@ json evaluate_run(const std::string& run_dir, const std::string& test_file, Devi
     return result;
 }
 
-std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens, Device device) {
+std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens, Device device,
+                     const DecodeProgress& progress) {
     if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
     LoadedRun run = load_run(run_dir, "", false, device);
-    const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens);
+    const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens, progress);
     if (run.tokenizer) return run.tokenizer->decode(output);
     std::string out;
     for (int64_t id : output) out += (out.empty() ? "" : " ") + std::to_string(id);

@@ -35,9 +35,10 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file = ""
 nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "", Device device = Device::cpu);
 
 // Greedy output of a trained run for `prompt`: the continuation of a language model, the target of
-// a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids).
+// a pairs / copy / reverse model (synthetic prompts are space-separated symbol ids); `progress` is
+// told each token made.
 std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens,
-                     Device device = Device::cpu);
+                     Device device = Device::cpu, const DecodeProgress& progress = {});
 
 // The self-attention weights of a trained run for one prompt (the encoder's for sequence pairs):
 // one [H, L, L] tensor per layer on `device`, row i the weights query i gives every key.

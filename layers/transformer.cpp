@@ -244,7 +244,7 @@ Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<K
 }
 
 std::vector<int64_t> CausalLanguageModel::greedy_decode(const std::vector<int64_t>& prompt, int64_t eos,
-                                                        int64_t max_tokens) {
+                                                        int64_t max_tokens, const DecodeProgress& progress) {
     if (prompt.empty()) throw std::invalid_argument("CausalLanguageModel::greedy_decode: the prompt is empty");
     if (max_tokens < 0) {
         throw std::invalid_argument("CausalLanguageModel::greedy_decode: max_tokens must be >= 0, got " +
@@ -258,6 +258,7 @@ std::vector<int64_t> CausalLanguageModel::greedy_decode(const std::vector<int64_
         const Tensor ids = from_vector(input, {1, static_cast<int64_t>(input.size())}, DType::int64, device());
         const Tensor logits = forward_incremental(ids, caches);
         const int64_t next = argmax_rows(logits.narrow(1, logits.size(1) - 1, 1))[0];
+        if (progress) progress(step + 1, max_tokens);
         if (next == eos) break;
         out.push_back(next);
         input = {static_cast<double>(next)};
@@ -329,7 +330,8 @@ Tensor EncoderDecoder::decode_incremental(const Tensor& target, std::vector<KVCa
 // full pass over the tokens so far.
 std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& source,
                                                                 const std::vector<int64_t>& source_lengths, int64_t bos,
-                                                                int64_t eos, int64_t max_steps) {
+                                                                int64_t eos, int64_t max_steps,
+                                                                const DecodeProgress& progress) {
     if (max_steps < 0) {
         throw std::invalid_argument("EncoderDecoder::greedy_decode: max_steps must be >= 0, got " +
                                     std::to_string(max_steps));
@@ -351,6 +353,7 @@ std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& so
             last[b] = static_cast<double>(next[b]);
             all_done = all_done && done[b];
         }
+        if (progress) progress(step + 1, max_steps);
         if (all_done) break;
     }
     return out;

@@ -13,6 +13,8 @@
 // position terms: its queries and keys live in different sequences.
 #pragma once
 
+#include <functional>
+
 #include "layers/attention.hpp"
 
 namespace relgrad {
@@ -173,6 +175,9 @@ public:
     Pooling pooling;
 };
 
+// Told the steps a greedy decode has done, after each one (a command's progress line).
+using DecodeProgress = std::function<void(int64_t steps_done, int64_t max_steps)>;
+
 // ids [B, L] -> next-token logits [B, L, vocab] (position i sees tokens 0..i)
 class CausalLanguageModel : public Module {
 public:
@@ -183,8 +188,9 @@ public:
     Tensor forward_incremental(const Tensor& ids, std::vector<KVCache>& caches);
     // Greedy decoding: after `prompt` (not empty), the most likely next token, one at a time with
     // a key/value cache, until `eos` or max_tokens tokens. Returns the tokens after the prompt,
-    // without eos.
-    std::vector<int64_t> greedy_decode(const std::vector<int64_t>& prompt, int64_t eos, int64_t max_tokens);
+    // without eos. `progress`, if given, is told the steps done after each.
+    std::vector<int64_t> greedy_decode(const std::vector<int64_t>& prompt, int64_t eos, int64_t max_tokens,
+                                       const DecodeProgress& progress = {});
     std::vector<std::vector<double>> gates() const;
 
     TokenEmbedding embed;
@@ -204,9 +210,10 @@ public:
                               const std::vector<int64_t>& source_lengths);
     // Greedy decoding of a batch of sources: the decoder reads `bos`, then appends its most likely
     // next token, one at a time with a key/value cache, until every row has given `eos` or
-    // max_steps tokens. Returns each row's tokens, without bos and eos.
+    // max_steps tokens. Returns each row's tokens, without bos and eos. `progress` as above.
     std::vector<std::vector<int64_t>> greedy_decode(const Tensor& source, const std::vector<int64_t>& source_lengths,
-                                                    int64_t bos, int64_t eos, int64_t max_steps);
+                                                    int64_t bos, int64_t eos, int64_t max_steps,
+                                                    const DecodeProgress& progress = {});
     Tensor forward(const Tensor& source, const std::vector<int64_t>& source_lengths, const Tensor& target,
                    const std::vector<int64_t>& target_lengths);
     std::vector<std::vector<double>> gates() const;

@@ -164,9 +164,13 @@ void bind_models(py::module_& nn) {
                 return model.forward(ids, lengths_or_full(lengths, ids));
             },
             py::arg("ids"), py::arg("lengths") = py::none(), py::call_guard<py::gil_scoped_release>())
-        .def("greedy_decode", &CausalLanguageModel::greedy_decode, py::arg("prompt"), py::arg("eos"),
-             py::arg("max_tokens"), py::call_guard<py::gil_scoped_release>(),
-             "The most likely next token, one at a time with a key/value cache, until eos or max_tokens")
+        .def(
+            "greedy_decode",
+            [](CausalLanguageModel& model, const std::vector<int64_t>& prompt, int64_t eos, int64_t max_tokens) {
+                return model.greedy_decode(prompt, eos, max_tokens);
+            },
+            py::arg("prompt"), py::arg("eos"), py::arg("max_tokens"), py::call_guard<py::gil_scoped_release>(),
+            "The most likely next token, one at a time with a key/value cache, until eos or max_tokens")
         .def("gates", &CausalLanguageModel::gates);
     child(language_model, "embed", &CausalLanguageModel::embed);
     child(language_model, "decoder", &CausalLanguageModel::decoder);

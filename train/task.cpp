@@ -92,7 +92,8 @@ std::vector<int64_t> with_eos(std::vector<int64_t> t) {
 
 }  // namespace
 
-std::vector<int64_t> Task::generate(const std::vector<int64_t>& /*prompt*/, int64_t /*max_tokens*/) {
+std::vector<int64_t> Task::generate(const std::vector<int64_t>& /*prompt*/, int64_t /*max_tokens*/,
+                                    const DecodeProgress& /*progress*/) {
     throw std::invalid_argument("generate: a classifier generates nothing; use relgrad eval");
 }
 
@@ -196,14 +197,15 @@ json SequencePairTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
 }
 
 std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vector<std::vector<int64_t>>& sources,
-                                                                  int64_t max_steps) {
+                                                                  int64_t max_steps, const DecodeProgress& progress) {
     const Padded source = pad_rows(sources, model_.device());
-    return model_.greedy_decode(source.ids, source.lengths, Tokenizer::bos, Tokenizer::eos, max_steps);
+    return model_.greedy_decode(source.ids, source.lengths, Tokenizer::bos, Tokenizer::eos, max_steps, progress);
 }
 
-std::vector<int64_t> SequencePairTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+std::vector<int64_t> SequencePairTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                                const DecodeProgress& progress) {
     if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
-    return greedy_decode({prompt}, max_tokens)[0];
+    return greedy_decode({prompt}, max_tokens, progress)[0];
 }
 
 // ---------------------------------------------------------------- prompt and answer, decoder-only
@@ -240,7 +242,7 @@ Tensor PromptAnswerTask::loss(const std::vector<int64_t>& indices, int64_t& toke
 }
 
 std::vector<std::vector<int64_t>> PromptAnswerTask::answers(const std::vector<std::vector<int64_t>>& sources,
-                                                            int64_t max_steps) {
+                                                            int64_t max_steps, const DecodeProgress& progress) {
     const int64_t B = static_cast<int64_t>(sources.size());
     std::vector<std::vector<int64_t>> prompts = sources, out(B);
     for (auto& prompt : prompts) prompt.push_back(Tokenizer::bos);
@@ -258,6 +260,7 @@ std::vector<std::vector<int64_t>> PromptAnswerTask::answers(const std::vector<st
             all_done = all_done && done[b];
             fed[b] = static_cast<double>(next[b]);
         }
+        if (progress) progress(step + 1, max_steps);
         if (all_done) break;
         ids = from_vector(fed, {B, 1}, DType::int64, model_.device());
     }
@@ -300,9 +303,10 @@ json PromptAnswerTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
     return scored_by_length(outputs, targets, bucket_of_example, buckets);
 }
 
-std::vector<int64_t> PromptAnswerTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+std::vector<int64_t> PromptAnswerTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                                const DecodeProgress& progress) {
     if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
-    return answers({prompt}, max_tokens)[0];
+    return answers({prompt}, max_tokens, progress)[0];
 }
 
 // ---------------------------------------------------------------- language model
@@ -365,9 +369,10 @@ json LanguageModelTask::evaluate(int64_t batch_size, const LengthBuckets& bucket
     return result;
 }
 
-std::vector<int64_t> LanguageModelTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens) {
+std::vector<int64_t> LanguageModelTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                                 const DecodeProgress& progress) {
     if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
-    return model_.greedy_decode(prompt, Tokenizer::eos, max_tokens);
+    return model_.greedy_decode(prompt, Tokenizer::eos, max_tokens, progress);
 }
 
 Tensor LanguageModelTask::forward(const std::vector<std::vector<int64_t>>& chunks, Tensor& labels, int64_t& tokens) {

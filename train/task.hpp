@@ -34,8 +34,10 @@ public:
     virtual nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) = 0;
     virtual std::vector<std::vector<double>> gates() const = 0;
     virtual const char* metric() const = 0;  // the headline number of evaluate()
-    // Greedy output for one prompt: a continuation (language model) or a target (pairs).
-    virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens);
+    // Greedy output for one prompt: a continuation (language model) or a target (pairs);
+    // `progress` is told each token made.
+    virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                          const DecodeProgress& progress = {});
     // The self-attention weights of every layer of the (encoder) stack for one input: [H, L, L] each.
     virtual std::vector<Tensor> attention(const std::vector<int64_t>& tokens) = 0;
 
@@ -87,12 +89,13 @@ public:
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
     const char* metric() const override { return "bleu"; }
-    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                  const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;  // the encoder's, on the source
 
 private:
-    std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources,
-                                                    int64_t max_steps);
+    std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps,
+                                                    const DecodeProgress& progress = {});
 
     EncoderDecoder model_;
     std::vector<TokenPair> train_, test_;
@@ -116,12 +119,14 @@ public:
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
     const char* metric() const override { return "accuracy"; }
-    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                  const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
 
 private:
     // the answers after prompts of one length, greedily, at most max_steps tokens each
-    std::vector<std::vector<int64_t>> answers(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps);
+    std::vector<std::vector<int64_t>> answers(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps,
+                                              const DecodeProgress& progress = {});
 
     CausalLanguageModel model_;
     std::vector<TokenPair> train_, test_;
@@ -142,7 +147,8 @@ public:
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
     const char* metric() const override { return "perplexity"; }
-    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens) override;
+    std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                  const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
 
 private:

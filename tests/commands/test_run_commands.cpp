@@ -40,6 +40,13 @@ TEST_CASE("a trained run evaluates again to its summary and generates") {
     c["evaluation"] = {{"every", 30}, {"length_buckets", {8, 16}}};
     train(Config::parse(c, "lm"), TrainOptions{});
     CHECK(generate((dir.path / "lm").string(), "aaa", 5) == "aaaaa");  // a text of a's continues with a's
+    // progress: told every token, in order, out of the most asked for
+    std::vector<std::pair<int64_t, int64_t>> told;
+    const DecodeProgress progress = [&](int64_t done, int64_t most) { told.push_back({done, most}); };
+    CHECK(generate((dir.path / "lm").string(), "aaa", 5, Device::cpu, progress) == "aaaaa");
+    CHECK(told == std::vector<std::pair<int64_t, int64_t>>{{1, 5}, {2, 5}, {3, 5}, {4, 5}, {5, 5}});
+    CHECK_THROWS_WITH_AS(generate((dir.path / "lm").string(), "   ", 5), "generate: the prompt is empty",
+                         std::invalid_argument);  // only spaces: nothing to continue
 }
 
 TEST_CASE("a sequence-pair run evaluates on another file and translates; a gated run reports its gates") {

@@ -2,6 +2,7 @@
 the commands on a trained run."""
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -100,6 +101,12 @@ def test_train_in_a_precision(tmp_path):
 def test_run_errors(run_dir, tmp_path):
     with pytest.raises(ValueError, match="checkpoint"):
         relgrad.load_run(str(tmp_path))
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(run_dir, incomplete)
+    (incomplete / "checkpoint" / "state.json").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint/state.json: missing, expected the checkpoint's state "
+                                         r"\(an incomplete checkpoint\)"):
+        relgrad.load_run(str(incomplete))
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     with pytest.raises(ValueError, match=r"a_file: not a directory, expected the run's directory \(output.dir\)"):
