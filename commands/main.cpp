@@ -33,6 +33,7 @@
 
 #include "engine/backend/backend.hpp"
 #include "engine/op_checks.hpp"
+#include "engine/system.hpp"
 #include "train/config.hpp"
 #include "train/datasets.hpp"
 #include "commands/fetch.hpp"
@@ -264,7 +265,7 @@ int run(int argc, char** argv) {
         app.parse(argc, argv);
         refuse_empty_values(app);
         if (threads > 0) {
-            omp_set_num_threads(threads);
+            relgrad::set_thread_count(threads, "--threads");
             overrides.push_back("training.threads=" + std::to_string(threads));
         }
         const relgrad::Device device = relgrad::parse_device(device_choice.empty() ? "cpu" : device_choice);

@@ -1,12 +1,16 @@
 #include "engine/system.hpp"
 
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "engine/check.hpp"
@@ -100,6 +104,25 @@ std::string directory_fingerprint(const fs::path& dir) {
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
     return hex;
+}
+
+void set_thread_count(int64_t threads, const std::string& what) {
+    RELGRAD_CHECK(threads >= 1, what, " ", threads, ": expected at least 1");
+    std::promise<void> started;
+    const std::shared_future<void> all_started = started.get_future().share();
+    std::vector<std::thread> probe;  // alive together, as OpenMP's team is: each waits for the last
+    try {
+        for (int64_t i = 1; i < threads; ++i) probe.emplace_back([all_started] { all_started.wait(); });
+    } catch (const std::system_error& e) {
+        started.set_value();
+        for (std::thread& t : probe) t.join();
+        throw std::invalid_argument(what + " " + std::to_string(threads) + ": this machine could not start " +
+                                    std::to_string(threads) + " threads at once (" + e.code().message() +
+                                    "); use fewer");
+    }
+    started.set_value();
+    for (std::thread& t : probe) t.join();
+    omp_set_num_threads(static_cast<int>(threads));
 }
 
 bool recover_directory(const fs::path& dir) {

@@ -54,6 +54,11 @@ uint64_t fingerprint(const void* bytes, std::size_t size, uint64_t hash = kFinge
 // digits; errors name the file that could not be read.
 std::string directory_fingerprint(const std::filesystem::path& dir);
 
+// Sets the OpenMP thread count after starting that many threads at once: libgomp ends the process
+// (exit 1, in its own words) when it cannot start one, so a count the machine cannot hold (under a
+// memory limit, say) is refused here instead, std::invalid_argument naming `what` (--threads).
+void set_thread_count(int64_t threads, const std::string& what);
+
 // The most memory the process has held resident so far, in MiB.
 double peak_rss_mib();
 

@@ -12,6 +12,7 @@
 
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
+#include "engine/system.hpp"
 #include "python/bindings.hpp"
 
 namespace relgrad::python {
@@ -117,7 +118,7 @@ void bind_ops(py::module_& m) {
                 throw std::invalid_argument("set_threads: the thread count must be in [1, 1024], got " +
                                             std::to_string(threads));
             }
-            omp_set_num_threads(threads);
+            set_thread_count(threads, "set_threads");
         },
         py::arg("threads"), "The threads the ops use from now on, as --threads (training sets training.threads)");
     m.def(

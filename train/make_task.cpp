@@ -42,14 +42,25 @@ DataConfig with_data_paths_resolved(DataConfig d) {
 
 // The tokenizer the data section asks for, learned from the training texts.
 Tokenizer tokenizer_for(const DataConfig& d, const std::vector<std::string>& texts) {
-    return Tokenizer::build(d.tokenizer, texts, d.min_frequency, {d.lowercase, d.split_punctuation});
+    try {
+        return Tokenizer::build(d.tokenizer, texts, d.min_frequency, {d.lowercase, d.split_punctuation});
+    } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
+        throw std::invalid_argument(d.train + ": not enough memory to build the tokenizer from its texts");
+    }
 }
 
 // Training and test examples from the data section: the test file, or a held-out part of train.
 template <class T, class Read>
 std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
-    std::vector<T> train = read(d.train);
-    if (!d.test.empty()) return {std::move(train), read(d.test)};
+    const auto read_named = [&read](const std::string& path) {
+        try {
+            return read(path);
+        } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
+            throw std::invalid_argument(path + ": not enough memory to read it");
+        }
+    };
+    std::vector<T> train = read_named(d.train);
+    if (!d.test.empty()) return {std::move(train), read_named(d.test)};
     try {
         return split_held_out(std::move(train), d.held_out, seed);
     } catch (const std::invalid_argument& e) {  // too few examples for the fraction: name the file and the key

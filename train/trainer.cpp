@@ -325,7 +325,7 @@ json train(const Config& config, const TrainOptions& options) {
     const fs::path out(config.output.dir);
     const json resolved = config.resolved();
     std::optional<Tokenizer> tokenizer = checked_output_directory(out, resolved, options);
-    omp_set_num_threads(static_cast<int>(config.training.threads));
+    set_thread_count(config.training.threads, "/training/threads");
 
     Generator init_gen(config.training.seed);
     std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32}, tokenizer);

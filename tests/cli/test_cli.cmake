@@ -190,6 +190,14 @@ expect_one_line_error("^relgrad: error: .*one_label.tsv: every training example 
 run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=${work}/data.tsv
             --out ${work}/held_out_run)
 expect_one_line_error("^relgrad: error: .*data.tsv: /data/held_out: a fraction of 0.1 of 2 examples holds out 0; both the training and the held-out part must be non-empty")
+# a data file too big to read under a memory limit is named as such, not blamed on the model
+execute_process(COMMAND /usr/bin/python3 -c
+  "line = ' '.join(['word'] * 199999) + '\\n'\nwith open('${work}/big.tsv', 'w') as f:\n    for i in range(100): f.write(str(i % 2) + '\\t' + line)")
+execute_process(COMMAND sh -c "ulimit -v 400000; exec \"$0\" train \"$1\" --set task.kind=classification --set data.train=\"$2\" --set data.test=\"$3\" --out \"$4\""
+                        ${RELGRAD} ${work}/good.json ${work}/big.tsv ${work}/data.tsv ${work}/big_run
+                RESULT_VARIABLE code ERROR_VARIABLE err)
+expect_one_line_error("^relgrad: error: .*big.tsv: not enough memory to read it")
+file(REMOVE ${work}/big.tsv)
 # data:NAME/FILE stays inside the data cache
 run_relgrad(2 train ${work}/good.json --set task.kind=classification --set data.train=data:../../etc/passwd
             --set data.test=${work}/data.tsv --out ${work}/escaped_run)
@@ -217,6 +225,14 @@ if(NOT code EQUAL 2 OR NOT err MATCHES "limited/y.npy: write failed")
 endif()
 if(EXISTS ${work}/limited/y.npy OR EXISTS ${work}/limited/y.npy.partial)
   message(FATAL_ERROR "a failed write left ${work}/limited/y.npy or its .partial")
+endif()
+# more threads than the machine can start at once (1024 stacks of 8 MiB under a 2 GB address-space
+# limit): one line and exit code 2, not libgomp's own words and exit code 1
+execute_process(COMMAND sh -c "ulimit -v 2000000; exec \"$0\" --threads 1024 gradcheck --filter add" ${RELGRAD}
+                RESULT_VARIABLE code ERROR_VARIABLE err)
+expect_one_line_error("^relgrad: error: --threads 1024: this machine could not start 1024 threads at once \\(")
+if(NOT code EQUAL 2)
+  message(FATAL_ERROR "--threads 1024 under a memory limit: exit code ${code}")
 endif()
 # what a command prints must reach stdout: a full device is an error
 execute_process(COMMAND ${RELGRAD} validate ${work}/good.json OUTPUT_FILE /dev/full RESULT_VARIABLE code
