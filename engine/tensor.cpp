@@ -176,6 +176,31 @@ Tensor Tensor::detach() const {
 
 // ---------------------------------------------------------------- factories
 
+namespace {
+
+// "cannot allocate 4.0 TiB on the cpu for a [1099511627776] float32 tensor"
+OutOfMemory out_of_memory(std::size_t nbytes, Device device, const Shape& shape, DType dtype) {
+    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double amount = static_cast<double>(nbytes);
+    int unit = 0;
+    for (; amount >= 1024 && unit < 6; ++unit) amount /= 1024;
+    char size[32];
+    std::snprintf(size, sizeof size, unit == 0 ? "%.0f %s" : "%.1f %s", amount, units[unit]);
+    return OutOfMemory(std::string("cannot allocate ") + size + " on the " + device_name(device) + " for a " +
+                       shape_str(shape) + " " + dtype_name(dtype) + " tensor");
+}
+
+}  // namespace
+
+std::vector<double> host_values(const Shape& shape, DType dtype) {
+    const int64_t count = shape_numel(shape);  // rejects negative sizes
+    try {
+        return std::vector<double>(static_cast<std::size_t>(count));
+    } catch (const std::bad_alloc&) {
+        throw out_of_memory(static_cast<std::size_t>(count) * sizeof(double), Device::cpu, shape, dtype);
+    }
+}
+
 Tensor empty(const Shape& shape, DType dtype, Device device) {
     // shape_numel rejects sizes < 0, and more than 2^56 elements: the byte count cannot overflow
     const auto nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
@@ -185,14 +210,7 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
     } catch (const OutOfMemory&) {
         throw;
     } catch (const std::bad_alloc&) {
-        char size[32];
-        const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-        double amount = static_cast<double>(nbytes);
-        int unit = 0;
-        for (; amount >= 1024 && unit < 6; ++unit) amount /= 1024;
-        std::snprintf(size, sizeof size, unit == 0 ? "%.0f %s" : "%.1f %s", amount, units[unit]);
-        throw OutOfMemory(std::string("cannot allocate ") + size + " on the " + device_name(device) + " for a " +
-                          shape_str(shape) + " " + dtype_name(dtype) + " tensor");
+        throw out_of_memory(nbytes, device, shape, dtype);
     }
     impl->shape = shape;
     impl->strides = contiguous_strides(shape);
@@ -236,13 +254,13 @@ Tensor arange(int64_t n, DType dtype, Device device) {
 }
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
-    std::vector<double> values(shape_numel(shape));  // shape_numel rejects negative sizes
+    std::vector<double> values = host_values(shape, dtype);
     for (double& v : values) v = gen.next_normal();
     return from_vector(values, shape, dtype, device);
 }
 
 Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
-    std::vector<double> values(shape_numel(shape));
+    std::vector<double> values = host_values(shape, dtype);
     for (double& v : values) v = gen.next_uniform();
     return from_vector(values, shape, dtype, device);
 }

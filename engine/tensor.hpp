@@ -147,6 +147,11 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor scalar_like(const Tensor& t, double value);  // a 0-d tensor
 
+// Room for the values of a `shape` tensor of `dtype` made on the host, a double each (random draws,
+// initial weights, for from_vector); a shape too large for memory is named as empty() names it
+// (OutOfMemory, engine/storage.hpp).
+std::vector<double> host_values(const Shape& shape, DType dtype);
+
 // Random tensors from a Generator (engine/random.hpp): value i from the generator's next block,
 // so the same seed gives the same tensors on every machine.
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::float32, Device device = Device::cpu);

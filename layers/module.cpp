@@ -19,7 +19,7 @@ namespace relgrad {
 namespace fs = std::filesystem;
 
 Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
-    std::vector<double> values(shape_numel(shape));
+    std::vector<double> values = host_values(shape, init.dtype);
     for (double& v : values) {
         do v = init.gen.next_normal();
         while (std::fabs(v) > 2.0);
@@ -31,7 +31,7 @@ Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
 Tensor xavier_uniform(const Shape& shape, const Init& init) {
     if (shape.size() != 2) throw std::invalid_argument("xavier_uniform: needs a [fan_out, fan_in] shape");
     const double bound = std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1]));
-    std::vector<double> values(shape_numel(shape));
+    std::vector<double> values = host_values(shape, init.dtype);
     for (double& v : values) v = (2 * init.gen.next_uniform() - 1) * bound;
     return from_vector(values, shape, init.dtype);
 }

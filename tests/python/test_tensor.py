@@ -87,6 +87,8 @@ def test_sizes_past_int64_and_past_memory_are_named():
         relgrad.ones(3).view(-2**64)
     with pytest.raises(MemoryError, match=r"^cannot allocate 128.0 TiB on the cpu for a \[35184372088832\] float32 tensor$"):
         relgrad.zeros(2**45)
+    with pytest.raises(MemoryError, match=r"^cannot allocate 8.0 PiB on the cpu for a \[1073741824, 1048576\] float32 tensor$"):
+        relgrad.nn.Linear(2**20, 2**30)  # its initial values, drawn on the host (a double each)
     with pytest.raises(ValueError, match=r"shape \[576460752303423488, 4\] has too many elements"):
         relgrad.zeros(2**59, 4, dtype="float64")
     with pytest.raises(TypeError, match="a shape is an int or a sequence of ints, got float"):
