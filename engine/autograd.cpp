@@ -71,7 +71,10 @@ SavedTensor save_for_backward(const Save& save) {
 void check_unchanged(const SavedTensor& saved, const std::string& op_name) {
     const Storage& storage = *saved.tensor.storage();
     const bool written = storage.version() != saved.version;
-    if (!written && !(storage.numpy_can_write() && fingerprint_of(saved.tensor) != saved.fingerprint)) return;
+    // (a fingerprint is taken where NumPy could write the memory when the op saved it: while a graph
+    // keeps memory, numpy() hands out no writable view of it)
+    const bool fingerprinted = saved.fingerprint != 0;
+    if (!written && !(fingerprinted && fingerprint_of(saved.tensor) != saved.fingerprint)) return;
     throw std::runtime_error(
         "backward of " + op_name + ": " + saved.name + " (" + shape_str(saved.tensor.shape()) + ", " +
         dtype_name(saved.tensor.dtype()) + "), which " + op_name + " saved for its gradient, was changed in place " +
