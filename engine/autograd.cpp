@@ -47,8 +47,7 @@ Node::~Node() {
     }  // each node is freed here with no inputs left: no recursion
 }
 
-// The fingerprint of the tensor's values, packed: what NumPy may have written is found by
-// comparing two
+// The fingerprint of the tensor's values, packed: two of them differ where NumPy wrote the memory
 static uint64_t fingerprint_of(const Tensor& t) {
     const Tensor packed = t.contiguous();
     const auto* first = static_cast<const unsigned char*>(packed.storage()->data()) +
@@ -71,7 +70,7 @@ SavedTensor save_for_backward(const Save& save) {
 void check_unchanged(const SavedTensor& saved, const std::string& op_name) {
     const Storage& storage = *saved.tensor.storage();
     const bool written = storage.version() != saved.version;
-    // (a fingerprint is taken where NumPy could write the memory when the op saved it: while a graph
+    // a fingerprint was taken where NumPy could write the memory when the op saved it (while a graph
     // keeps memory, numpy() hands out no writable view of it)
     const bool fingerprinted = saved.fingerprint != 0;
     if (!written && !(fingerprinted && fingerprint_of(saved.tensor) != saved.fingerprint)) return;

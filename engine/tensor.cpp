@@ -207,8 +207,6 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
     auto impl = std::make_shared<TensorImpl>();
     try {
         impl->storage = std::make_shared<Storage>(nbytes, device);
-    } catch (const OutOfMemory&) {
-        throw;
     } catch (const std::bad_alloc&) {
         throw out_of_memory(nbytes, device, shape, dtype);
     }

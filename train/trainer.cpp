@@ -28,9 +28,8 @@ namespace {
 
 // ---------------------------------------------------------------- the output directory
 
-// The first value that differs between two resolved configs, as "/section/key", or "" if none.
 // A fresh run needs an output directory without a run in it. --resume needs an unfinished run
-// there, trained with the same config (the directory's name and the thread count aside), and
+// there, trained with the same config (what run_identity leaves out aside), and
 // returns that run's tokenizer: the ids its checkpoint was trained on.
 std::optional<Tokenizer> checked_output_directory(const fs::path& out, const json& resolved,
                                                   const TrainOptions& options) {
@@ -323,7 +322,7 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
 json train(const Config& config, const TrainOptions& options) {
     backend_for(config.training.device);  // an unusable device (no GPU) is refused before anything is written
     const fs::path out(config.output.dir);
-    const json resolved = config.resolved();
+    const json resolved = config.resolved(), identity = run_identity(resolved);
     std::optional<Tokenizer> tokenizer = checked_output_directory(out, resolved, options);
     set_thread_count(config.training.threads, "/training/threads");
 
@@ -404,7 +403,7 @@ json train(const Config& config, const TrainOptions& options) {
         const bool stop_here =
             done < total_steps && (done == options.stop_after || (options.interrupted && options.interrupted()));
         if (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here) {
-            save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done, run_identity(resolved));
+            save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done, identity);
         }
         if (stop_here) {
             if (options.progress) std::fprintf(stderr, "\n");

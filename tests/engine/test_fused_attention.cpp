@@ -290,6 +290,31 @@ TEST_CASE("fused attention at the head widths models use (32, 64, 128), an odd l
 }
 
 #ifdef RELGRAD_TEST_CUDA
+namespace {
+
+// The cases the tensor-core kernels are held to at head width Dh: one block of 64 queries, partly
+// filled, over three tiles of 32 keys, the last partly; with no mask, causal with a row that sees
+// no key (query 0 at position -1), and a window with the second sequence padded after 50 keys.
+std::vector<Case> tensor_core_cases(int64_t Dh) {
+    Case c;
+    c.Lq = 45;
+    c.Lk = 70;
+    c.Dh = Dh;
+    c.k_left = 4;
+    c.k_right = 3;
+    Case causal = c;
+    causal.pattern.causal = true;
+    causal.pattern.query_offset = -1;
+    Case windowed = c;
+    windowed.pattern.window = 9;
+    std::vector<double> keep(2 * 70, 1.0);
+    std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
+    windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
+    return {c, causal, windowed};
+}
+
+}  // namespace
+
 TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor cores, within tf32's error") {
     // tf32 keeps 10 of float32's 23 mantissa bits: q, k, P and V are each rounded by at most 2^-11
     // of themselves before their products, which are then exact, summed in float32. A score
@@ -302,26 +327,16 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
     const double tf32_tolerance = 1e-2;
     for (int64_t Dh : {32, 64, 128}) {
         CAPTURE(Dh);
-        Case c;
-        c.Lq = 45;  // one block of 64 queries, partly filled; three tiles of 32 keys, the last partly
-        c.Lk = 70;
-        c.Dh = Dh;
-        c.k_left = 4;
-        c.k_right = 3;
-        Case causal = c;  // and a row that sees no key (query 0 at position -1)
-        causal.pattern.causal = true;
-        causal.pattern.query_offset = -1;
-        Case windowed = c;
-        windowed.pattern.window = 9;
-        std::vector<double> keep(2 * 70, 1.0);
-        std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
-        windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
-        Case plain = c;
+        std::vector<Case> cases = tensor_core_cases(Dh);
+        const Case causal = cases[1];
+        Case plain = cases[0];
         plain.relative = false;
-        Case edges_only = c;  // K = 2: the two edge buckets and no interior one
+        Case edges_only = cases[0];  // K = 2: the two edge buckets and no interior one
         edges_only.k_left = 1;
         edges_only.k_right = 0;
-        for (const Case& each : {c, causal, windowed, plain, edges_only}) {
+        cases.push_back(plain);
+        cases.push_back(edges_only);
+        for (const Case& each : cases) {
             check_same(run(each, true, DType::float32, 11, Device::cuda), run(each, true, DType::float64),
                        tf32_tolerance);
         }
@@ -359,21 +374,7 @@ TEST_CASE("on cuda, bfloat16 and float16 at head widths 32, 64 and 128 run on 16
         const double tolerance = 6 * (dtype == DType::bfloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10));
         for (int64_t Dh : {32, 64, 128}) {
             CAPTURE(Dh);
-            Case c;
-            c.Lq = 45;
-            c.Lk = 70;
-            c.Dh = Dh;
-            c.k_left = 4;
-            c.k_right = 3;
-            Case causal = c;  // and a row that sees no key
-            causal.pattern.causal = true;
-            causal.pattern.query_offset = -1;
-            Case windowed = c;
-            windowed.pattern.window = 9;
-            std::vector<double> keep(2 * 70, 1.0);
-            std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
-            windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
-            for (const Case& each : {c, causal, windowed}) {
+            for (const Case& each : tensor_core_cases(Dh)) {
                 check_close(run(each, true, dtype, 11, Device::cuda, dtype),
                             run(each, true, DType::float64, 11, Device::cpu, dtype), tolerance);
             }

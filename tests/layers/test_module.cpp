@@ -87,7 +87,7 @@ TEST_CASE("state saves as .npy files plus a manifest and loads back") {
     fs::remove_all(dir);
 }
 
-TEST_CASE("every field of a manifest is checked: format, version, each parameter's file and dtype") {
+TEST_CASE("a manifest is checked field by field before anything changes: format, version, file, shape, dtype") {
     const fs::path dir = fs::temp_directory_path() / "relgrad_test_state_fields";
     fs::remove_all(dir);
     Generator g1(1), g2(2);
@@ -98,78 +98,69 @@ TEST_CASE("every field of a manifest is checked: format, version, each parameter
     manifest_file.close();
     const std::string where = (dir / "manifest.json").string();
     const std::vector<double> before = restored.weight.to_vector();
-    const auto refusal = [&](const std::function<void(nlohmann::json&)>& change) -> std::string {
-        nlohmann::json damaged = manifest;
-        change(damaged);
-        std::ofstream(dir / "manifest.json") << damaged.dump();
-        try {
-            restored.load(dir.string());
-        } catch (const std::invalid_argument& e) {
-            return e.what();
-        }
-        return "loaded";
-    };
-    CHECK(refusal([](nlohmann::json& m) { m["version"] = 99; }) ==
-          where + ": version 99, this relgrad reads version 1");
-    CHECK(refusal([](nlohmann::json& m) { m["format"] = "other"; }) ==
-          where + ": expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
-    CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["file"] = "../../../../../etc/passwd"; }) ==
-          where + ": parameter 'weight': file must be 'weight.npy'");
-    CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["dtype"] = "int64"; }) ==
-          where + ": parameter 'weight': dtype must be one of float32, float64, bfloat16 or float16, got \"int64\"");
-    CHECK(refusal([](nlohmann::json& m) {
-              m["parameters"][0].erase("dtype");
-          }).rfind(where + ": a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got ", 0) == 0);
-    // the file's dtype and shape are the manifest's: float16 weights where float32 was written
-    std::ofstream(dir / "manifest.json") << manifest.dump();
-    save_npy(saved.weight.to(DType::float16), (dir / "weight.npy").string());
-    CHECK_THROWS_WITH_AS(
-        restored.load(dir.string()),
-        ((dir / "weight.npy").string() + ": holds [2, 3] float16, " + where + " lists [2, 3] float32").c_str(),
-        std::invalid_argument);
-    CHECK(restored.weight.to_vector() == before);
-    save_npy(saved.weight.reshape({3, 2}), (dir / "weight.npy").string());
-    CHECK_THROWS_WITH_AS(
-        restored.load(dir.string()),
-        ((dir / "weight.npy").string() + ": holds [3, 2] float32, " + where + " lists [2, 3] float32").c_str(),
-        std::invalid_argument);
-    save_npy(saved.weight, (dir / "weight.npy").string());  // as saved: loads
-    restored.load(dir.string());
-    CHECK(restored.weight.to_vector() == saved.weight.to_vector());
-    fs::remove_all(dir);
-}
-
-TEST_CASE("a manifest whose shapes are not lists of sizes is refused before anything changes") {
-    const fs::path dir = fs::temp_directory_path() / "relgrad_test_state_shapes";
-    fs::remove_all(dir);
-    Generator g1(1), g2(2);
-    Linear saved(3, 2, Init{g1}), restored(3, 2, Init{g2});
-    saved.save(dir.string());
-    std::ifstream manifest_file(dir / "manifest.json");
-    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
-    manifest_file.close();
-    const std::vector<double> before = restored.weight.to_vector();
-    // 1e30 and 2^64 + 1 (parsed as a float) as sizes were undefined behaviour when converted
-    for (const std::string size :
-         {"1e30", "18446744073709551617", "9223372036854775808", "-2", "2.5", "\"2\"", "[2]"}) {
-        nlohmann::json damaged = manifest;
-        damaged["parameters"][0]["shape"][0] = nlohmann::json::parse(size);
-        std::ofstream(dir / "manifest.json") << damaged.dump();
-        CAPTURE(size);
-        CHECK_THROWS_WITH_AS(restored.load(dir.string()),
-                             ((dir / "manifest.json").string() +
-                              ": parameter 'weight': shape must be a list of sizes (whole numbers >= 0)")
-                                 .c_str(),
-                             std::invalid_argument);
+    SUBCASE("format, version, and each parameter's file and dtype, the file against its entry") {
+        const auto refusal = [&](const std::function<void(nlohmann::json&)>& change) -> std::string {
+            nlohmann::json damaged = manifest;
+            change(damaged);
+            std::ofstream(dir / "manifest.json") << damaged.dump();
+            try {
+                restored.load(dir.string());
+            } catch (const std::invalid_argument& e) {
+                return e.what();
+            }
+            return "loaded";
+        };
+        CHECK(refusal([](nlohmann::json& m) { m["version"] = 99; }) ==
+              where + ": version 99, this relgrad reads version 1");
+        CHECK(refusal([](nlohmann::json& m) { m["format"] = "other"; }) ==
+              where + ": expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
+        CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["file"] = "../../../../../etc/passwd"; }) ==
+              where + ": parameter 'weight': file must be 'weight.npy'");
+        CHECK(refusal([](nlohmann::json& m) { m["parameters"][0]["dtype"] = "int64"; }) ==
+              where +
+                  ": parameter 'weight': dtype must be one of float32, float64, bfloat16 or float16, got \"int64\"");
+        CHECK(refusal([](nlohmann::json& m) {
+                  m["parameters"][0].erase("dtype");
+              }).rfind(where + ": a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got ", 0) == 0);
+        // the file's dtype and shape are the manifest's: float16 weights where float32 was written
+        std::ofstream(dir / "manifest.json") << manifest.dump();
+        save_npy(saved.weight.to(DType::float16), (dir / "weight.npy").string());
+        CHECK_THROWS_WITH_AS(
+            restored.load(dir.string()),
+            ((dir / "weight.npy").string() + ": holds [2, 3] float16, " + where + " lists [2, 3] float32").c_str(),
+            std::invalid_argument);
         CHECK(restored.weight.to_vector() == before);
+        save_npy(saved.weight.reshape({3, 2}), (dir / "weight.npy").string());
+        CHECK_THROWS_WITH_AS(
+            restored.load(dir.string()),
+            ((dir / "weight.npy").string() + ": holds [3, 2] float32, " + where + " lists [2, 3] float32").c_str(),
+            std::invalid_argument);
+        save_npy(saved.weight, (dir / "weight.npy").string());  // as saved: loads
+        restored.load(dir.string());
+        CHECK(restored.weight.to_vector() == saved.weight.to_vector());
     }
-    nlohmann::json not_a_list = manifest;
-    not_a_list["parameters"][0]["shape"] = 6;
-    std::ofstream(dir / "manifest.json") << not_a_list.dump();
-    CHECK_THROWS_AS(restored.load(dir.string()), std::invalid_argument);
-    std::ofstream(dir / "manifest.json") << manifest.dump();  // the sizes as saved load
-    restored.load(dir.string());
-    CHECK(restored.weight.to_vector() == saved.weight.to_vector());
+    SUBCASE("shapes that are not lists of sizes") {
+        // 1e30 and 2^64 + 1 (parsed as a float) as sizes were undefined behaviour when converted
+        for (const std::string size :
+             {"1e30", "18446744073709551617", "9223372036854775808", "-2", "2.5", "\"2\"", "[2]"}) {
+            nlohmann::json damaged = manifest;
+            damaged["parameters"][0]["shape"][0] = nlohmann::json::parse(size);
+            std::ofstream(dir / "manifest.json") << damaged.dump();
+            CAPTURE(size);
+            CHECK_THROWS_WITH_AS(
+                restored.load(dir.string()),
+                (where + ": parameter 'weight': shape must be a list of sizes (whole numbers >= 0)").c_str(),
+                std::invalid_argument);
+            CHECK(restored.weight.to_vector() == before);
+        }
+        nlohmann::json not_a_list = manifest;
+        not_a_list["parameters"][0]["shape"] = 6;
+        std::ofstream(dir / "manifest.json") << not_a_list.dump();
+        CHECK_THROWS_AS(restored.load(dir.string()), std::invalid_argument);
+        std::ofstream(dir / "manifest.json") << manifest.dump();  // the sizes as saved load
+        restored.load(dir.string());
+        CHECK(restored.weight.to_vector() == saved.weight.to_vector());
+    }
     fs::remove_all(dir);
 }
 
