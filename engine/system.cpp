@@ -36,10 +36,15 @@ void require_regular_file(const fs::path& path, const std::string& what) {
                   what);
 }
 
-std::string read_file(const fs::path& path, const std::string& what) {
+std::ifstream open_file(const fs::path& path, const std::string& what) {
     require_regular_file(path, what);
     std::ifstream in(path, std::ios::binary);
     RELGRAD_CHECK(in, path.string(), ": cannot open, expected ", what);
+    return in;
+}
+
+std::string read_file(const fs::path& path, const std::string& what) {
+    std::ifstream in = open_file(path, what);
     std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     RELGRAD_CHECK(!in.bad(), path.string(), ": read failed, expected ", what);
     return text;

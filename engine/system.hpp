@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace relgrad {
@@ -25,6 +26,8 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
 // named in the one-line errors (std::invalid_argument) for a missing file, a directory, a read failure:
 //     runs/x/config.json: is a directory, expected the run's config
 std::string read_file(const std::filesystem::path& path, const std::string& what);
+// The same file opened for reading a part at a time (binary), with the same checks and errors.
+std::ifstream open_file(const std::filesystem::path& path, const std::string& what);
 
 // Writes `bytes` to <path>.partial, then renames it to path: a reader sees the old file or the new
 // one, whole, never a part (a full disk leaves the old file and no .partial behind). Errors are

@@ -50,30 +50,32 @@ void check_utf8(const Line& line) {
     }
 }
 
-// The most bytes a line of a data file may hold: an example's text, whose tokens past
-// data.max_length are dropped anyway; a longer line is an error that names it, before the
-// tokenizer would spend gigabytes on it.
+// The most bytes a line of a data file may hold: one example, whose tokens past data.max_length
+// are cut off anyway; a longer line is an error that names it, and is never read whole.
 constexpr std::size_t kMaxLineBytes = std::size_t{1} << 20;
 
-// The lines of a file that are not blank, without their \n or \r\n, each checked to be UTF-8.
-std::vector<Line> read_lines(const std::string& path) {
-    std::istringstream in(read_file(path, "a data file"));
-    std::vector<Line> lines;
-    std::string text;
-    for (int64_t number = 1; std::getline(in, text); ++number) {
-        if (text.size() > kMaxLineBytes) {
-            Line{path, number, ""}.fail(std::to_string(text.size()) +
-                                        " bytes, more than the 1 MiB a line of a data "
-                                        "file may hold");
+// Calls each(line) for every line of a data file that is not blank, one line in memory at a time:
+// without its \n or \r\n, at most kMaxLineBytes long, checked to be UTF-8.
+template <class Each>
+void for_each_line(const std::string& path, Each each) {
+    std::ifstream in = open_file(path, "a data file");
+    std::streambuf& bytes = *in.rdbuf();
+    Line line{path, 0, ""};
+    for (bool more = true; more;) {
+        ++line.number;
+        line.text.clear();
+        std::char_traits<char>::int_type byte;
+        while ((byte = bytes.sbumpc()) != '\n' && byte != std::char_traits<char>::eof()) {
+            if (line.text.size() == kMaxLineBytes) line.fail("longer than the 1 MiB a line of a data file may hold");
+            line.text.push_back(static_cast<char>(byte));
         }
-        if (number == 1) skip_byte_order_mark(text);
-        if (!text.empty() && text.back() == '\r') text.pop_back();
-        if (text.find_first_not_of(" \t") == std::string::npos) continue;
-        lines.push_back(Line{path, number, text});
-        check_utf8(lines.back());
+        more = byte == '\n';
+        if (line.number == 1) skip_byte_order_mark(line.text);
+        if (!line.text.empty() && line.text.back() == '\r') line.text.pop_back();
+        if (line.text.find_first_not_of(" \t") == std::string::npos) continue;
+        check_utf8(line);
+        each(line);
     }
-    if (lines.empty()) throw std::runtime_error(path + ": no examples (the file is empty or only blank lines)");
-    return lines;
 }
 
 enum class Format { tsv, jsonl };
@@ -85,10 +87,11 @@ Format format_of(const std::string& path) {
     throw std::runtime_error(path + ": the extension must be .tsv or .jsonl, got '" + extension + "'");
 }
 
-// A text field of an example; a classification label may also be a JSON integer.
+// A field of an example; a classification label may also be a JSON integer, and is no text.
 struct Field {
     std::string name;
     bool integer_allowed;
+    bool is_text;
 };
 
 // The two fields of one example: TSV columns "first<TAB>second", or the JSON object's keys.
@@ -199,12 +202,30 @@ std::vector<TokenPair> make_sequence_task(const std::string& task, int64_t count
     });
 }
 
-// The two fields of every example of the file, in the order of `fields`.
-std::vector<std::array<std::string, 2>> read_examples(const std::string& path, const std::array<Field, 2>& fields) {
+// The format of a file of examples, from its extension (after the checks every data file gets).
+Format examples_format(const std::string& path) {
     require_regular_file(path, "a data file");  // before its name: /dev/zero is no data file, whatever its name
-    const Format format = format_of(path);
+    return format_of(path);
+}
+
+[[noreturn]] void no_examples(const std::string& path) {
+    throw std::runtime_error(path + ": no examples (the file is empty or only blank lines)");
+}
+
+// The two fields of every example of the file, in the order of `fields`, each text handed to
+// keep(index, text) as its line is read.
+std::vector<std::array<std::string, 2>> read_examples(const std::string& path, const std::array<Field, 2>& fields,
+                                                      const KeepText& keep) {
+    const Format format = examples_format(path);
     std::vector<std::array<std::string, 2>> examples;
-    for (const Line& line : read_lines(path)) examples.push_back(parse_example(format, line, fields));
+    for_each_line(path, [&](const Line& line) {
+        std::array<std::string, 2> example = parse_example(format, line, fields);
+        for (size_t i = 0; i < 2; ++i) {
+            if (keep && fields[i].is_text) keep(examples.size(), example[i]);
+        }
+        examples.push_back(std::move(example));
+    });
+    if (examples.empty()) no_examples(path);
     return examples;
 }
 
@@ -212,18 +233,27 @@ std::vector<std::array<std::string, 2>> read_examples(const std::string& path, c
 
 // ---- files -------------------------------------------------------------------------------------
 
-std::vector<LabeledText> read_classification(const std::string& path) {
+std::vector<LabeledText> read_classification(const std::string& path, const KeepText& keep) {
     std::vector<LabeledText> examples;
-    for (auto& [label, text] : read_examples(path, {Field{"label", true}, Field{"text", false}}))
+    for (auto& [label, text] : read_examples(path, {Field{"label", true, false}, Field{"text", false, true}}, keep))
         examples.push_back({std::move(text), std::move(label)});
     return examples;
 }
 
-std::vector<TextPair> read_pairs(const std::string& path) {
+std::vector<TextPair> read_pairs(const std::string& path, const KeepText& keep) {
     std::vector<TextPair> examples;
-    for (auto& [source, target] : read_examples(path, {Field{"source", false}, Field{"target", false}}))
+    for (auto& [source, target] :
+         read_examples(path, {Field{"source", false, true}, Field{"target", false, true}}, keep))
         examples.push_back({std::move(source), std::move(target)});
     return examples;
+}
+
+size_t count_examples(const std::string& path) {
+    examples_format(path);
+    size_t count = 0;
+    for_each_line(path, [&count](const Line&) { ++count; });
+    if (count == 0) no_examples(path);
+    return count;
 }
 
 std::string read_text(const std::string& path) {
@@ -266,6 +296,14 @@ size_t held_out_count(size_t n, double fraction) {
         throw std::invalid_argument(message.str());
     }
     return held_out;
+}
+
+std::vector<bool> training_mask(size_t n, double fraction, uint64_t seed) {
+    const size_t training_count = n - held_out_count(n, fraction);
+    const std::vector<size_t> order = seeded_permutation(n, seed);
+    std::vector<bool> training(n, false);
+    for (size_t i = 0; i < training_count; ++i) training[order[i]] = true;
+    return training;
 }
 
 // ---- synthetic tasks ---------------------------------------------------------------------------

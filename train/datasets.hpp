@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,8 +16,9 @@ namespace relgrad {
 
 // ---- files -------------------------------------------------------------------------------------
 // Lines may end in \n or \r\n; blank lines (only spaces and tabs) are skipped; every other line
-// must be one example, valid UTF-8, with non-empty fields. A file without examples is an error. A
-// UTF-8 byte order mark (EF BB BF) at the start of a file is skipped, here and in read_text.
+// must be one example of at most 1 MiB, valid UTF-8, with non-empty fields. A file without
+// examples is an error. A UTF-8 byte order mark (EF BB BF) at the start of a file is skipped, here
+// and in read_text. Files of examples are read one line at a time.
 
 struct LabeledText {
     std::string text;
@@ -26,12 +28,19 @@ struct TextPair {
     std::string source, target;
 };
 
+// What reading keeps of a text: keep(index, text) may change each text of example `index` (0, 1,
+// ... in file order; a pair's source, then its target) as soon as its line is read, e.g. cut it.
+using KeepText = std::function<void(size_t index, std::string& text)>;
+
 // classification, by extension: .tsv lines "label<TAB>text" (exactly one tab), or .jsonl lines
 // {"text": "...", "label": "..."} where the label may be an integer, kept as its decimal string
-// (other keys are ignored).
-std::vector<LabeledText> read_classification(const std::string& path);
+// (other keys are ignored). The label is no text: `keep` sees the text only.
+std::vector<LabeledText> read_classification(const std::string& path, const KeepText& keep = {});
 // sequence pairs: .tsv "source<TAB>target" or .jsonl {"source": "...", "target": "..."}
-std::vector<TextPair> read_pairs(const std::string& path);
+std::vector<TextPair> read_pairs(const std::string& path, const KeepText& keep = {});
+// How many examples a file of examples has (its lines that are not blank), without parsing them;
+// the same errors as reading it for a file of another extension or without examples.
+size_t count_examples(const std::string& path);
 // plain UTF-8 text for language modelling, returned byte for byte (a leading byte order mark aside)
 std::string read_text(const std::string& path);
 
@@ -42,6 +51,8 @@ std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
 // round(fraction * n), checked: 0 < fraction < 1 and both parts non-empty, else std::invalid_argument.
 size_t held_out_count(size_t n, double fraction);
 
+// Which of n examples split_held_out(examples, fraction, seed) puts in the training part, by index.
+std::vector<bool> training_mask(size_t n, double fraction, uint64_t seed);
 // A seeded shuffle, then the last round(fraction * n) examples as held-out: {training, held-out}.
 template <class T>
 std::pair<std::vector<T>, std::vector<T>> split_held_out(std::vector<T> examples, double fraction, uint64_t seed) {

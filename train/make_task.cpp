@@ -2,15 +2,17 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 namespace relgrad {
 
 namespace {
 
-std::vector<int64_t> truncated(std::vector<int64_t> ids, int64_t max_length) {
-    if (static_cast<int64_t>(ids.size()) > max_length) ids.resize(max_length);
-    if (ids.empty()) ids.push_back(Tokenizer::unk);  // an empty text still needs a position
+// A text's ids (its text was cut to data.max_length tokens as it was read); an empty encoding (a
+// text of spaces only, with words) still needs a position: a single <unk>.
+std::vector<int64_t> at_least_one(std::vector<int64_t> ids) {
+    if (ids.empty()) ids.push_back(Tokenizer::unk);
     return ids;
 }
 
@@ -40,36 +42,65 @@ DataConfig with_data_paths_resolved(DataConfig d) {
     return d;
 }
 
-// The tokenizer the data section asks for, learned from the training texts.
-Tokenizer tokenizer_for(const DataConfig& d, const std::vector<std::string>& texts) {
+// The counts a vocabulary is learned from, for the tokenizer the data section asks for.
+TokenCounts counts_for(const DataConfig& d) { return TokenCounts(d.tokenizer, {d.lowercase, d.split_punctuation}); }
+
+// The tokenizer the data section asks for, from the counts of the training texts.
+Tokenizer tokenizer_for(const DataConfig& d, const TokenCounts& counts) {
     try {
-        return Tokenizer::build(d.tokenizer, texts, d.min_frequency, {d.lowercase, d.split_punctuation});
+        return Tokenizer::build(counts, d.min_frequency);
     } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
         throw std::invalid_argument(d.train + ": not enough memory to build the tokenizer from its texts");
     }
 }
 
-// Training and test examples from the data section: the test file, or a held-out part of train.
-template <class T, class Read>
-std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read) {
-    const auto read_named = [&read](const std::string& path) {
-        try {
-            return read(path);
-        } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
-            throw std::invalid_argument(path + ": not enough memory to read it");
-        }
-    };
-    std::vector<T> train = read_named(d.train);
-    if (!d.test.empty()) return {std::move(train), read_named(d.test)};
+// Which of the n examples of data.train are in its training part (the rest held out); a fraction
+// that leaves a part empty is an error naming the file and the key.
+std::vector<bool> training_part(const DataConfig& d, size_t n, uint64_t seed) {
     try {
-        return split_held_out(std::move(train), d.held_out, seed);
-    } catch (const std::invalid_argument& e) {  // too few examples for the fraction: name the file and the key
+        return training_mask(n, d.held_out, seed);
+    } catch (const std::invalid_argument& e) {
         std::string why = e.what();
         const std::string function = "split_held_out: ";
         if (why.rfind(function, 0) == 0) why.erase(0, function.size());
         throw std::invalid_argument(d.train + ": /data/held_out: " + why +
                                     " (give more examples, a larger held_out, or data.test)");
     }
+}
+
+// Training and test examples from the data section: the test file, or a held-out part of train.
+// Every text is cut to data.max_length tokens as its line is read, after `counts` (when given:
+// a vocabulary to learn) has counted it whole if it is a training text. So the vocabulary is that
+// of the whole training texts, and memory holds one line of a file and what is kept of the texts.
+// For a held-out part the file is counted first, to know which examples are the training ones.
+template <class T, class Read>
+std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64_t seed, Read read,
+                                                     TokenCounts* counts) {
+    const TextOptions options{d.lowercase, d.split_punctuation};
+    // the examples of `path`; `counting(index)`: whether example `index` is counted
+    const auto read_cut = [&](const std::string& path, const std::function<bool(size_t)>& counting) {
+        const KeepText keep = [&](size_t index, std::string& text) {
+            if (counts && counting(index)) counts->add(text);
+            text = first_tokens(d.tokenizer, options, text, d.max_length);
+        };
+        try {
+            return read(path, keep);
+        } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
+            throw std::invalid_argument(path + ": not enough memory to read it");
+        }
+    };
+    if (!d.test.empty()) {
+        std::vector<T> train = read_cut(d.train, [](size_t) { return true; });
+        return {std::move(train), read_cut(d.test, [](size_t) { return false; })};
+    }
+    const std::vector<bool> training = training_part(d, count_examples(d.train), seed);
+    std::vector<T> examples =
+        read_cut(d.train, [&training](size_t index) { return index < training.size() && training[index]; });
+    if (examples.size() != training.size()) {
+        throw std::runtime_error(d.train + ": changed while it was read (" + std::to_string(training.size()) +
+                                 " examples, then " + std::to_string(examples.size()) + ")");
+    }
+    return split_held_out(std::move(examples), d.held_out, seed);
 }
 
 // What errors call the test examples: data.test, or the held-out part of data.train.
@@ -132,9 +163,10 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
 // classification: labels are the distinct labels of the training data, in sorted order
 std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig& d, const Init& init,
                                                std::optional<Tokenizer>& tokenizer) {
-    auto [train, test] = read_split<LabeledText>(d, c.training.seed, read_classification);
-    std::vector<std::string> texts, labels;
-    for (const auto& example : train) texts.push_back(example.text);
+    std::optional<TokenCounts> counts;
+    if (!tokenizer) counts = counts_for(d);
+    auto [train, test] = read_split<LabeledText>(d, c.training.seed, read_classification, counts ? &*counts : nullptr);
+    std::vector<std::string> labels;
     for (const auto& example : train) labels.push_back(example.label);
     std::sort(labels.begin(), labels.end());
     labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
@@ -142,7 +174,7 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
         throw std::invalid_argument(d.train + ": every training example has the label '" + labels.front() +
                                     "'; classification needs at least two labels");
     }
-    if (!tokenizer) tokenizer = tokenizer_for(d, texts);
+    if (!tokenizer) tokenizer = tokenizer_for(d, *counts);
     auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
         std::vector<LabeledTokens> out;
         for (const auto& example : examples) {
@@ -151,7 +183,7 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
                 throw std::invalid_argument(where + ": label '" + example.label +
                                             "' does not occur in the training data");
             }
-            out.push_back({truncated(tokenizer->encode(example.text), d.max_length), found - labels.begin()});
+            out.push_back({at_least_one(tokenizer->encode(example.text)), found - labels.begin()});
         }
         return out;
     };
@@ -167,18 +199,14 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
 
 std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, const Init& init,
                                       std::optional<Tokenizer>& tokenizer) {
-    auto [train, test] = read_split<TextPair>(d, c.training.seed, read_pairs);
-    std::vector<std::string> texts;
-    for (const auto& pair : train) {
-        texts.push_back(pair.source);
-        texts.push_back(pair.target);
-    }
-    if (!tokenizer) tokenizer = tokenizer_for(d, texts);
+    std::optional<TokenCounts> counts;
+    if (!tokenizer) counts = counts_for(d);
+    auto [train, test] = read_split<TextPair>(d, c.training.seed, read_pairs, counts ? &*counts : nullptr);
+    if (!tokenizer) tokenizer = tokenizer_for(d, *counts);
     auto encode = [&](const std::vector<TextPair>& pairs) {
         std::vector<TokenPair> out;
         for (const auto& pair : pairs) {
-            out.push_back({truncated(tokenizer->encode(pair.source), d.max_length),
-                           truncated(tokenizer->encode(pair.target), d.max_length)});
+            out.push_back({at_least_one(tokenizer->encode(pair.source)), at_least_one(tokenizer->encode(pair.target))});
         }
         return out;
     };
@@ -211,7 +239,15 @@ std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig
     } else {
         test_text = read_text(d.test);
     }
-    if (!tokenizer) tokenizer = tokenizer_for(d, {train_text});
+    if (!tokenizer) {
+        TokenCounts counts = counts_for(d);
+        try {
+            counts.add(train_text);
+        } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
+            throw std::invalid_argument(d.train + ": not enough memory to count its tokens");
+        }
+        tokenizer = tokenizer_for(d, counts);
+    }
     auto chunks = [&](const std::string& text, const std::string& where) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
         if (ids.size() < 2)

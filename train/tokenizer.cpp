@@ -52,7 +52,7 @@ void require_utf8(const std::string& text) {
 }
 
 // One character (its UTF-8 bytes) as TextOptions::split_punctuation sees it.
-bool is_punctuation(const std::string& character) {
+bool is_punctuation(std::string_view character) {
     const auto byte = [&](size_t k) { return static_cast<unsigned char>(character[k]); };
     if (character.size() == 1) return std::ispunct(byte(0)) != 0;  // ASCII: !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~
     if (character.size() == 2 && byte(0) == 0xC2) return byte(1) >= 0xA1 && byte(1) <= 0xBF;  // U+00A1-U+00BF
@@ -65,6 +65,7 @@ bool is_punctuation(const std::string& character) {
 }
 
 // A-Z -> a-z and U+00C0-U+00DE (not U+00D7 ×) -> U+00E0-U+00FE, in UTF-8: C3 80..9E -> C3 A0..BE.
+// Every character keeps its byte count, so a token's bytes lie at the same offsets before and after.
 std::string lowercased(std::string text) {
     for (size_t i = 0; i < text.size(); ++i) {
         const auto b = static_cast<unsigned char>(text[i]);
@@ -79,31 +80,58 @@ std::string lowercased(std::string text) {
     return text;
 }
 
-// Each punctuation character of a word becomes a word of its own; the runs between stay whole.
-std::vector<std::string> split_off_punctuation(const std::vector<std::string>& words) {
-    std::vector<std::string> out;
-    for (const std::string& word : words) {
-        std::string run;
-        for (const std::string& character : split_utf8(word)) {
-            if (!is_punctuation(character)) {
-                run += character;
-                continue;
-            }
-            if (!run.empty()) out.push_back(std::move(run));
-            run.clear();
-            out.push_back(character);
+// The one place that says where tokens are: each token of `text` (valid UTF-8, options already
+// applied) as its bytes, handed to `take` in order until take returns false. Characters are code
+// points; words are runs of non-whitespace, and with split_punctuation each punctuation
+// character of a word is a token of its own, the runs between it stay whole.
+template <class Take>
+void for_each_piece(Tokenizer::Kind kind, bool split_punctuation, std::string_view text, Take take) {
+    const auto character_length = [&](size_t i) { return lead_byte(static_cast<unsigned char>(text[i])).length; };
+    size_t i = 0;
+    while (i < text.size()) {
+        if (kind == Tokenizer::Kind::character) {
+            const size_t length = character_length(i);
+            if (!take(text.substr(i, length))) return;
+            i += length;
+            continue;
         }
-        if (!run.empty()) out.push_back(std::move(run));
+        if (is_ascii_space(text[i])) {
+            ++i;
+            continue;
+        }
+        size_t end = i;  // the word is text[i, end)
+        while (end < text.size() && !is_ascii_space(text[end])) ++end;
+        if (!split_punctuation) {
+            if (!take(text.substr(i, end - i))) return;
+            i = end;
+            continue;
+        }
+        size_t run = i;  // the letters since the last punctuation character
+        for (size_t c = i; c < end; c += character_length(c)) {
+            const std::string_view character = text.substr(c, character_length(c));
+            if (!is_punctuation(character)) continue;
+            if (c > run && !take(text.substr(run, c - run))) return;
+            if (!take(character)) return;
+            run = c + character.size();
+        }
+        if (end > run && !take(text.substr(run, end - run))) return;
+        i = end;
     }
-    return out;
+}
+
+// text as the tokenizer reads it: checked to be UTF-8, lowercased when asked for
+std::string normalized(TextOptions options, const std::string& text) {
+    require_utf8(text);
+    return options.lowercase ? lowercased(text) : text;
 }
 
 std::vector<std::string> pieces(Tokenizer::Kind kind, TextOptions options, const std::string& text) {
-    require_utf8(text);
-    const std::string normalized = options.lowercase ? lowercased(text) : text;
-    if (kind == Tokenizer::Kind::character) return split_utf8(normalized);
-    const std::vector<std::string> words = split_words(normalized);
-    return options.split_punctuation ? split_off_punctuation(words) : words;
+    std::vector<std::string> out;
+    for_each_piece(kind, options.split_punctuation, normalized(options, text), [&out](std::string_view piece) {
+        out.emplace_back(piece);
+        return true;
+    });
+    return out;
 }
 
 }  // namespace
@@ -114,13 +142,13 @@ std::optional<Utf8Error> find_utf8_error(const std::string& text) {
         const auto first = static_cast<unsigned char>(text[i]);
         const LeadByte lead = lead_byte(first);
         if (lead.length == 0) return Utf8Error{i, "byte " + hex(first) + " cannot start a character"};
-        const std::string starts = hex(first) + " starts a " + std::to_string(lead.length) + "-byte character";
+        const auto starts = [&] { return hex(first) + " starts a " + std::to_string(lead.length) + "-byte character"; };
         for (size_t k = 1; k < lead.length; ++k) {
-            if (i + k == text.size()) return Utf8Error{i, starts + " but the text ends"};
+            if (i + k == text.size()) return Utf8Error{i, starts() + " but the text ends"};
             const auto next = static_cast<unsigned char>(text[i + k]);
             const unsigned char low = k == 1 ? lead.second_low : 0x80, high = k == 1 ? lead.second_high : 0xBF;
             if (next < low || next > high) {
-                return Utf8Error{i, starts + " but byte " + std::to_string(k + 1) + " is " + hex(next)};
+                return Utf8Error{i, starts() + " but byte " + std::to_string(k + 1) + " is " + hex(next)};
             }
         }
         i += lead.length;
@@ -128,16 +156,7 @@ std::optional<Utf8Error> find_utf8_error(const std::string& text) {
     return std::nullopt;
 }
 
-std::vector<std::string> split_utf8(const std::string& text) {
-    require_utf8(text);
-    std::vector<std::string> characters;
-    for (size_t i = 0; i < text.size();) {
-        const size_t length = lead_byte(static_cast<unsigned char>(text[i])).length;
-        characters.push_back(text.substr(i, length));
-        i += length;
-    }
-    return characters;
-}
+std::vector<std::string> split_utf8(const std::string& text) { return pieces(Tokenizer::Kind::character, {}, text); }
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -166,34 +185,68 @@ Tokenizer::Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vo
     }
 }
 
+TokenCounts::TokenCounts(Tokenizer::Kind kind, TextOptions options) : kind_(kind), options_(options) {
+    if (kind == Tokenizer::Kind::character && options.split_punctuation) {
+        throw std::invalid_argument("TokenCounts: split_punctuation is for words (characters are split anyway)");
+    }
+}
+
+void TokenCounts::add(const std::string& text) {
+    for_each_piece(kind_, options_.split_punctuation, normalized(options_, text), [this](std::string_view piece) {
+        const auto found = counts_.find(piece);
+        if (found == counts_.end()) {
+            counts_.emplace(piece, 1);
+        } else {
+            ++found->second;
+        }
+        return true;
+    });
+    ++texts_;
+}
+
+std::string first_tokens(Tokenizer::Kind kind, TextOptions options, const std::string& text, int64_t max_tokens) {
+    if (max_tokens < 0) {
+        throw std::invalid_argument("first_tokens: max_tokens must be >= 0, got " + std::to_string(max_tokens));
+    }
+    const std::string read = normalized(options, text);
+    size_t end = 0;  // where the last token kept ends: lowercasing moved no byte, so also in text
+    int64_t kept = 0;
+    for_each_piece(kind, options.split_punctuation, read, [&](std::string_view piece) {
+        if (kept == max_tokens) return false;
+        ++kept;
+        end = static_cast<size_t>(piece.data() + piece.size() - read.data());
+        return true;
+    });
+    return kept < max_tokens ? text : text.substr(0, end);
+}
+
 Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency,
                            TextOptions options) {
+    TokenCounts counts(kind, options);
+    for (const std::string& text : texts) counts.add(text);
+    return build(counts, min_frequency);
+}
+
+Tokenizer Tokenizer::build(const TokenCounts& counts, int64_t min_frequency) {
     if (min_frequency < 1) {
         throw std::invalid_argument("Tokenizer::build: min_frequency must be >= 1, got " +
                                     std::to_string(min_frequency));
     }
-    if (kind == Kind::character && options.split_punctuation) {
-        throw std::invalid_argument("Tokenizer::build: split_punctuation is for words (characters are split anyway)");
-    }
-    std::map<std::string, int64_t> counts;
-    for (const std::string& text : texts) {
-        for (const std::string& piece : pieces(kind, options, text)) ++counts[piece];
-    }
     std::vector<std::pair<std::string, int64_t>> kept;
-    for (const auto& [piece, count] : counts) {
+    for (const auto& [piece, count] : counts.counts_) {
         if (count >= min_frequency) kept.emplace_back(piece, count);
     }
     if (kept.empty()) {
         throw std::invalid_argument("Tokenizer::build: no " +
-                                    std::string(kind == Kind::character ? "character" : "word") + " occurs at least " +
-                                    std::to_string(min_frequency) + " times in the " + std::to_string(texts.size()) +
-                                    " texts");
+                                    std::string(counts.kind_ == Kind::character ? "character" : "word") +
+                                    " occurs at least " + std::to_string(min_frequency) + " times in the " +
+                                    std::to_string(counts.texts_) + " texts");
     }
     // Most frequent first; equal counts in byte order (std::string compares bytes as unsigned char).
     std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
     std::vector<std::string> vocabulary = reserved_names;
     for (const auto& entry : kept) vocabulary.push_back(entry.first);
-    return Tokenizer(kind, options, std::move(vocabulary));
+    return Tokenizer(counts.kind_, counts.options_, std::move(vocabulary));
 }
 
 std::vector<std::string> Tokenizer::tokens(const std::string& text) const { return pieces(kind_, options_, text); }

@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +33,8 @@ struct TextOptions {
     bool split_punctuation = false;  // word tokenizers only
 };
 
+class TokenCounts;
+
 class Tokenizer {
 public:
     enum class Kind { character, word };
@@ -41,6 +45,8 @@ public:
     // std::invalid_argument for split_punctuation with characters.
     static Tokenizer build(Kind kind, const std::vector<std::string>& texts, int64_t min_frequency = 1,
                            TextOptions options = {});
+    // The same from counts taken one text at a time (the texts need not be kept).
+    static Tokenizer build(const TokenCounts& counts, int64_t min_frequency = 1);
 
     std::vector<int64_t> encode(const std::string& text) const;  // unknown tokens -> unk; no bos/eos added
     std::string decode(
@@ -63,6 +69,26 @@ private:
     std::vector<std::string> vocabulary_;           // id -> token; ids 0..3 hold the reserved names
     std::unordered_map<std::string, int64_t> ids_;  // learned token -> id (the reserved names are not in it)
 };
+
+// How often each token occurs in some texts, counted one text at a time: the first half of
+// Tokenizer::build, so that a text may be cut (first_tokens) as soon as it has been counted.
+class TokenCounts {
+public:
+    TokenCounts(Tokenizer::Kind kind, TextOptions options);  // std::invalid_argument: split_punctuation with characters
+    void add(const std::string& text);                       // std::invalid_argument on invalid UTF-8
+
+private:
+    friend class Tokenizer;
+    Tokenizer::Kind kind_;
+    TextOptions options_;
+    std::map<std::string, int64_t, std::less<>> counts_;  // token -> count, in byte order
+    int64_t texts_ = 0;
+};
+
+// The start of text that holds its first max_tokens tokens as a tokenizer of this kind and options
+// reads them (all of text when it has no more): tokenizer.encode(first_tokens(...)) is
+// tokenizer.encode(text) cut after max_tokens ids, for every tokenizer of that kind and options.
+std::string first_tokens(Tokenizer::Kind kind, TextOptions options, const std::string& text, int64_t max_tokens);
 
 inline constexpr EnumName<Tokenizer::Kind> tokenizer_kind_names[] = {{Tokenizer::Kind::character, "char"},
                                                                     {Tokenizer::Kind::word, "word"}};

@@ -101,6 +101,32 @@ TEST_CASE("sequence pairs from TSV and JSONL") {
     CHECK(jsonl[0].target == "Bye");
 }
 
+TEST_CASE("reading hands each text to keep as its line is read: texts only, in file order") {
+    Workspace w;
+    std::vector<std::pair<size_t, std::string>> seen;
+    const KeepText keep = [&seen](size_t index, std::string& text) {
+        seen.emplace_back(index, text);
+        text.resize(std::min<size_t>(text.size(), 3));  // keep the first 3 bytes
+    };
+    const std::string reviews = w.write("reviews.tsv", "pos\tGroße Freude\n\nnegative\tschlecht\n");
+    const std::vector<LabeledText> examples = read_classification(reviews, keep);
+    CHECK(seen == std::vector<std::pair<size_t, std::string>>{{0, "Große Freude"}, {1, "schlecht"}});
+    REQUIRE(examples.size() == 2);
+    CHECK(examples[0].text == "Gro");
+    CHECK(examples[1].text == "sch");
+    CHECK(examples[1].label == "negative");  // a label is no text
+    CHECK(count_examples(reviews) == 2);     // the blank line is no example
+
+    seen.clear();
+    const std::vector<TextPair> pairs = read_pairs(w.write("de-en.tsv", "Guten Morgen\tGood morning\nJa\tYes\n"), keep);
+    CHECK(seen ==
+          std::vector<std::pair<size_t, std::string>>{{0, "Guten Morgen"}, {0, "Good morning"}, {1, "Ja"}, {1, "Yes"}});
+    REQUIRE(pairs.size() == 2);
+    CHECK(pairs[0].source == "Gut");
+    CHECK(pairs[0].target == "Goo");
+    CHECK(pairs[1].target == "Yes");
+}
+
 TEST_CASE("malformed dataset lines are errors with path:line and what was expected") {
     Workspace w;
     std::string p = w.write("a.tsv", "pos\tgut\nkein Tab hier\n");
@@ -135,9 +161,9 @@ TEST_CASE("malformed dataset lines are errors with path:line and what was expect
     p = w.write("n.jsonl",
                 "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"a\", \"label\": \"x\", \"label\": \"y\"}\n");
     CHECK(classification_error(p) == p + ":line 2: /label: the key is given twice");
-    // a line past 1 MiB, named before the tokenizer would spend memory on it; one of 1 MiB is read
+    // a line past 1 MiB, named once reading passes 1 MiB (the line is never held whole); one of 1 MiB is read
     p = w.write("long.tsv", "pos\tgut\nneg\t" + std::string((1 << 20) + 1 - 4, 'a') + "\n");
-    CHECK(classification_error(p) == p + ":line 2: 1048577 bytes, more than the 1 MiB a line of a data file may hold");
+    CHECK(classification_error(p) == p + ":line 2: longer than the 1 MiB a line of a data file may hold");
     p = w.write("long_enough.tsv", "pos\tgut\nneg\t" + std::string((1 << 20) - 4, 'a') + "\n");
     CHECK(classification_error(p) == "no error");
     p = w.write("o.tsv", "pos\tgut\n");
@@ -176,6 +202,12 @@ TEST_CASE("bad dataset files: extension, missing, empty") {
     CHECK(classification_error(p) == p + ": no examples (the file is empty or only blank lines)");
     p = w.write("empty.jsonl", "");
     CHECK(pairs_error(p) == p + ": no examples (the file is empty or only blank lines)");
+    // counting the examples (before reading a held-out split) gives the errors reading gives
+    CHECK(error_of([&] { count_examples(p); }) == p + ": no examples (the file is empty or only blank lines)");
+    p = (w.root / "data.csv").string();
+    CHECK(error_of([&] { count_examples(p); }) == p + ": the extension must be .tsv or .jsonl, got '.csv'");
+    p = (w.root / "missing.tsv").string();
+    CHECK(error_of([&] { count_examples(p); }) == p + ": missing, expected a data file");
 }
 
 TEST_CASE("plain text is read byte for byte and checked as UTF-8") {
@@ -205,6 +237,12 @@ TEST_CASE("held-out split: sizes, determinism, errors") {
     CHECK(all == examples);  // every example exactly once
 
     CHECK(split_held_out(examples, 0.2, 7) == std::make_pair(train, held_out));
+    // training_mask says which examples split_held_out puts in training, before they are read
+    const std::vector<bool> training = training_mask(examples.size(), 0.2, 7);
+    for (const int example : examples) {
+        CAPTURE(example);
+        CHECK(training[example] == (std::find(train.begin(), train.end(), example) != train.end()));
+    }
     CHECK(split_held_out(examples, 0.2, 8) != std::make_pair(train, held_out));
     CHECK(split_held_out(examples, 0.25, 7).second.size() == 3);  // round(2.5) = 3
     CHECK(split_held_out(std::vector<int>{1, 2}, 0.5, 7).first.size() == 1);

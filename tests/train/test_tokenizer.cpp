@@ -98,8 +98,52 @@ TEST_CASE("text options: lower case, punctuation split off") {
     CHECK(t.options().lowercase);
     CHECK(t.options().split_punctuation);
     CHECK_THROWS_WITH_AS(Tokenizer::build(Tokenizer::Kind::character, {"a"}, 1, split),
-                         "Tokenizer::build: split_punctuation is for words (characters are split anyway)",
+                         "TokenCounts: split_punctuation is for words (characters are split anyway)",
                          std::invalid_argument);
+}
+
+TEST_CASE("first_tokens cuts a text where its n-th token ends, for every kind and option") {
+    const Tokenizer::Kind word = Tokenizer::Kind::word, character = Tokenizer::Kind::character;
+    const TextOptions none{}, split{false, true}, both{true, true};
+    CHECK(first_tokens(word, none, "  der Hund  und", 2) == "  der Hund");  // ends with the token, spaces stay
+    CHECK(first_tokens(word, split, "Hi, you!", 2) == "Hi,");
+    CHECK(first_tokens(word, both, "ÄPFEL, Öl", 1) == "ÄPFEL");  // lowercasing moves no byte: the text's own bytes
+    CHECK(first_tokens(character, none, "Grüße", 3) == "Grü");   // ü is two bytes, one token
+    CHECK(first_tokens(character, none, "Grüße", 5) == "Grüße");
+    CHECK(first_tokens(word, none, "a b", 0).empty());
+    CHECK_THROWS_WITH_AS(first_tokens(word, none, "a", -1), "first_tokens: max_tokens must be >= 0, got -1",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(first_tokens(character, none, "ok \x80", 1),
+                         "invalid UTF-8 at byte offset 3: byte 0x80 cannot start a character", std::invalid_argument);
+
+    // the promise: encoding the cut text gives the first n ids of encoding the whole text
+    const std::vector<std::string> texts = {"Der Hund, die Katze – und „Äpfel“… ok.", "Grüße aus Köln!  (ja)",
+                                            "\t x,y;z ×2 ¿Qué? I’ve"};
+    for (const auto& [kind, options] : {std::pair{character, none},
+                                        {character, TextOptions{true, false}},
+                                        {word, none},
+                                        {word, split},
+                                        {word, both}}) {
+        const Tokenizer t = Tokenizer::build(kind, {texts[0]}, 1, options);
+        for (const std::string& text : texts) {
+            const Ids all = t.encode(text);
+            for (size_t n = 0; n <= all.size() + 1; ++n) {
+                CAPTURE(text);
+                CAPTURE(n);
+                CHECK(t.encode(first_tokens(kind, options, text, static_cast<int64_t>(n))) ==
+                      Ids(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min(n, all.size()))));
+            }
+        }
+    }
+}
+
+TEST_CASE("counts taken one text at a time build the vocabulary build() makes from the texts") {
+    const std::vector<std::string> texts = {"Das Haus, das Haus.", "der Hund und die Katze", "das Ende!"};
+    const TextOptions both{true, true};
+    TokenCounts counts(Tokenizer::Kind::word, both);
+    for (const std::string& text : texts) counts.add(text);
+    CHECK(Tokenizer::build(counts, 2).to_json() == Tokenizer::build(Tokenizer::Kind::word, texts, 2, both).to_json());
+    CHECK(Tokenizer::build(counts, 2).encode("DAS haus der") == Ids{4, 5, Tokenizer::unk});  // das 3, haus 2, der 1
 }
 
 TEST_CASE("bad arguments to build and decode") {

@@ -13,6 +13,7 @@
 #include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/config.hpp"
+#include "train/datasets.hpp"
 #include "train/make_task.hpp"
 #include "train/run_directory.hpp"
 #include "train/trainer.hpp"
@@ -658,6 +659,49 @@ TEST_CASE("a diverging run stops with the step it diverged at") {
     }
     CHECK(message.find("training diverged: the loss is") == 0);
     CHECK(message.find(" at step ") != std::string::npos);
+}
+
+TEST_CASE(
+    "file tasks: texts are cut at data.max_length as they are read, the vocabulary counts the whole training texts") {
+    using Ids = std::vector<int64_t>;
+    TempDir dir("relgrad_test_train_cut");
+    fs::create_directories(dir.path);
+    constexpr int examples = 12;
+    {
+        // example k: two common words, then "onlyK" past max_length = 2 words
+        std::ofstream tsv(dir.path / "reviews.tsv");
+        for (int k = 0; k < examples; ++k) tsv << (k % 2 ? "pos\tgut gut only" : "neg\tschlecht gut only") << k << "\n";
+        std::ofstream(dir.path / "test.tsv") << "pos\tgut unseen\n";
+    }
+    const auto task_of = [&](const nlohmann::json& data, std::optional<Tokenizer>& tokenizer) {
+        nlohmann::json c = tiny_run(dir.path / "run");
+        c["task"] = {{"kind", "classification"}};
+        c["data"] = data;
+        c["training"]["seed"] = 5;
+        const Config config = Config::parse(c, "cut");
+        Generator gen(config.training.seed);
+        return make_task(config, Init{gen}, tokenizer);
+    };
+    const std::string train_file = (dir.path / "reviews.tsv").string();
+    // a held-out part: a training text's words past the cut are in the vocabulary, a held-out one's not
+    std::optional<Tokenizer> tokenizer;
+    nlohmann::json data = {{"train", train_file}, {"held_out", 0.25}, {"max_length", 2}, {"tokenizer", "word"}};
+    const std::unique_ptr<Task> task = task_of(data, tokenizer);
+    const std::vector<bool> training = training_mask(examples, 0.25, 5);
+    REQUIRE(task->train_size() == 9);
+    for (int64_t i = 0; i < task->train_size(); ++i) CHECK(task->train_length(i) == 2);
+    for (int k = 0; k < examples; ++k) {
+        CAPTURE(k);
+        CHECK((tokenizer->encode("only" + std::to_string(k)) != Ids{Tokenizer::unk}) == training[k]);
+    }
+    CHECK(std::count(training.begin(), training.end(), false) == 3);  // so that both sides were seen
+    // a test file: not counted
+    std::optional<Tokenizer> with_test;
+    data.erase("held_out");
+    data["test"] = (dir.path / "test.tsv").string();
+    task_of(data, with_test);
+    CHECK(with_test->encode("only0 unseen") == Ids{with_test->encode("only0")[0], Tokenizer::unk});
+    CHECK(with_test->encode("only0")[0] != Tokenizer::unk);
 }
 
 TEST_CASE("file tasks: classification, sequence pairs and language modelling train from the user's files") {
