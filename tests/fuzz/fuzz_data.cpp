@@ -4,11 +4,14 @@
 // (train/tokenizer.hpp: char, char lowercased, word, word lowercased with split punctuation), and
 // each tokenizer must encode every text to ids inside its vocabulary, decode them, and come back
 // from its own to_json() (what a run saves as tokenizer.json) encoding the same way; a held-out
-// split is drawn too. Refusals are std::exceptions.
+// split is drawn too. Refusals are std::exceptions. What reading keeps of a text (first_tokens)
+// must encode to the whole text's first ids, and counting a file's examples must match reading it.
 // Seeds (corpus/data/): TSV and JSONL files of both kinds, with CRLF, blank lines, non-ASCII text
 // and integer labels, and broken ones (no tab, two tabs, bad UTF-8, empty fields, not JSON, a
 // JSON line that is not an object, a missing key, a label nested 100,000 levels deep).
+#include <algorithm>
 #include <exception>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +62,16 @@ void tokenize(const std::vector<std::string>& texts) {
                     }
                 }
                 if (reloaded->encode(text) != ids) finding("a reloaded tokenizer encodes differently");
+                // what reading keeps of a text encodes to the first ids of the whole text
+                for (const std::size_t n : {std::size_t{0}, std::size_t{1}, ids.size() / 2, ids.size()}) {
+                    const std::string kept =
+                        relgrad::first_tokens(kind.kind, kind.options, text, static_cast<int64_t>(n));
+                    const auto first = ids.begin() + static_cast<std::ptrdiff_t>(std::min(n, ids.size()));
+                    if (built->encode(kept) != std::vector<int64_t>(ids.begin(), first)) {
+                        finding("first_tokens(" + std::to_string(n) + ") of " + nlohmann::json(text).dump() +
+                                " encodes to other ids than the whole text's first " + std::to_string(n));
+                    }
+                }
                 static_cast<void>(built->decode(ids));
                 static_cast<void>(built->tokens(text));
             }
@@ -66,11 +79,17 @@ void tokenize(const std::vector<std::string>& texts) {
     }
 }
 
+// A held-out split; the examples counted before reading (count_examples) and the training part
+// known before reading (training_mask) must be those of the examples read.
 template <class T>
-void split(const std::vector<T>& examples) {
+void split(const std::vector<T>& examples, const fs::path& path) {
+    if (relgrad::count_examples(path.string()) != examples.size()) finding("count_examples differs from reading");
     try {
         const auto parts = relgrad::split_held_out(examples, 0.25, 7);
         if (parts.first.size() + parts.second.size() != examples.size()) finding("split_held_out lost examples");
+        const std::vector<bool> training = relgrad::training_mask(examples.size(), 0.25, 7);
+        if (static_cast<std::size_t>(std::count(training.begin(), training.end(), true)) != parts.first.size())
+            finding("training_mask and split_held_out disagree on the training part's size");
     } catch (const std::exception&) {
     }
 }
@@ -92,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             std::vector<std::string> texts;
             for (const auto& example : examples) texts.push_back(example.text);
             tokenize(texts);
-            split(examples);
+            split(examples, path);
         } catch (const std::exception&) {
         }
         try {
@@ -103,7 +122,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 texts.push_back(pair.target);
             }
             tokenize(texts);
-            split(pairs);
+            split(pairs, path);
         } catch (const std::exception&) {
         }
     }
