@@ -169,7 +169,8 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)") || return 1  # K
     section "the CUDA kernels' resources on sm_90 (nvcc, ptxas)"
     start=$(date +%s)
     /usr/bin/python3 scripts/kernel_resources.py --tensor-cores mma_forward_kernel \
-        --tensor-cores mma_query_gradients_kernel --tensor-cores mma_key_gradients_kernel || return 1
+        --tensor-cores mma_query_gradients_kernel --tensor-cores mma_key_gradients_kernel \
+        --tensor-cores mma_distance_bias_gradient_kernel || return 1
     elapsed "the CUDA kernels' resources" "$start"
 }
 

@@ -25,6 +25,7 @@ struct Case {
     int64_t B = 2, H = 2, Lq = 5, Lk = 5, Dh = 4;
     int64_t k_left = 2, k_right = 2;
     bool relative = true, per_head = false;
+    bool distance_bias = false;  // a bias per distance (per head with per_head), fused runs only
     AttentionPattern pattern;
     Tensor padding;  // bool [B, Lk], true = a real key, or undefined
 };
@@ -55,7 +56,7 @@ Tensor dense_mask(const Case& c) {
 
 struct Result {
     Tensor z;
-    std::vector<Tensor> grads;  // q, k, v, [table_k, table_v]
+    std::vector<Tensor> grads;  // q, k, v, [table_k, table_v], [distance bias]
 };
 
 // Runs one form forward and backward with the cotangent w; the inputs come from the seed, their
@@ -71,6 +72,7 @@ Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t see
         inputs.push_back(random({tables, K, c.Dh}));
         inputs.push_back(random({tables, K, c.Dh}));
     }
+    if (c.distance_bias) inputs.push_back(random({tables, c.Lq + c.Lk - 1}));
     const Tensor w = random({c.B, c.H, c.Lq, c.Dh});
     for (Tensor& t : inputs) t.requires_grad_(true);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
@@ -78,10 +80,12 @@ Result run(const Case& c, bool fused, DType dtype = DType::float64, uint64_t see
     if (fused) {
         AttentionPattern pattern = c.pattern;
         if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk}).to(device);
-        const ClippedRelativeTerms rel =
+        ClippedRelativeTerms rel =
             c.relative ? ClippedRelativeTerms{inputs[3], inputs[4], c.k_left, c.k_right} : ClippedRelativeTerms{};
+        if (c.distance_bias) rel.distance_bias = inputs.back();
         z = fused_attention(inputs[0], inputs[1], inputs[2], pattern, scale, rel);
     } else {
+        REQUIRE_FALSE(c.distance_bias);
         const RelativeTerms rel =
             c.relative ? RelativeTerms{inputs[3], inputs[4], bucket_index(c).to(device)} : RelativeTerms{};
         z = attention(inputs[0], inputs[1], inputs[2], dense_mask(c).to(device), scale, rel);
@@ -310,7 +314,13 @@ std::vector<Case> tensor_core_cases(int64_t Dh) {
     std::vector<double> keep(2 * 70, 1.0);
     std::fill(keep.begin() + 70 + 50, keep.end(), 0.0);
     windowed.padding = from_vector(keep, {2, 70}, DType::boolean);
-    return {c, causal, windowed};
+    // a distance bias (ALiBi's or T5's) instead of Shaw's terms: one row for both heads, or a row a head
+    Case causal_biased = causal, window_biased = windowed;
+    causal_biased.relative = window_biased.relative = false;
+    causal_biased.distance_bias = window_biased.distance_bias = window_biased.per_head = true;
+    causal_biased.Lq = 100;  // past 64 rows: every warp of a bias gradient block takes rows, twice
+    causal_biased.Lk = 90;
+    return {c, causal, windowed, causal_biased, window_biased};
 }
 
 }  // namespace
@@ -337,8 +347,17 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
         cases.push_back(plain);
         cases.push_back(edges_only);
         for (const Case& each : cases) {
-            check_same(run(each, true, DType::float32, 11, Device::cuda), run(each, true, DType::float64),
-                       tf32_tolerance);
+            const Result on_cuda = run(each, true, DType::float32, 11, Device::cuda),
+                         expected = run(each, true, DType::float64);
+            // a distance bias's gradient sums dS over every pair at its distance (up to B x Lq of
+            // them, both heads' for a shared row): it reaches ~20 here, with errors that grow with
+            // it (2e-4 to 6e-4 of it measured, as for dq, with inputs exact in tf32), so those cases
+            // are held to tf32_tolerance x (1 + |value|)
+            if (each.distance_bias) {
+                check_close(on_cuda, expected, tf32_tolerance);
+            } else {
+                check_same(on_cuda, expected, tf32_tolerance);
+            }
         }
         // the forward alone: its last kernel is the tensor cores' (the scalar kernel would also pass
         // the check above; on the emulated device, whose launches the test sees), and a distance
@@ -357,6 +376,25 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
             CHECK(std::string(cuda_emulated::last_kernel_launched().load()) == "fused_attention (tensor cores, tf32)");
         }
         check_values(z.to(Device::cpu), expected.to_vector(), tf32_tolerance);
+        // the distance bias's gradient is the tensor cores' too: the last launch of a backward
+        // without Shaw's terms
+        if (emulated) {
+            const Tensor q32 = q.to(DType::float32).to(Device::cuda), k32 = k.to(DType::float32).to(Device::cuda),
+                         v32 = v.to(DType::float32).to(Device::cuda);
+            Tensor z32 = empty({2, 2, 45, Dh}, DType::float32, Device::cuda),
+                   lse = empty({2, 2, 45}, DType::float32, Device::cuda);
+            Backend& cuda = backend_for(Device::cuda);
+            cuda.fused_attention(q32, k32, v32, causal.pattern, 0.125, on_cuda, z32, lse);
+            Tensor dq = empty(q32.shape(), DType::float32, Device::cuda),
+                   dk = empty(k32.shape(), DType::float32, Device::cuda),
+                   dv = empty(v32.shape(), DType::float32, Device::cuda), no_table_k, no_table_v,
+                   d_bias = empty({2, 2, 45 + 70 - 1}, DType::float32, Device::cuda);
+            cuda.fused_attention_backward(q32, k32, v32, z32, lse,
+                                          randn(z32.shape(), gen, DType::float32, Device::cuda), causal.pattern, 0.125,
+                                          on_cuda, dq, dk, dv, no_table_k, no_table_v, d_bias);
+            CHECK(std::string(cuda_emulated::last_kernel_launched().load()) ==
+                  "fused_attention_backward (distance bias, tensor cores, tf32)");
+        }
     }
 }
 

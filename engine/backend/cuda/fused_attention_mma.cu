@@ -1,0 +1,718 @@
+// Fused relative attention on tensor cores: the forward and the backward's two kernels of
+// FlashAttention-2's shape, for float32 operands (and the float32 copies of bfloat16 and float16
+// ones) at head widths 32, 64 and 128 (docs/cuda_tiling.md has the tiles, fused_attention.cu the
+// math and the scalar kernels everything else takes).
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "engine/backend/cuda/fused_attention.hpp"
+#include "engine/backend/cuda/mma.hpp"
+#include "engine/check.hpp"
+
+namespace relgrad {
+namespace RELGRAD_CUDA_NAMESPACE {
+
+namespace {
+
+// float32, bfloat16 and float16 at head widths 32, 64 and 128 (float64 keeps the scalar kernels of
+// fused_attention.cu): FlashAttention-2's split of the queries, on tensor cores. A block of kMmaWarps warps takes 16
+// queries a warp, whose Q rows stay in registers as mma A fragments. The block walks the key tiles
+// its queries can see (kMmaKeys keys each), copied into shared memory by cp.async, the next tile's
+// copy in flight while this one is used (two buffers). A lane of an m16n8 tile holds rows g and
+// g + 8 (g = lane / 4) of it: a row's values lie in the 4 lanes of a quad, whose maxima and sums
+// take two shuffles. Per warp and key tile, both kernels first compute
+//   S = Q K^T                              mma: tf32 inputs (m16n8k8) for float32 operands,
+//                                          16-bit ones (m16n8k16) for bfloat16 and float16;
+//                                          float32 sums
+//   s_ij = c (S_ij + QE[i, r]) + b(j - i)  -inf where the pattern hides j
+// and sum a value per row and bucket, X[i, r] = sum_{j: r(i, j) = r} x_ij, split by the band: the
+// two edge buckets (r = 0: j - i <= -k_left; r = K - 1: j - i >= k_right) as per-row scalars in
+// registers, the K - 2 interior ones in shared memory, each row's owned by its warp (a row's keys
+// in one tile fall in distinct buckets: no two lanes add to one place). A product of a 16 x 32
+// tile of values with a tile of keys' rows goes through the warp's scratch in shared memory, from
+// the C fragments' places to the A fragments'.
+//
+//   mma_forward_kernel:   m' = max(m, max_j s_ij),  alpha = exp(m - m'),  P_ij = exp(s_ij - m')
+//                         l = alpha l + sum_j P_ij,  O = alpha O + P V,  W = alpha W + (P by bucket)
+//                         then z = O / l, w = W / l, lse = m + log l; the host adds w E_V to z
+//   mma_query_gradients_kernel:  P_ij = exp(s_ij - lse_i),  dP = dZ V^T + G[i, r],
+//                         dS = P (dP - D_i),  dQ += c dS K,  and P and dS summed by bucket
+constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaThreads = 32 * kMmaWarps;
+// (The kernels declare __launch_bounds__(kMmaThreads, 1): a block of kMmaThreads, at least one per
+// multiprocessor, so that ptxas may give a thread up to 255 registers instead of spilling at 128.)
+constexpr int kMmaKeys = 32, kKeyTiles = kMmaKeys / 8;
+// Row strides in shared memory, padded so that the lanes of a fragment read distinct banks:
+// K, V (and dZ) rows Dh + 8 floats, the scratch kMmaKeys + 4.
+constexpr int kTilePad = 8, kScratchStride = kMmaKeys + 4;
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The shared memory of these kernels, in floats: two buffers of a pair of tiles (K and V, or Q and
+// dZ), a scratch per warp, `band_rows` rows of interior buckets per row of the block, and
+// `own_matrices` [kMmaRows, Dh] matrices of the block's own rows (dZ; K and V).
+int64_t mma_shared_floats(int64_t Dh, int64_t K, int64_t band_rows, int64_t own_matrices) {
+    return 4 * kMmaKeys * (Dh + kTilePad) + kMmaWarps * 16 * kScratchStride +
+           band_rows * kMmaRows * std::max<int64_t>(K - 2, 0) + own_matrices * kMmaRows * (Dh + kTilePad);
+}
+
+// a lane's row value combined over its quad
+__device__ inline float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
+    return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
+}
+__device__ inline float quad_sum(float x) {
+    x += __shfl_xor_sync(kFullWarp, x, 1);
+    return x + __shfl_xor_sync(kFullWarp, x, 2);
+}
+
+// A lane's fragment of an mma operand for inputs In: element e, at place_of(e) (mma.hpp), holds
+// value_at(row, col), rounded to tf32 or packed two to a register as 16-bit values. A 16-bit
+// operand's values (Q, K, V, dZ) are exact; P and dS are rounded, as FlashAttention-2 does.
+template <MmaInputs In, int Registers, class PlaceOf, class ValueAt>
+__device__ inline void fragment(const PlaceOf& place_of, const ValueAt& value_at, uint32_t (&regs)[Registers]) {
+    RELGRAD_UNROLL
+    for (int r = 0; r < Registers; ++r) {
+        if constexpr (In == MmaInputs::tf32) {
+            const TilePlace at = place_of(r);
+            regs[r] = tf32_of(value_at(at.row, at.col));
+        } else {
+            const TilePlace low = place_of(2 * r), high = place_of(2 * r + 1);
+            regs[r] = pack_16_bit(In, value_at(low.row, low.col), value_at(high.row, high.col));
+        }
+    }
+}
+template <MmaInputs In, class ValueAt>
+__device__ inline void a_fragment(int lane, const ValueAt& value_at, uint32_t (&a)[4]) {
+    fragment<In>([lane](int e) { return mma_a_place(In, lane, e); }, value_at, a);
+}
+template <MmaInputs In, class ValueAt>
+__device__ inline void b_fragment(int lane, const ValueAt& value_at, uint32_t (&b)[2]) {
+    fragment<In>([lane](int e) { return mma_b_place(In, lane, e); }, value_at, b);
+}
+
+// rows [first, first + kMmaKeys) of two [*, Dh] matrices (K and V, or Q and dZ) into one buffer
+// each, 16 bytes a copy, zeros past `end`
+template <int Dh>
+__device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const float* a, const float* b, int64_t first,
+                               int64_t end) {
+    constexpr int kRowStride = Dh + kTilePad, kChunks = Dh / 4;
+    for (int c = threadIdx.x; c < kMmaKeys * kChunks; c += kMmaThreads) {
+        const int row = c / kChunks, col = 4 * (c % kChunks);
+        const int64_t n = first + row;
+        const int64_t from = (n < end ? n : first) * Dh + col;  // a row that exists, when zeros are copied
+        const std::size_t zeros = n < end ? 0 : 16;
+        __pipeline_memcpy_async(to_a + row * kRowStride + col, a + from, 16, zeros);
+        __pipeline_memcpy_async(to_b + row * kRowStride + col, b + from, 16, zeros);
+    }
+}
+
+// The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as A fragments (zeros past Lq), a k-step of
+// mma_k(In) dims each
+template <MmaInputs In, int Dh>
+__device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, int lane,
+                                   uint32_t (&a)[Dh / mma_k(In)][4]) {
+    constexpr int kK = mma_k(In);
+    RELGRAD_UNROLL
+    for (int ks = 0; ks < Dh / kK; ++ks) {
+        a_fragment<In>(
+            lane, [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : 0.0f; },
+            a[ks]);
+    }
+}
+
+// out = A T^T for the warp's 16 rows: A [16, Dh], its fragment for dims [kK ks, kK ks + kK) given
+// by a_of(ks, a) (from registers, or read from shared memory one k-step at a time, which keeps
+// registers free), T a tile of kMmaKeys rows of Dh in shared memory (row stride Dh + kTilePad):
+// out[n][e] at C place e of T's rows [8 n, 8 n + 8)
+template <MmaInputs In, int Dh, class AOf>
+__device__ void rows_times_tile_rows(AOf&& a_of, Shared<float> tile, int lane, float (&out)[kKeyTiles][4]) {
+    constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
+    RELGRAD_UNROLL
+    for (int n = 0; n < kKeyTiles; ++n) {
+        RELGRAD_UNROLL
+        for (int e = 0; e < 4; ++e) out[n][e] = 0.0f;
+    }
+    RELGRAD_UNROLL
+    for (int ks = 0; ks < Dh / kK; ++ks) {
+        uint32_t a[4];
+        a_of(ks, a);
+        RELGRAD_UNROLL
+        for (int n = 0; n < kKeyTiles; ++n) {
+            uint32_t b[2];
+            b_fragment<In>(  // B's row is a dim, its column a tile row
+                lane, [&](int row, int col) { return tile[(8 * n + col) * kRowStride + kK * ks + row]; }, b);
+            mma_sync<In>(out[n], a, b, out[n]);
+        }
+    }
+}
+
+// A fragments from registers (the Q rows each kernel keeps)
+template <MmaInputs In, int Dh>
+struct FromRegisters {
+    const uint32_t (&fragments)[Dh / mma_k(In)][4];
+    __device__ void operator()(int ks, uint32_t (&a)[4]) const {
+        RELGRAD_UNROLL
+        for (int e = 0; e < 4; ++e) a[e] = fragments[ks][e];
+    }
+};
+
+// acc += X T for the warp's 16 rows: X [16, kMmaKeys] at C places (x) through the warp's scratch,
+// T a tile of kMmaKeys rows of Dh in shared memory
+template <MmaInputs In, int Dh>
+__device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<float> scratch, Shared<float> tile,
+                                      int lane, float (&acc)[Dh / 8][4]) {
+    constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
+    RELGRAD_UNROLL
+    for (int n = 0; n < kKeyTiles; ++n) {
+        RELGRAD_UNROLL
+        for (int e = 0; e < 4; ++e) {
+            const TilePlace at = mma_c_place(lane, e);
+            scratch[at.row * kScratchStride + 8 * n + at.col] = x[n][e];
+        }
+    }
+    __syncwarp();  // written at C places, read at A places
+    RELGRAD_UNROLL
+    for (int ks = 0; ks < kMmaKeys / kK; ++ks) {
+        uint32_t a[4];
+        a_fragment<In>(  // A's column is a tile row
+            lane, [&](int row, int col) { return scratch[row * kScratchStride + kK * ks + col]; }, a);
+        RELGRAD_UNROLL
+        for (int n = 0; n < Dh / 8; ++n) {
+            uint32_t b[2];
+            b_fragment<In>(  // B's row is a tile row, its column a dim
+                lane, [&](int row, int col) { return tile[(kK * ks + row) * kRowStride + 8 * n + col]; }, b);
+            mma_sync<In>(acc[n], a, b, acc[n]);
+        }
+    }
+    __syncwarp();  // every lane has read the scratch before it is written again
+}
+
+// s from S = Q K^T: c (S + QE[i, r]) + b(j - i), -inf where the pattern hides (i, j)
+__device__ inline void scores_of(const Problem& p, float (&s)[kKeyTiles][4], const float* qe, const float* bias,
+                                 float scale, int64_t bh, int64_t warp_i0, int64_t j0, int64_t end, int lane) {
+    RELGRAD_UNROLL
+    for (int n = 0; n < kKeyTiles; ++n) {
+        RELGRAD_UNROLL
+        for (int e = 0; e < 4; ++e) {
+            const TilePlace at = mma_c_place(lane, e);
+            const int64_t i = warp_i0 + at.row, j = j0 + 8 * n + at.col;
+            float score = kNegInf;
+            if (i < p.Lq && j < end && p.visible(bh, i, j)) {
+                const float relative = p.K ? qe[(bh * p.Lq + i) * p.K + p.bucket(i, j)] : 0.0f;
+                score = scale * (s[n][e] + relative) + bias_of(p, bias, bh, i, j);
+            }
+            s[n][e] = score;
+        }
+    }
+}
+
+// The per-bucket sums of one value per pair for a lane's two rows (h = 0: row g, 1: row g + 8):
+// edges in registers, the interior in the warp's band [16, K - 2] of shared memory.
+struct BucketSums {
+    float left[2] = {0, 0}, right[2] = {0, 0};
+    Shared<float> band;
+    int64_t interior;
+
+    __device__ void add(const Problem& p, int row, int h, int64_t r, float x) {
+        if (r == 0) {
+            left[h] += x;
+        } else if (r == p.K - 1) {
+            right[h] += x;
+        } else {
+            band[row * interior + r - 1] += x;
+        }
+    }
+    __device__ void scale_row(int lane, int h, float alpha) {
+        left[h] *= alpha;
+        right[h] *= alpha;
+        for (int64_t r = lane % 4; r < interior; r += 4) band[(lane / 4 + 8 * h) * interior + r] *= alpha;
+    }
+    // out[row, r] = the sums x `factor`, row i of the warp (local row lane / 4 + 8 h); every lane of
+    // the warp calls it (the edges are summed over the quad), after a __syncwarp
+    __device__ void write_row(const Problem& p, int lane, int h, bool row_exists, float factor, float* out) {
+        const float left_sum = quad_sum(left[h]), right_sum = quad_sum(right[h]);
+        if (!row_exists) return;
+        const int t = lane % 4;
+        if (t == 0) out[0] = left_sum * factor;
+        if (t == 1 && p.K > 1) out[p.K - 1] = right_sum * factor;
+        for (int64_t r = t; r < interior; r += 4) out[1 + r] = band[(lane / 4 + 8 * h) * interior + r] * factor;
+    }
+};
+
+// The tiles of rows [begin, end) of two [*, Dh] matrices (K and V, or Q and dZ), kMmaKeys rows
+// each, walked with the copies double-buffered: step(first, a_tile, b_tile) for each tile, after
+// every thread's copy of it has landed.
+template <int Dh, class Step>
+__device__ void walk_tiles(Shared<float> shared, const float* a, const float* b, int64_t begin, int64_t end,
+                           Step&& step) {
+    constexpr int kBuffer = kMmaKeys * (Dh + kTilePad);
+    const int64_t tiles = end > begin ? (end - begin + kMmaKeys - 1) / kMmaKeys : 0;
+    const Shared<float> a_tiles = shared, b_tiles = shared + 2 * kBuffer;  // two buffers each
+    if (tiles > 0) copy_tile_pair<Dh>(a_tiles, b_tiles, a, b, begin, end);
+    __pipeline_commit();
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t first = begin + tile * kMmaKeys, buffer = tile % 2;
+        if (tile + 1 < tiles) {  // the next tile's copy, in flight while this one is used
+            copy_tile_pair<Dh>(a_tiles + (1 - buffer) * kBuffer, b_tiles + (1 - buffer) * kBuffer, a, b,
+                               first + kMmaKeys, end);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(1);  // this tile's copies have landed
+        __syncthreads();           // ... every thread's
+        step(first, a_tiles + buffer * kBuffer, b_tiles + buffer * kBuffer);
+        __syncthreads();  // every warp is done with this buffer before it is copied into again
+    }
+}
+
+// The keys [begin, end) the rows of a query block see
+struct KeyRange {
+    int64_t begin, end;
+    __device__ KeyRange(const Problem& p, int64_t i0) {
+        begin = p.keys_begin(i0);
+        end = p.keys_end(i0 + kMmaRows < p.Lq ? i0 + kMmaRows : p.Lq);
+    }
+};
+
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    mma_forward_kernel(Problem p, const float* q, const float* k, const float* v, const float* qe, const float* bias,
+                       float scale, float* w, float* z, float* lse) {
+    RELGRAD_DYNAMIC_SHARED(float, shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int64_t interior = p.K > 2 ? p.K - 2 : 0;
+    const Shared<float> after_tiles = shared + 4 * kMmaKeys * (Dh + kTilePad);
+    const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
+    const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
+    uint32_t qa[Dh / mma_k(In)][4];
+    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    float o[Dh / 8][4] = {};
+    float m[2] = {kNegInf, kNegInf}, l[2] = {0, 0};  // rows g, g + 8
+    BucketSums weights{{0, 0}, {0, 0}, after_tiles + kMmaWarps * 16 * kScratchStride + warp * 16 * interior, interior};
+    for (int64_t e = lane; e < 16 * interior; e += 32) weights.band[e] = 0.0f;
+    __syncwarp();
+
+    const KeyRange seen(p, i0);
+    const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
+        float s[kKeyTiles][4];
+        rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
+        scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
+        float shift[2];  // the new row maxima, 0 for a row that sees nothing yet (every P is then 0)
+        RELGRAD_UNROLL
+        for (int h = 0; h < 2; ++h) {
+            float tile_max = kNegInf;
+            RELGRAD_UNROLL
+            for (int n = 0; n < kKeyTiles; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+            const float new_max = fmaxf(m[h], quad_max(tile_max));
+            shift[h] = new_max == kNegInf ? 0.0f : new_max;
+            const float alpha = exp(m[h] - shift[h]);
+            m[h] = new_max;
+            l[h] *= alpha;
+            RELGRAD_UNROLL
+            for (int n = 0; n < Dh / 8; ++n) {
+                o[n][2 * h] *= alpha;
+                o[n][2 * h + 1] *= alpha;
+            }
+            if (p.K) weights.scale_row(lane, h, alpha);
+        }
+        __syncwarp();  // the rescaled buckets before the adds, by other lanes of the quad
+
+        RELGRAD_UNROLL
+        for (int n = 0; n < kKeyTiles; ++n) {
+            RELGRAD_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const TilePlace at = mma_c_place(lane, e);
+                s[n][e] = exp(s[n][e] - shift[e / 2]);  // now P
+                l[e / 2] += s[n][e];
+                if (p.K && s[n][e] > 0.0f) {
+                    weights.add(p, at.row, e / 2, p.bucket(warp_i0 + at.row, j0 + 8 * n + at.col), s[n][e]);
+                }
+            }
+        }
+        add_values_times_tile<In, Dh>(s, scratch, values, lane, o);  // O += P V
+    };
+    walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
+    __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
+    RELGRAD_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const float row_sum = quad_sum(l[h]);
+        const int64_t i = warp_i0 + g + 8 * h, row = bh * p.Lq + i;
+        const float inverse = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;  // 0: a row that sees no key
+        if (p.K) weights.write_row(p, lane, h, i < p.Lq, inverse, w + row * p.K);
+        if (i >= p.Lq) continue;
+        RELGRAD_UNROLL
+        for (int n = 0; n < Dh / 8; ++n) {
+            z[row * Dh + 8 * n + 2 * t] = o[n][2 * h] * inverse;
+            z[row * Dh + 8 * n + 2 * t + 1] = o[n][2 * h + 1] * inverse;
+        }
+        if (t == 0) lse[row] = row_sum > 0.0f ? m[h] + log(row_sum) : kNegInf;
+    }
+}
+
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    mma_query_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* z,
+                               const float* lse, const float* dz, const float* qe, const float* g_rows,
+                               const float* bias, float scale, float* dq, float* p_sums, float* s_sums, float* d_rows) {
+    constexpr int kRowStride = Dh + kTilePad;
+    RELGRAD_DYNAMIC_SHARED(float, shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int64_t interior = p.K > 2 ? p.K - 2 : 0;
+    const Shared<float> after_tiles = shared + 4 * kMmaKeys * kRowStride;
+    const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
+    const Shared<float> bands = after_tiles + kMmaWarps * 16 * kScratchStride;
+    const Shared<float> dz_rows = bands + 2 * kMmaRows * interior + warp * 16 * kRowStride;  // its rows of dZ
+    const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
+    uint32_t qa[Dh / mma_k(In)][4];
+    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    // the warp's dZ rows into shared memory (read as A fragments per tile), and D_i = dz_i . z_i
+    float d[2], row_lse[2];
+    RELGRAD_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const int64_t i = warp_i0 + g + 8 * h, row = bh * p.Lq + i;
+        float partial = 0.0f;
+        for (int c = t; c < Dh; c += 4) {
+            const float x = i < p.Lq ? dz[row * Dh + c] : 0.0f;
+            dz_rows[(g + 8 * h) * kRowStride + c] = x;
+            partial += i < p.Lq ? x * z[row * Dh + c] : 0.0f;
+        }
+        d[h] = quad_sum(partial);
+        row_lse[h] = i < p.Lq ? lse[row] : kNegInf;
+        if (i < p.Lq && t == 0) d_rows[row] = d[h];
+    }
+    BucketSums p_by_bucket{{0, 0}, {0, 0}, bands + warp * 16 * interior, interior};
+    BucketSums ds_by_bucket{{0, 0}, {0, 0}, bands + (kMmaWarps + warp) * 16 * interior, interior};
+    for (int64_t e = lane; e < 16 * interior; e += 32) p_by_bucket.band[e] = ds_by_bucket.band[e] = 0.0f;
+    float dq_acc[Dh / 8][4] = {};
+    __syncwarp();
+
+    const KeyRange seen(p, i0);
+    const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
+        float s[kKeyTiles][4], dp[kKeyTiles][4];
+        rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
+        scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
+        const auto dz_fragment = [&](int ks, uint32_t(&a)[4]) {  // dZ's, read from the warp's rows
+            a_fragment<In>(
+                lane, [&](int row, int col) { return dz_rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
+        };
+        rows_times_tile_rows<In, Dh>(dz_fragment, values, lane, dp);  // dP = dZ V^T
+        RELGRAD_UNROLL
+        for (int n = 0; n < kKeyTiles; ++n) {
+            RELGRAD_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const TilePlace at = mma_c_place(lane, e);
+                const int h = e / 2;
+                const int64_t i = warp_i0 + at.row, j = j0 + 8 * n + at.col;
+                const float prob = s[n][e] == kNegInf || row_lse[h] == kNegInf ? 0.0f : exp(s[n][e] - row_lse[h]);
+                float ds = 0.0f;
+                if (prob > 0.0f) {
+                    const int64_t r = p.K ? p.bucket(i, j) : 0;
+                    ds = prob * (dp[n][e] + (p.K ? g_rows[(bh * p.Lq + i) * p.K + r] : 0.0f) - d[h]);
+                    if (p.K) {
+                        p_by_bucket.add(p, at.row, h, r, prob);
+                        ds_by_bucket.add(p, at.row, h, r, ds);
+                    }
+                }
+                s[n][e] = scale * ds;  // now c dS
+            }
+        }
+        add_values_times_tile<In, Dh>(s, scratch, keys, lane, dq_acc);  // dQ += c dS K
+    };
+    walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
+    __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
+    RELGRAD_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const int64_t i = warp_i0 + g + 8 * h, row = bh * p.Lq + i;
+        if (p.K) {
+            p_by_bucket.write_row(p, lane, h, i < p.Lq, 1.0f, p_sums + row * p.K);
+            ds_by_bucket.write_row(p, lane, h, i < p.Lq, 1.0f, s_sums + row * p.K);
+        }
+        if (i >= p.Lq) continue;
+        RELGRAD_UNROLL
+        for (int n = 0; n < Dh / 8; ++n) {
+            dq[row * Dh + 8 * n + 2 * t] = dq_acc[n][2 * h];
+            dq[row * Dh + 8 * n + 2 * t + 1] = dq_acc[n][2 * h + 1];
+        }
+    }
+}
+
+// What the backward's pair terms read besides S and dP: QE and G ([B, H, Lq, K], with Shaw's
+// terms), lse and D ([B, H, Lq]) and the distance bias.
+struct PairInputs {
+    const float *qe, *g_rows, *lse, *d_rows, *bias;
+    float scale;
+};
+struct PairGradient {
+    float prob = 0.0f, ds = 0.0f;
+};
+// p_ij = exp(s_ij - lse_i) and dS_ij = p_ij (dP_ij + G[i, r] - D_i) of a pair the pattern shows,
+// from S_ij = q_i . k_j and dP_ij = dz_i . v_j
+__device__ inline PairGradient pair_gradient(const Problem& p, const PairInputs& in, int64_t bh, int64_t i, int64_t j,
+                                             float s, float dp) {
+    const int64_t row = bh * p.Lq + i, r = p.K ? p.bucket(i, j) : 0;
+    const float score = in.scale * (s + (p.K ? in.qe[row * p.K + r] : 0.0f)) + bias_of(p, in.bias, bh, i, j);
+    const float prob = exp(score - in.lse[row]);
+    return {prob, prob * (dp + (p.K ? in.g_rows[row * p.K + r] : 0.0f) - in.d_rows[row])};
+}
+
+// dK and dV for a block of kMmaRows keys, 16 a warp, walking the tiles of the queries that can see
+// them (Q and dZ through cp.async), with the roles of queries and keys swapped: per tile
+//   S^T = K Q^T,  P^T = exp(s - lse_i),  dP^T = V dZ^T + G[i, r],  dS^T = P^T (dP^T - D_i)
+//   dV += P^T dZ,  dK += c dS^T Q
+// The warp's K and V rows stay in shared memory (registers hold dK and dV), read one k-step at a
+// time as A fragments.
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    mma_key_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* lse,
+                             const float* dz, const float* qe, const float* g_rows, const float* d_rows,
+                             const float* bias, float scale, float* dk, float* dv) {
+    constexpr int kRowStride = Dh + kTilePad;
+    RELGRAD_DYNAMIC_SHARED(float, shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const Shared<float> after_tiles = shared + 4 * kMmaKeys * kRowStride;
+    const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
+    const Shared<float> key_rows = after_tiles + kMmaWarps * 16 * kScratchStride + warp * 16 * kRowStride;
+    const Shared<float> value_rows = key_rows + kMmaRows * kRowStride;
+    const int64_t bh = blockIdx.y, j0 = int64_t{blockIdx.x} * kMmaRows, warp_j0 = j0 + 16 * warp;
+    const PairInputs inputs{qe, g_rows, lse, d_rows, bias, scale};
+    for (int64_t e = lane; e < 16 * Dh; e += 32) {  // the warp's rows of K and V, zeros past Lk
+        const int64_t row = e / Dh, col = e % Dh, j = warp_j0 + row;
+        key_rows[row * kRowStride + col] = j < p.Lk ? k[(bh * p.Lk + j) * Dh + col] : 0.0f;
+        value_rows[row * kRowStride + col] = j < p.Lk ? v[(bh * p.Lk + j) * Dh + col] : 0.0f;
+    }
+    __syncwarp();
+    const auto fragment_of = [&](Shared<float> rows) {
+        return [=](int ks, uint32_t(&a)[4]) {
+            a_fragment<In>(
+                lane, [&](int row, int col) { return rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
+        };
+    };
+    float dk_acc[Dh / 8][4] = {}, dv_acc[Dh / 8][4] = {};
+    const int64_t j1 = j0 + kMmaRows < p.Lk ? j0 + kMmaRows : p.Lk;
+    const int64_t begin = p.queries_begin(j0), end = p.queries_end(j1);
+    const auto query_tile = [&](int64_t i0, Shared<float> queries, Shared<float> dz_tile) {
+        float probs[kKeyTiles][4], slopes[kKeyTiles][4];  // P^T and c dS^T: key rows, query columns
+        rows_times_tile_rows<In, Dh>(fragment_of(key_rows), queries, lane, probs);     // S^T = K Q^T
+        rows_times_tile_rows<In, Dh>(fragment_of(value_rows), dz_tile, lane, slopes);  // dP^T = V dZ^T
+        RELGRAD_UNROLL
+        for (int n = 0; n < kKeyTiles; ++n) {
+            RELGRAD_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const TilePlace at = mma_c_place(lane, e);
+                const int64_t j = warp_j0 + at.row, i = i0 + 8 * n + at.col, row = bh * p.Lq + i;
+                PairGradient pair;
+                if (j < p.Lk && i < end && p.visible(bh, i, j) && lse[row] > kNegInf) {
+                    pair = pair_gradient(p, inputs, bh, i, j, probs[n][e], slopes[n][e]);
+                }
+                probs[n][e] = pair.prob;
+                slopes[n][e] = scale * pair.ds;
+            }
+        }
+        add_values_times_tile<In, Dh>(probs, scratch, dz_tile, lane, dv_acc);   // dV += P^T dZ
+        add_values_times_tile<In, Dh>(slopes, scratch, queries, lane, dk_acc);  // dK += c dS^T Q
+    };
+    walk_tiles<Dh>(shared, q + bh * p.Lq * Dh, dz + bh * p.Lq * Dh, begin, end, query_tile);
+    RELGRAD_UNROLL
+    for (int h = 0; h < 2; ++h) {
+        const int64_t j = warp_j0 + g + 8 * h, row = bh * p.Lk + j;
+        if (j >= p.Lk) continue;
+        RELGRAD_UNROLL
+        for (int n = 0; n < Dh / 8; ++n) {
+            RELGRAD_UNROLL
+            for (int c = 0; c < 2; ++c) {
+                dk[row * Dh + 8 * n + 2 * t + c] = dk_acc[n][2 * h + c];
+                dv[row * Dh + 8 * n + 2 * t + c] = dv_acc[n][2 * h + c];
+            }
+        }
+    }
+}
+
+// dB, the distance bias's gradient, for a block of kBiasDistances entries of its row (batch, head)
+// by (batch, head): dB[e] = sum_i dS_{i, i + d}, d = e - (Lq - 1) = j - i, with dS as the query
+// kernel has it (from q_i . k_j and dz_i . v_j). A warp takes 16 queries at a time, whose keys at
+// the block's distances lie in a window of kMmaKeys keys (16 rows + 15 distances): S = Q K^T and
+// dP = dZ V^T over the window on tensor cores, dS (0 off the band) into the warp's scratch, and
+// each distance's diagonal summed by one lane in a fixed order; then the warps' sums in warp
+// order. No atomics: a block owns its entries.
+constexpr int kBiasDistances = 16;
+constexpr int kBiasKeys = 16 * (kMmaWarps - 1) + kMmaKeys;  // the block's keys at a time: 80
+template <MmaInputs In, int Dh>
+__global__ void __launch_bounds__(kMmaThreads, 1)
+    mma_distance_bias_gradient_kernel(Problem p, const float* q, const float* k, const float* v, const float* lse,
+                                      const float* dz, const float* qe, const float* g_rows, const float* d_rows,
+                                      const float* bias, float scale, float* d_bias) {
+    constexpr int kRowStride = Dh + kTilePad;
+    RELGRAD_DYNAMIC_SHARED(float, shared);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Shared<float> keys = shared, values = keys + kBiasKeys * kRowStride;
+    const Shared<float> scratch = values + kBiasKeys * kRowStride + warp * 16 * kScratchStride;
+    const Shared<float> warp_sums = values + kBiasKeys * kRowStride + kMmaWarps * 16 * kScratchStride;
+    const int64_t bh = blockIdx.y, entries = p.Lq + p.Lk - 1;
+    const PairInputs inputs{qe, g_rows, lse, d_rows, bias, scale};
+    const int64_t e0 = int64_t{blockIdx.x} * kBiasDistances, d0 = e0 - (p.Lq - 1);
+    // the queries that have a key at one of the block's distances, none where the causal or window
+    // rule hides all of them (the offset d - query_offset is what the rules see)
+    const int64_t seen_low = d0 - p.query_offset, seen_high = seen_low + kBiasDistances - 1;
+    const bool hidden = (p.causal && seen_low > 0) || (p.window >= 0 && (seen_low > p.window || seen_high < -p.window));
+    const int64_t rows_begin = d0 + kBiasDistances - 1 < 0 ? -(d0 + kBiasDistances - 1) : 0;
+    const int64_t rows_end = hidden ? rows_begin : (p.Lk - d0 < p.Lq ? p.Lk - d0 : p.Lq);
+    float sum = 0.0f;  // lanes below kBiasDistances: the warp's part of dB[e0 + lane]
+    for (int64_t i0 = rows_begin; i0 < rows_end; i0 += kMmaRows) {
+        const int64_t first_key = i0 + d0;  // the block's keys [first_key, first_key + kBiasKeys)
+        __syncthreads();                    // every warp is done with the last ones
+        for (int e = threadIdx.x; e < kBiasKeys * Dh; e += kMmaThreads) {
+            const int row = e / Dh, col = e % Dh;
+            const int64_t j = first_key + row;
+            const bool exists = j >= 0 && j < p.Lk;
+            keys[row * kRowStride + col] = exists ? k[(bh * p.Lk + j) * Dh + col] : 0.0f;
+            values[row * kRowStride + col] = exists ? v[(bh * p.Lk + j) * Dh + col] : 0.0f;
+        }
+        __syncthreads();
+        const int64_t warp_i0 = i0 + 16 * warp, warp_j0 = warp_i0 + d0;      // its window: [warp_j0, + kMmaKeys)
+        const auto rows_of = [&p, bh, lane, warp_i0](const float* matrix) {  // Q's or dZ's rows, zeros past Lq
+            return [&p, bh, lane, warp_i0, matrix](int ks, uint32_t(&a)[4]) {
+                a_fragment<In>(
+                    lane,
+                    [&](int row, int col) {
+                        const int64_t i = warp_i0 + row;
+                        return i < p.Lq ? matrix[(bh * p.Lq + i) * Dh + mma_k(In) * ks + col] : 0.0f;
+                    },
+                    a);
+            };
+        };
+        float s[kKeyTiles][4], dp[kKeyTiles][4];
+        rows_times_tile_rows<In, Dh>(rows_of(q), keys + 16 * warp * kRowStride, lane, s);      // S = Q K^T
+        rows_times_tile_rows<In, Dh>(rows_of(dz), values + 16 * warp * kRowStride, lane, dp);  // dP = dZ V^T
+        RELGRAD_UNROLL
+        for (int n = 0; n < kKeyTiles; ++n) {
+            RELGRAD_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const TilePlace at = mma_c_place(lane, e);
+                const int64_t i = warp_i0 + at.row, j = warp_j0 + 8 * n + at.col, row = bh * p.Lq + i;
+                const bool on_band = j - i >= d0 && j - i < d0 + kBiasDistances;
+                PairGradient pair;
+                if (on_band && i < p.Lq && j >= 0 && j < p.Lk && lse[row] > kNegInf && p.visible(bh, i, j)) {
+                    pair = pair_gradient(p, inputs, bh, i, j, s[n][e], dp[n][e]);
+                }
+                scratch[at.row * kScratchStride + 8 * n + at.col] = pair.ds;
+            }
+        }
+        __syncwarp();  // written at C places, read along diagonals
+        if (lane < kBiasDistances) {
+            for (int row = 0; row < 16; ++row) sum += scratch[row * kScratchStride + row + lane];  // j - i = d0 + lane
+        }
+        __syncwarp();  // read before the next window's writes
+    }
+    if (lane < kBiasDistances) warp_sums[warp * kBiasDistances + lane] = sum;
+    __syncthreads();
+    const int64_t e = e0 + threadIdx.x;
+    if (threadIdx.x < kBiasDistances && e < entries) {
+        float total = 0.0f;
+        for (int w = 0; w < kMmaWarps; ++w) total += warp_sums[w * kBiasDistances + threadIdx.x];
+        d_bias[bh * entries + e] = total;
+    }
+}
+
+// The most shared memory a kernel may use: 163 KiB, sm_80's most (Shaw's tables add K - 2 interior
+// buckets a row).
+constexpr int64_t kMaxMmaSharedBytes = 163 * 1024;
+// The shared memory of each kernel (mma_shared_floats): the forward's band; the query gradients'
+// two bands (P and dS by bucket) and dZ rows; the key gradients' K and V rows.
+int64_t forward_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 1, 0); }
+int64_t query_gradients_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 2, 1); }
+int64_t key_gradients_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 0, 2); }
+// the distance bias's gradient: a window of keys and one of values, the warps' scratch and sums
+int64_t bias_gradient_floats(const Problem& p) {
+    return 2 * kBiasKeys * (p.Dh + kTilePad) + kMmaWarps * 16 * kScratchStride + kMmaWarps * kBiasDistances;
+}
+
+// The tensor-core inputs for operands of a dtype: tf32 for float32, the 16-bit type itself for
+// bfloat16 and float16 (whose values reach the kernels exact, in float32 copies).
+MmaInputs mma_inputs_for(DType operands) {
+    if (operands == DType::bfloat16) return MmaInputs::bfloat16;
+    if (operands == DType::float16) return MmaInputs::float16;
+    return MmaInputs::tf32;
+}
+
+// A kernel's name per tensor-core inputs, in MmaInputs' order (the name a fault message gives)
+using NamesByInputs = const char* const[3];
+constexpr NamesByInputs kForwardNames = {"fused_attention (tensor cores, tf32)",
+                                         "fused_attention (tensor cores, bfloat16)",
+                                         "fused_attention (tensor cores, float16)"};
+constexpr NamesByInputs kQueryGradientsNames = {"fused_attention_backward (queries, tensor cores, tf32)",
+                                                "fused_attention_backward (queries, tensor cores, bfloat16)",
+                                                "fused_attention_backward (queries, tensor cores, float16)"};
+constexpr NamesByInputs kKeyGradientsNames = {"fused_attention_backward (keys, tensor cores, tf32)",
+                                              "fused_attention_backward (keys, tensor cores, bfloat16)",
+                                              "fused_attention_backward (keys, tensor cores, float16)"};
+constexpr NamesByInputs kBiasGradientNames = {"fused_attention_backward (distance bias, tensor cores, tf32)",
+                                              "fused_attention_backward (distance bias, tensor cores, bfloat16)",
+                                              "fused_attention_backward (distance bias, tensor cores, float16)"};
+
+// Launches kernel_for(In, Dh) (a kernel template's instance, In and Dh given as integral constants)
+// for the inputs of `operands` and p.Dh (32, 64 or 128) over blocks of `per_block` of `rows`
+// (queries, keys or distances), with `floats` of shared memory.
+template <class KernelFor, class... Args>
+void launch_on_tensor_cores(const NamesByInputs& names, const Problem& p, DType operands, int64_t rows,
+                            int64_t per_block, int64_t B, int64_t floats, KernelFor kernel_for, Args... args) {
+    const char* name = names[static_cast<int>(mma_inputs_for(operands))];
+    const auto bytes = static_cast<std::size_t>(floats) * sizeof(float);
+    const dim3 grid = grid_of(rows, B * p.H, name, per_block);
+    const auto run = [&](auto in) {
+        const auto run_for = [&](auto Dh) {
+            const auto kernel = kernel_for(in, Dh);
+            allow_dynamic_shared(name, kernel, bytes);
+            launch(name, kernel, grid, kMmaThreads, bytes, p, args...);
+        };
+        if (p.Dh == 32) run_for(std::integral_constant<int, 32>());
+        if (p.Dh == 64) run_for(std::integral_constant<int, 64>());
+        if (p.Dh == 128) run_for(std::integral_constant<int, 128>());
+    };
+    switch (mma_inputs_for(operands)) {
+        case MmaInputs::tf32: return run(std::integral_constant<MmaInputs, MmaInputs::tf32>());
+        case MmaInputs::bfloat16: return run(std::integral_constant<MmaInputs, MmaInputs::bfloat16>());
+        case MmaInputs::float16: return run(std::integral_constant<MmaInputs, MmaInputs::float16>());
+    }
+}
+
+}  // namespace
+
+bool uses_tensor_cores(DType dtype, const Problem& p) {
+    const int64_t most =
+        std::max({forward_floats(p), query_gradients_floats(p), key_gradients_floats(p), bias_gradient_floats(p)});
+    return dtype == DType::float32 && (p.Dh == 32 || p.Dh == 64 || p.Dh == 128) &&
+           most * static_cast<int64_t>(sizeof(float)) <= kMaxMmaSharedBytes;
+}
+
+void mma_forward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
+                 const float* qe, const float* bias, float scale, float* w, float* z, float* lse) {
+    launch_on_tensor_cores(
+        kForwardNames, p, operands, p.Lq, kMmaRows, B, forward_floats(p),
+        [](auto in, auto Dh) { return mma_forward_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v, qe,
+        bias, scale, w, z, lse);
+}
+
+void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
+                  const float* z, const float* lse, const float* dz, const float* qe, const float* g, const float* bias,
+                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv) {
+    launch_on_tensor_cores(
+        kQueryGradientsNames, p, operands, p.Lq, kMmaRows, B, query_gradients_floats(p),
+        [](auto in, auto Dh) { return mma_query_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
+        z, lse, dz, qe, g, bias, scale, dq, p_sums, s_sums, d_rows);
+    launch_on_tensor_cores(
+        kKeyGradientsNames, p, operands, p.Lk, kMmaRows, B, key_gradients_floats(p),
+        [](auto in, auto Dh) { return mma_key_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
+        lse, dz, qe, g, static_cast<const float*>(d_rows), bias, scale, dk, dv);
+}
+
+void mma_distance_bias_gradient(const Problem& p, DType operands, int64_t B, const float* q, const float* k,
+                                const float* v, const float* lse, const float* dz, const float* qe, const float* g,
+                                const float* d_rows, const float* bias, float scale, float* d_bias) {
+    launch_on_tensor_cores(
+        kBiasGradientNames, p, operands, p.Lq + p.Lk - 1, kBiasDistances, B, bias_gradient_floats(p),
+        [](auto in, auto Dh) { return mma_distance_bias_gradient_kernel<decltype(in)::value, decltype(Dh)::value>; }, q,
+        k, v, lse, dz, qe, g, d_rows, bias, scale, d_bias);
+}
+
+}  // namespace RELGRAD_CUDA_NAMESPACE
+}  // namespace relgrad
