@@ -205,6 +205,13 @@ __global__ void copy_of_12_bytes(const double* x, double*) {
 __global__ void copy_to_global(const double* x, double* out) {
     __pipeline_memcpy_async(out + threadIdx.x, x + threadIdx.x, sizeof(double));
 }
+// x[at] into shared memory: outside a device block when `at` is
+__global__ void copy_element(const double* x, int64_t at) {
+    RELGRAD_DYNAMIC_SHARED(double, tile);
+    __pipeline_memcpy_async(tile, x + at, sizeof(double));
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+}
 
 // --- device memory: out[0] = the sum of x[0, n), reading `extra` elements past its end; and a
 // write of 1 at x[index]
@@ -604,6 +611,19 @@ TEST_CASE("cp.async: a copy lands at the wait that covers it, not before; copies
     CHECK_THROWS_WITH_AS(launch("copy_to_global", copy_to_global, 1, 1, 0, x.data(), out.data()),
                          "__pipeline_memcpy_async of 8 bytes: the destination is not the block's shared memory",
                          std::logic_error);
+    // a tile row before a tensor's start or past its end, where a GPU would read another
+    // allocation or fault: an error (zero-filled copies read nothing, and are fine)
+    auto* on_device = static_cast<double*>(relgrad::cuda_emulated::device_allocate(5 * sizeof(double)));
+    launch("copy_element", copy_element, 1, 1, sizeof(double), static_cast<const double*>(on_device), int64_t{4});
+    CHECK_THROWS_WITH_AS(
+        launch("copy_element", copy_element, 1, 1, sizeof(double), static_cast<const double*>(on_device), int64_t{-1}),
+        "__pipeline_memcpy_async of 8 bytes: the source reads 8 bytes before the start of a device block of 40 bytes",
+        std::logic_error);
+    CHECK_THROWS_WITH_AS(
+        launch("copy_element", copy_element, 1, 1, sizeof(double), static_cast<const double*>(on_device), int64_t{5}),
+        "__pipeline_memcpy_async of 8 bytes: the source reads 8 bytes past the end of a device block of 40 bytes",
+        std::logic_error);
+    relgrad::cuda_emulated::device_free(on_device);
 }
 
 TEST_CASE("device memory ends where the tensor ends: a read past it is NaN, a write past it an error") {

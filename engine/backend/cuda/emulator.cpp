@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -187,6 +188,27 @@ std::pair<std::size_t, std::size_t> written_range(const unsigned char* zone, std
     while (first < bytes && zone[first] == kFill) ++first;
     while (last > first && zone[last - 1] == kFill) --last;
     return {first, last};
+}
+
+// Where [source, source + bytes) reads a device block's guard zone: "N bytes before the start of
+// a device block of M bytes" (or after its end), or nothing. (Kernels of the tests may also read
+// host memory: only the zones around device blocks are known to be wrong.)
+std::optional<std::string> read_outside_a_block(const unsigned char* source, std::size_t bytes) {
+    const std::lock_guard<std::mutex> lock(device_blocks_mutex);
+    const auto next = device_blocks.upper_bound(const_cast<unsigned char*>(source));
+    const unsigned char* end = source + bytes;
+    if (next != device_blocks.end() && end > next->first - kGuardBytes) {
+        return std::to_string(next->first - source) + " bytes before the start of a device block of " +
+               std::to_string(next->second) + " bytes";
+    }
+    if (next != device_blocks.begin()) {
+        const auto& [start, nbytes] = *std::prev(next);
+        if (end > start + nbytes && source < start + nbytes + after_zone_bytes(nbytes)) {
+            return std::to_string(end - (start + nbytes)) + " bytes past the end of a device block of " +
+                   std::to_string(nbytes) + " bytes";
+        }
+    }
+    return std::nullopt;
 }
 
 // Throws, naming `kernel`, when it wrote into a guard zone (report), restoring every zone either way.
@@ -741,7 +763,13 @@ void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size
         !inside(block.static_shared.get(), block.static_used)) {
         throw std::logic_error(op + "the destination is not the block's shared memory");
     }
-    thread.async_batches.back().push_back({dst_shared, src_global, size_and_align - zfill, zfill});
+    const std::size_t copied = size_and_align - zfill;
+    if (copied > 0) {
+        if (const auto outside = read_outside_a_block(static_cast<const unsigned char*>(src_global), copied)) {
+            throw std::logic_error(op + "the source reads " + *outside);
+        }
+    }
+    thread.async_batches.back().push_back({dst_shared, src_global, copied, zfill});
 }
 
 void __pipeline_commit() { pipeline_thread("__pipeline_commit").async_batches.emplace_back(); }

@@ -91,17 +91,18 @@ __device__ inline void b_fragment(int lane, const ValueAt& value_at, uint32_t (&
     fragment<In>([lane](int e) { return mma_b_place(In, lane, e); }, value_at, b);
 }
 
-// rows [first, first + kMmaKeys) of two [*, Dh] matrices (K and V, or Q and dZ) into one buffer
-// each, 16 bytes a copy, zeros past `end`
-template <int Dh>
+// rows [first, first + Rows) of two [*, Dh] matrices (K and V, or Q and dZ) into one buffer
+// each, 16 bytes a copy, zeros for the rows outside [begin, end) (begin < end)
+template <int Dh, int Rows = kMmaKeys>
 __device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const float* a, const float* b, int64_t first,
-                               int64_t end) {
+                               int64_t begin, int64_t end) {
     constexpr int kRowStride = Dh + kTilePad, kChunks = Dh / 4;
-    for (int c = threadIdx.x; c < kMmaKeys * kChunks; c += kMmaThreads) {
+    for (int c = threadIdx.x; c < Rows * kChunks; c += kMmaThreads) {
         const int row = c / kChunks, col = 4 * (c % kChunks);
         const int64_t n = first + row;
-        const int64_t from = (n < end ? n : first) * Dh + col;  // a row that exists, when zeros are copied
-        const std::size_t zeros = n < end ? 0 : 16;
+        const bool exists = n >= begin && n < end;
+        const int64_t from = (exists ? n : begin) * Dh + col;  // a row that exists, when zeros are copied
+        const std::size_t zeros = exists ? 0 : 16;
         __pipeline_memcpy_async(to_a + row * kRowStride + col, a + from, 16, zeros);
         __pipeline_memcpy_async(to_b + row * kRowStride + col, b + from, 16, zeros);
     }
@@ -249,13 +250,13 @@ __device__ void walk_tiles(Shared<float> shared, const float* a, const float* b,
     constexpr int kBuffer = kMmaKeys * (Dh + kTilePad);
     const int64_t tiles = end > begin ? (end - begin + kMmaKeys - 1) / kMmaKeys : 0;
     const Shared<float> a_tiles = shared, b_tiles = shared + 2 * kBuffer;  // two buffers each
-    if (tiles > 0) copy_tile_pair<Dh>(a_tiles, b_tiles, a, b, begin, end);
+    if (tiles > 0) copy_tile_pair<Dh>(a_tiles, b_tiles, a, b, begin, begin, end);
     __pipeline_commit();
     for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t first = begin + tile * kMmaKeys, buffer = tile % 2;
         if (tile + 1 < tiles) {  // the next tile's copy, in flight while this one is used
             copy_tile_pair<Dh>(a_tiles + (1 - buffer) * kBuffer, b_tiles + (1 - buffer) * kBuffer, a, b,
-                               first + kMmaKeys, end);
+                               first + kMmaKeys, first + kMmaKeys, end);
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);  // this tile's copies have landed
@@ -558,16 +559,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     const int64_t rows_end = hidden ? rows_begin : (p.Lk - d0 < p.Lq ? p.Lk - d0 : p.Lq);
     float sum = 0.0f;  // lanes below kBiasDistances: the warp's part of dB[e0 + lane]
     for (int64_t i0 = rows_begin; i0 < rows_end; i0 += kMmaRows) {
-        const int64_t first_key = i0 + d0;  // the block's keys [first_key, first_key + kBiasKeys)
-        __syncthreads();                    // every warp is done with the last ones
-        for (int e = threadIdx.x; e < kBiasKeys * Dh; e += kMmaThreads) {
-            const int row = e / Dh, col = e % Dh;
-            const int64_t j = first_key + row;
-            const bool exists = j >= 0 && j < p.Lk;
-            keys[row * kRowStride + col] = exists ? k[(bh * p.Lk + j) * Dh + col] : 0.0f;
-            values[row * kRowStride + col] = exists ? v[(bh * p.Lk + j) * Dh + col] : 0.0f;
-        }
-        __syncthreads();
+        __syncthreads();  // every warp is done with the last keys
+        // the block's keys [i0 + d0, + kBiasKeys), zeros for those before 0 or past Lk
+        copy_tile_pair<Dh, kBiasKeys>(keys, values, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, i0 + d0, 0, p.Lk);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncthreads();                                                     // every thread's copies have landed
         const int64_t warp_i0 = i0 + 16 * warp, warp_j0 = warp_i0 + d0;      // its window: [warp_j0, + kMmaKeys)
         const auto rows_of = [&p, bh, lane, warp_i0](const float* matrix) {  // Q's or dZ's rows, zeros past Lq
             return [&p, bh, lane, warp_i0, matrix](int ks, uint32_t(&a)[4]) {
