@@ -87,11 +87,10 @@ Format format_of(const std::string& path) {
     throw std::runtime_error(path + ": the extension must be .tsv or .jsonl, got '" + extension + "'");
 }
 
-// A field of an example; a classification label may also be a JSON integer, and is no text.
+// A field of an example: a text, or a classification label (which may also be a JSON integer).
 struct Field {
     std::string name;
-    bool integer_allowed;
-    bool is_text;
+    bool is_label;
 };
 
 // The two fields of one example: TSV columns "first<TAB>second", or the JSON object's keys.
@@ -122,10 +121,10 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
             const json& value = object[field.name];
             if (value.is_string()) {
                 values[i] = value.get<std::string>();
-            } else if (field.integer_allowed && value.is_number_integer()) {
+            } else if (field.is_label && value.is_number_integer()) {
                 values[i] = value.dump();  // 7 -> "7"
             } else {
-                line.fail("'" + field.name + "' must be a string" + (field.integer_allowed ? " or an integer" : "") +
+                line.fail("'" + field.name + "' must be a string" + (field.is_label ? " or an integer" : "") +
                           ", got " + json_excerpt(value));
             }
         }
@@ -221,7 +220,7 @@ std::vector<std::array<std::string, 2>> read_examples(const std::string& path, c
     for_each_line(path, [&](const Line& line) {
         std::array<std::string, 2> example = parse_example(format, line, fields);
         for (size_t i = 0; i < 2; ++i) {
-            if (keep && fields[i].is_text) keep(examples.size(), example[i]);
+            if (keep && !fields[i].is_label) keep(examples.size(), example[i]);
         }
         examples.push_back(std::move(example));
     });
@@ -235,15 +234,14 @@ std::vector<std::array<std::string, 2>> read_examples(const std::string& path, c
 
 std::vector<LabeledText> read_classification(const std::string& path, const KeepText& keep) {
     std::vector<LabeledText> examples;
-    for (auto& [label, text] : read_examples(path, {Field{"label", true, false}, Field{"text", false, true}}, keep))
+    for (auto& [label, text] : read_examples(path, {Field{"label", true}, Field{"text", false}}, keep))
         examples.push_back({std::move(text), std::move(label)});
     return examples;
 }
 
 std::vector<TextPair> read_pairs(const std::string& path, const KeepText& keep) {
     std::vector<TextPair> examples;
-    for (auto& [source, target] :
-         read_examples(path, {Field{"source", false, true}, Field{"target", false, true}}, keep))
+    for (auto& [source, target] : read_examples(path, {Field{"source", false}, Field{"target", false}}, keep))
         examples.push_back({std::move(source), std::move(target)});
     return examples;
 }

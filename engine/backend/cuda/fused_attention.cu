@@ -383,13 +383,14 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         }
         const int64_t tile = tile_rows<T>(p.Dh);
         const std::size_t shared_bytes = 2 * tile * p.Dh * sizeof(T);
-        if (uses_tensor_cores(q.dtype(), p)) {  // float32 at Dh 32, 64, 128: both kernels on tensor cores
+        if (uses_tensor_cores(q.dtype(), p)) {  // float32 at Dh 32, 64, 128: every kernel on tensor cores
             mma_backward(p, operands, B, device_data<float>(q), device_data<float>(k), device_data<float>(v),
                          device_data<float>(z), device_data<float>(lse), device_data<float>(dz),
                          device_data_or_null<float>(qe), device_data_or_null<float>(g),
                          device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dq),
                          p.K ? device_data<float>(p_sums) : nullptr, p.K ? device_data<float>(s_sums) : nullptr,
-                         device_data<float>(d_rows), device_data<float>(dk), device_data<float>(dv));
+                         device_data<float>(d_rows), device_data<float>(dk), device_data<float>(dv),
+                         device_data_or_null<float>(d_distance_bias));
         } else {
             launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
                    grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
@@ -404,19 +405,13 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
                    device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows),
                    device_data_or_null<T>(relative.distance_bias), T(scale), tile, device_data<T>(dk),
                    device_data<T>(dv));
-        }
-        if (d_distance_bias.defined() && uses_tensor_cores(q.dtype(), p)) {
-            mma_distance_bias_gradient(p, operands, B, device_data<float>(q), device_data<float>(k),
-                                       device_data<float>(v), device_data<float>(lse), device_data<float>(dz),
-                                       device_data_or_null<float>(qe), device_data_or_null<float>(g),
-                                       device_data<float>(d_rows), device_data<float>(relative.distance_bias),
-                                       float(scale), device_data<float>(d_distance_bias));
-        } else if (d_distance_bias.defined()) {
-            launch("fused_attention_backward (distance bias)", distance_bias_gradient_kernel<T>,
-                   grid_of(p.Lq + p.Lk - 1, B * p.H, "fused_attention_backward"), kTileRows, 0, p, device_data<T>(q),
-                   device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
-                   device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows),
-                   device_data<T>(relative.distance_bias), T(scale), device_data<T>(d_distance_bias));
+            if (d_distance_bias.defined()) {
+                launch("fused_attention_backward (distance bias)", distance_bias_gradient_kernel<T>,
+                       grid_of(p.Lq + p.Lk - 1, B * p.H, "fused_attention_backward"), kTileRows, 0, p,
+                       device_data<T>(q), device_data<T>(k), device_data<T>(v), device_data<T>(lse), device_data<T>(dz),
+                       device_data_or_null<T>(qe), device_data_or_null<T>(g), device_data<T>(d_rows),
+                       device_data<T>(relative.distance_bias), T(scale), device_data<T>(d_distance_bias));
+            }
         }
         if (!p.K) return;
         // dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q

@@ -81,15 +81,13 @@ bool uses_tensor_cores(DType dtype, const Problem& p);
 // adds w E_V to z. `operands`: the dtype of q, k and v before their float32 copies.
 void mma_forward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
                  const float* qe, const float* bias, float scale, float* w, float* z, float* lse);
-// dq, and P and dS summed by bucket (p_sums, s_sums) with relative terms, D_i (d_rows); then dk, dv
+// dq, and P and dS summed by bucket (p_sums, s_sums) with relative terms, D_i (d_rows); then dk, dv;
+// then, when d_bias is given, the distance bias's gradient [B, H, Lq + Lk - 1] (before its sum over
+// what the bias shares)
 void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
                   const float* z, const float* lse, const float* dz, const float* qe, const float* g, const float* bias,
-                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv);
-// dB, the distance bias's gradient [B, H, Lq + Lk - 1] (before its sum over what the bias shares),
-// from what the backward above has (d_rows: D_i)
-void mma_distance_bias_gradient(const Problem& p, DType operands, int64_t B, const float* q, const float* k,
-                                const float* v, const float* lse, const float* dz, const float* qe, const float* g,
-                                const float* d_rows, const float* bias, float scale, float* d_bias);
+                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv,
+                  float* d_bias);
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad

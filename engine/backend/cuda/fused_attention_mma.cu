@@ -108,18 +108,20 @@ __device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const flo
     }
 }
 
-// The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as A fragments (zeros past Lq), a k-step of
-// mma_k(In) dims each
+// The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as the A fragment of k-step ks (dims
+// [kK ks, kK ks + kK), kK = mma_k(In)), zeros past Lq
+template <MmaInputs In, int Dh>
+__device__ void row_fragment(const float* rows, int64_t i0, int64_t Lq, int lane, int ks, uint32_t (&a)[4]) {
+    constexpr int kK = mma_k(In);
+    a_fragment<In>(
+        lane, [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : 0.0f; }, a);
+}
+// ... and as the fragments of every k-step
 template <MmaInputs In, int Dh>
 __device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, int lane,
                                    uint32_t (&a)[Dh / mma_k(In)][4]) {
-    constexpr int kK = mma_k(In);
     RELGRAD_UNROLL
-    for (int ks = 0; ks < Dh / kK; ++ks) {
-        a_fragment<In>(
-            lane, [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : 0.0f; },
-            a[ks]);
-    }
+    for (int ks = 0; ks < Dh / mma_k(In); ++ks) row_fragment<In, Dh>(rows, i0, Lq, lane, ks, a[ks]);
 }
 
 // out = A T^T for the warp's 16 rows: A [16, Dh], its fragment for dims [kK ks, kK ks + kK) given
@@ -564,17 +566,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         copy_tile_pair<Dh, kBiasKeys>(keys, values, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, i0 + d0, 0, p.Lk);
         __pipeline_commit();
         __pipeline_wait_prior(0);
-        __syncthreads();                                                     // every thread's copies have landed
-        const int64_t warp_i0 = i0 + 16 * warp, warp_j0 = warp_i0 + d0;      // its window: [warp_j0, + kMmaKeys)
-        const auto rows_of = [&p, bh, lane, warp_i0](const float* matrix) {  // Q's or dZ's rows, zeros past Lq
+        __syncthreads();                                                 // every thread's copies have landed
+        const int64_t warp_i0 = i0 + 16 * warp, warp_j0 = warp_i0 + d0;  // its window: [warp_j0, + kMmaKeys)
+        // the warp's rows of Q or dZ, read one k-step at a time
+        const auto rows_of = [&p, bh, lane, warp_i0](const float* matrix) {
             return [&p, bh, lane, warp_i0, matrix](int ks, uint32_t(&a)[4]) {
-                a_fragment<In>(
-                    lane,
-                    [&](int row, int col) {
-                        const int64_t i = warp_i0 + row;
-                        return i < p.Lq ? matrix[(bh * p.Lq + i) * Dh + mma_k(In) * ks + col] : 0.0f;
-                    },
-                    a);
+                row_fragment<In, Dh>(matrix + bh * p.Lq * Dh, warp_i0, p.Lq, lane, ks, a);
             };
         };
         float s[kKeyTiles][4], dp[kKeyTiles][4];
@@ -691,7 +688,8 @@ void mma_forward(const Problem& p, DType operands, int64_t B, const float* q, co
 
 void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
                   const float* z, const float* lse, const float* dz, const float* qe, const float* g, const float* bias,
-                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv) {
+                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv,
+                  float* d_bias) {
     launch_on_tensor_cores(
         kQueryGradientsNames, p, operands, p.Lq, kMmaRows, B, query_gradients_floats(p),
         [](auto in, auto Dh) { return mma_query_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
@@ -700,15 +698,11 @@ void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, c
         kKeyGradientsNames, p, operands, p.Lk, kMmaRows, B, key_gradients_floats(p),
         [](auto in, auto Dh) { return mma_key_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
         lse, dz, qe, g, static_cast<const float*>(d_rows), bias, scale, dk, dv);
-}
-
-void mma_distance_bias_gradient(const Problem& p, DType operands, int64_t B, const float* q, const float* k,
-                                const float* v, const float* lse, const float* dz, const float* qe, const float* g,
-                                const float* d_rows, const float* bias, float scale, float* d_bias) {
+    if (!d_bias) return;
     launch_on_tensor_cores(
         kBiasGradientNames, p, operands, p.Lq + p.Lk - 1, kBiasDistances, B, bias_gradient_floats(p),
         [](auto in, auto Dh) { return mma_distance_bias_gradient_kernel<decltype(in)::value, decltype(Dh)::value>; }, q,
-        k, v, lse, dz, qe, g, d_rows, bias, scale, d_bias);
+        k, v, lse, dz, qe, g, static_cast<const float*>(d_rows), bias, scale, d_bias);
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
