@@ -41,24 +41,27 @@ void Backend::require_on_device(const char* kernel, std::initializer_list<const 
 
 // ---------------------------------------------------------------- 16-bit operands
 
+Tensor Backend::widened(const Tensor& t) {
+    if (!t.defined() || !is_16_bit(t.dtype())) return t;
+    Tensor wide = empty(t.shape(), DType::float32, t.device());
+    copy(t, wide);
+    return wide;
+}
+
 namespace {
 
 // The device kernels compute in float32 or float64 only. A bfloat16 or float16 operand reaches
 // them as a float32 copy, and a 16-bit output is computed into a float32 buffer that finish()
 // rounds into it once, after the kernel. These are the values of a kernel that reads and writes
 // 16 bits and forms every product, sum and exponential in float32, as mixed precision asks
-// (docs/precision.md); what it costs is the copies. fill and copy take 16-bit tensors themselves.
+// (docs/precision.md); what it costs is the copies. fill and copy take 16-bit tensors themselves,
+// and a backend that says so (supports()) takes them in batched_gemm and the fused attention.
 class InFloat32 {
 public:
     explicit InFloat32(Backend& backend) : backend_(backend) {}
 
     // an input: itself, or a float32 copy of a 16-bit one
-    Tensor in(const Tensor& t) {
-        if (!t.defined() || !is_16_bit(t.dtype())) return t;
-        Tensor wide = empty(t.shape(), DType::float32, t.device());
-        backend_.copy(t, wide);
-        return wide;
-    }
+    Tensor in(const Tensor& t) { return backend_.widened(t); }
     // an output: itself, or a float32 buffer for a 16-bit one (holding its values when the kernel
     // reads them too: an accumulating or in-place kernel)
     Tensor& out(Tensor& t, bool read_too = false) {
@@ -292,10 +295,11 @@ void Backend::fused_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                               double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     require_on_device("fused_attention", {&q, &k, &v, &pattern.mask, &relative.table_k, &relative.table_v, &z, &lse});
     InFloat32 f32(*this);
+    const bool in_16_bits = supports(OptionalKernel::fused_attention_16_bit);
+    const auto operand = [&](const Tensor& t) { return in_16_bits ? t : f32.in(t); };
     const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
                                           relative.k_right, f32.in(relative.distance_bias)};
-    do_fused_attention(f32.in(q), f32.in(k), f32.in(v), pattern, scale, relative32, f32.out(z), f32.out(lse),
-                       q.dtype());
+    do_fused_attention(operand(q), operand(k), operand(v), pattern, scale, relative32, f32.out(z), f32.out(lse));
     f32.finish();
 }
 
@@ -307,22 +311,24 @@ void Backend::fused_attention_backward(const Tensor& q, const Tensor& k, const T
                       {&q, &k, &v, &z, &lse, &dz, &pattern.mask, &relative.table_k, &relative.table_v,
                        &relative.distance_bias, &dq, &dk, &dv, &d_table_k, &d_table_v, &d_distance_bias});
     InFloat32 f32(*this);
+    const bool in_16_bits = supports(OptionalKernel::fused_attention_16_bit);
+    const auto operand = [&](const Tensor& t) { return in_16_bits ? t : f32.in(t); };
     const ClippedRelativeTerms relative32{f32.in(relative.table_k), f32.in(relative.table_v), relative.k_left,
                                           relative.k_right, f32.in(relative.distance_bias)};
-    do_fused_attention_backward(f32.in(q), f32.in(k), f32.in(v), f32.in(z), f32.in(lse), f32.in(dz), pattern, scale,
+    do_fused_attention_backward(operand(q), operand(k), operand(v), operand(z), lse, operand(dz), pattern, scale,
                                 relative32, f32.out(dq), f32.out(dk), f32.out(dv), f32.out(d_table_k),
-                                f32.out(d_table_v), f32.out(d_distance_bias), q.dtype());
+                                f32.out(d_table_v), f32.out(d_distance_bias));
     f32.finish();
 }
 
 // The optional kernels a backend leaves out: reaching one is a bug in the op that called it.
 void Backend::do_fused_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionPattern&, double,
-                                 const ClippedRelativeTerms&, Tensor&, Tensor&, DType) {
+                                 const ClippedRelativeTerms&, Tensor&, Tensor&) {
     throw std::logic_error(std::string("fused_attention: the ") + name() + " backend has no fused kernel");
 }
 void Backend::do_fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                           const Tensor&, const AttentionPattern&, double, const ClippedRelativeTerms&,
-                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, DType) {
+                                          Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
     throw std::logic_error(std::string("fused_attention_backward: the ") + name() + " backend has no fused kernel");
 }
 

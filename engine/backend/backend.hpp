@@ -54,9 +54,10 @@ enum class ReduceOp { sum, max };
 // Kernels a backend may leave out; the op that needs one then falls back to other ops, as ggml's
 // supports_op lets a backend do.
 enum class OptionalKernel {
-    fused_attention,  // fused_attention and fused_attention_backward; else the bucketed attention op
-    bfloat16_gemm,    // batched_gemm of bfloat16 operands itself; else on float32 copies
-    float16_gemm,     // the same for float16
+    fused_attention,         // fused_attention and its backward; else the bucketed attention op
+    bfloat16_gemm,           // batched_gemm of bfloat16 operands itself; else on float32 copies
+    float16_gemm,            // the same for float16
+    fused_attention_16_bit,  // fused_attention of 16-bit q, k, v (z, dz) itself; else on float32 copies
 };
 
 // The address of element [0, ..., 0] of t in its device's memory, for kernels only: host code
@@ -143,6 +144,8 @@ public:
     void fill(Tensor& out, double value);
     // dst[...] = src[...]; same shape, any strides, converts between dtypes
     void copy(const Tensor& src, Tensor& dst);
+    // t itself, or a float32 copy of a 16-bit t (undefined stays undefined)
+    Tensor widened(const Tensor& t);
     // out = f(x) elementwise; a and b are the scalar parameters some ops take
     void unary(UnaryOp op, const Tensor& x, Tensor& out, double a = 0, double b = 0);
     // out = a (op) b elementwise, a and b broadcast to out's shape
@@ -241,17 +244,14 @@ private:
                                       const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
     virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                                const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
-    // The fused kernels take float32 copies of 16-bit operands; `operands` is q's dtype before the
-    // copy, in which the values of q, k, v (and dz) are exact (the CUDA kernels then use 16-bit
-    // tensor-core inputs).
+    // The fused kernels take q, k, v, z and dz in 16 bits where supports(fused_attention_16_bit)
+    // says so, else as float32 copies; tables, the bias and every output are float32 for them.
     virtual void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
-                                    DType operands);
+                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
     virtual void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias,
-                                             DType operands);
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias);
 
     // Every kernel starts here: an operand on another device is a bug of the op that called it
     // (std::logic_error); one of more dims than the device's kernels take, an std::invalid_argument.

@@ -418,18 +418,64 @@ TEST_CASE("on cuda, bfloat16 and float16 at head widths 32, 64 and 128 run on 16
             }
         }
         // the kernel that ran is the one for 16-bit inputs (the tf32 one would also pass above):
-        // the backend's forward into float32 outputs, whose last launch is the kernel's own
+        // the backend's forward into float32 outputs, whose last launch is the kernel's own; and it
+        // read q, k and v in 16 bits: the backend allocated no float32 copy of them (the forward
+        // allocates nothing here, the backward only D, [1, 2, 45] floats)
         Generator gen(5);
         const Tensor q = randn({1, 2, 45, 64}, gen, dtype, Device::cuda),
                      k = randn({1, 2, 70, 64}, gen, dtype, Device::cuda),
                      v = randn({1, 2, 70, 64}, gen, dtype, Device::cuda);
         Tensor z = empty({1, 2, 45, 64}, DType::float32, Device::cuda),
                lse = empty({1, 2, 45}, DType::float32, Device::cuda);
-        backend_for(Device::cuda).fused_attention(q, k, v, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, z, lse);
-        if (&backend_for(Device::cuda) == &cuda_emulated::cuda_backend()) {
+        const int64_t float32_copy_of_q = q.numel() * 4;
+        Backend& cuda = backend_for(Device::cuda);
+        reset_peak_memory(Device::cuda);
+        int64_t live = memory_stats(Device::cuda).live_bytes;
+        cuda.fused_attention(q, k, v, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, z, lse);
+        CHECK(memory_stats(Device::cuda).peak_live_bytes - live < float32_copy_of_q);
+        if (&cuda == &cuda_emulated::cuda_backend()) {
             CHECK(std::string(cuda_emulated::last_kernel_launched().load()) ==
                   std::string("fused_attention (tensor cores, ") + dtype_name(dtype) + ")");
         }
+        const Tensor z16 = z.to(dtype), dz = randn(z.shape(), gen, dtype, Device::cuda);
+        Tensor dq = empty(q.shape(), DType::float32, Device::cuda), dk = empty(k.shape(), DType::float32, Device::cuda),
+               dv = empty(v.shape(), DType::float32, Device::cuda), no_table_k, no_table_v, no_bias;
+        reset_peak_memory(Device::cuda);
+        live = memory_stats(Device::cuda).live_bytes;
+        cuda.fused_attention_backward(q, k, v, z16, lse, dz, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, dq, dk,
+                                      dv, no_table_k, no_table_v, no_bias);
+        CHECK(memory_stats(Device::cuda).peak_live_bytes - live < float32_copy_of_q);
+    }
+}
+
+TEST_CASE("on cuda, operands that do not start at a 16-byte boundary are not read by cp.async") {
+    // cp.async copies 16 bytes from a 16-byte boundary (a GPU faults on another, the emulator
+    // refuses it). Keys and values that are a contiguous view 1 element into their storage: in
+    // float32 the scalar kernels read them, to float32's error; in bfloat16 the tensor cores read
+    // float32 copies (which start where allocations do), as tf32 inputs, to tf32's error (see the
+    // float32 test above).
+    Generator gen(6);
+    for (const DType dtype : {DType::float32, DType::bfloat16}) {
+        INFO(std::string(dtype_name(dtype)));
+        const Tensor q = randn({1, 2, 45, 32}, gen, dtype, Device::cuda);
+        const int64_t n = 2 * 70 * 32;
+        const Tensor flat = randn({1 + 2 * n}, gen, dtype, Device::cuda);
+        const Tensor k = flat.narrow(0, 1, n).view({1, 2, 70, 32}), v = flat.narrow(0, 1 + n, n).view({1, 2, 70, 32});
+        REQUIRE(k.is_contiguous());
+        AttentionPattern causal;
+        causal.causal = true;
+        // the backend's forward into float32 outputs, whose last launch is the kernel's own
+        Tensor z = empty({1, 2, 45, 32}, DType::float32, Device::cuda),
+               lse = empty({1, 2, 45}, DType::float32, Device::cuda);
+        backend_for(Device::cuda).fused_attention(q, k, v, causal, 0.125, ClippedRelativeTerms{}, z, lse);
+        if (&backend_for(Device::cuda) == &cuda_emulated::cuda_backend()) {
+            CHECK(std::string(cuda_emulated::last_kernel_launched().load()) ==
+                  (dtype == DType::float32 ? "fused_attention" : "fused_attention (tensor cores, tf32)"));
+        }
+        const Tensor expected =
+            fused_attention(q.to(DType::float64).to(Device::cpu), k.to(DType::float64).to(Device::cpu),
+                            v.to(DType::float64).to(Device::cpu), causal, 0.125);
+        check_values(z.to(Device::cpu), expected.to_vector(), dtype == DType::float32 ? 1e-5 : 1e-2);
     }
 }
 #endif

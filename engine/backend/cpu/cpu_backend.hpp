@@ -52,13 +52,11 @@ private:
     void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
                                        const Tensor& index, double scale, Tensor& d_bucket_scores) override;
     void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                            double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
-                            DType operands) override;
+                            double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
     void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                      const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
                                      const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias,
-                                     DType operands) override;
+                                     Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias) override;
 
     friend class NoFusedAttentionGuard;
     bool offers_fused_attention_ = true;  // what supports(OptionalKernel::fused_attention) says

@@ -415,8 +415,7 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
 }  // namespace cpu
 
 void CpuBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
-                                    DType /*operands: the CPU's kernels take float32 and float64 as they are*/) {
+                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     cpu::use_one_blas_thread();
     if (q.dtype() == DType::float32) {
         cpu::forward<float>(q, k, v, pattern, scale, relative, z, lse);
@@ -428,8 +427,8 @@ void CpuBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tens
 void CpuBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
                                              const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                              double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias,
-                                             DType /*operands*/) {
+                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
+                                             Tensor& d_distance_bias) {
     cpu::use_one_blas_thread();
     if (q.dtype() == DType::float32) {
         cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,

@@ -28,9 +28,10 @@
 // Tiles that the causal or window rule hides from a whole block are never loaded. QE, G, W, P and
 // S are [B, H, Lq, K]: for a fixed clipping distance, memory grows linearly in L.
 //
-// float32 at head widths 32, 64 and 128 takes three other kernels, on tensor cores, of
-// FlashAttention-2's shape (fused_attention_mma.cu): the forward, and the backward as a query kernel
-// and a key kernel.
+// float32, bfloat16 and float16 at head widths 32, 64 and 128 take other kernels, on tensor cores,
+// of FlashAttention-2's shape (fused_attention_mma.cu): the forward, and the backward as a query
+// kernel, a key kernel and the distance bias's; they read 16-bit operands as they are, and the
+// scalar kernels read float32 copies of them.
 #include <algorithm>
 #include <limits>
 #include <type_traits>
@@ -318,32 +319,38 @@ bool CudaBackend::supports(OptionalKernel kernel) const {
         case OptionalKernel::fused_attention: return true;
         case OptionalKernel::bfloat16_gemm: return has_gemm_in(DType::bfloat16);
         case OptionalKernel::float16_gemm: return has_gemm_in(DType::float16);
+        case OptionalKernel::fused_attention_16_bit: return true;
     }
     return false;
 }
 
 void CudaBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse,
-                                     DType operands) {
+                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention");
+    const MmaOperands operands{q, k, v, Tensor(), Tensor()};
+    const bool on_tensor_cores = uses_tensor_cores(p, operands);
+    if (is_16_bit(q.dtype()) && !on_tensor_cores) {  // float32 copies, for the kernels that take them
+        return do_fused_attention(widened(q), widened(k), widened(v), pattern, scale, relative, z, lse);
+    }
     const int64_t B = q.size(0);
-    dispatch_floating(q.dtype(), "fused_attention", [&](auto tag) {
+    // T: the dtype of the outputs, the tables and the products around the kernels (float32 for
+    // 16-bit operands, which only the tensor-core kernels read)
+    dispatch_floating(z.dtype(), "fused_attention", [&](auto tag) {
         using T = decltype(tag);
         Tensor qe, w;
         int64_t table_stride = 0;
         if (p.K) {  // QE = Q E_K^T, and room for the bucket accumulators W
-            qe = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
-            w = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
+            qe = empty({B, p.H, p.Lq, p.K}, z.dtype(), Device::cuda);
+            w = empty({B, p.H, p.Lq, p.K}, z.dtype(), Device::cuda);
             table_stride = relative.table_k.size(0) > 1 ? p.K * p.Dh : 0;
-            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(q),
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(widened(q)),
                                 device_data<T>(relative.table_k), table_stride, T(0), device_data<T>(qe));
         }
         if constexpr (std::is_same_v<T, float>) {
-            if (uses_tensor_cores(q.dtype(), p)) {
-                mma_forward(p, operands, B, device_data<float>(q), device_data<float>(k), device_data<float>(v),
-                            device_data_or_null<float>(qe), device_data_or_null<float>(relative.distance_bias),
-                            float(scale), p.K ? device_data<float>(w) : nullptr, device_data<float>(z),
-                            device_data<float>(lse));
+            if (on_tensor_cores) {
+                mma_forward(p, B, operands, device_data_or_null<float>(qe),
+                            device_data_or_null<float>(relative.distance_bias), float(scale),
+                            p.K ? device_data<float>(w) : nullptr, device_data<float>(z), device_data<float>(lse));
                 if (p.K) {  // z += w E_V
                     per_head_product<float>(false, B, p.H, p.Lq, p.K, p.Dh, 1.0f, device_data<float>(w),
                                             device_data<float>(relative.table_v), table_stride, 1.0f,
@@ -365,32 +372,38 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
                                               const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
                                               double scale, const ClippedRelativeTerms& relative, Tensor& dq,
                                               Tensor& dk, Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
-                                              Tensor& d_distance_bias, DType operands) {
+                                              Tensor& d_distance_bias) {
     const Problem p = problem_of(q, k, pattern, relative, "fused_attention_backward");
+    const MmaOperands operands{q, k, v, z, dz};
+    const bool on_tensor_cores = uses_tensor_cores(p, operands);
+    if (is_16_bit(q.dtype()) && !on_tensor_cores) {  // float32 copies, for the kernels that take them
+        return do_fused_attention_backward(widened(q), widened(k), widened(v), widened(z), lse, widened(dz), pattern,
+                                           scale, relative, dq, dk, dv, d_table_k, d_table_v, d_distance_bias);
+    }
     const int64_t B = q.size(0);
-    dispatch_floating(q.dtype(), "fused_attention_backward", [&](auto tag) {
+    dispatch_floating(dq.dtype(), "fused_attention_backward", [&](auto tag) {  // T: as in the forward
         using T = decltype(tag);
         Tensor qe, g, p_sums, s_sums;
-        const Tensor d_rows = empty({B, p.H, p.Lq}, q.dtype(), Device::cuda);
+        const Tensor d_rows = empty({B, p.H, p.Lq}, dq.dtype(), Device::cuda);
         const bool per_head = p.K && relative.table_k.size(0) > 1;
         const int64_t table_stride = per_head ? p.K * p.Dh : 0;
+        // Shaw's products around the kernels read q and dz in T (a float32 copy of 16-bit ones)
+        const Tensor q_wide = p.K ? widened(q) : Tensor(), dz_wide = p.K ? widened(dz) : Tensor();
         if (p.K) {  // QE = Q E_K^T and G = dZ E_V^T
-            for (Tensor* t : {&qe, &g, &p_sums, &s_sums}) *t = empty({B, p.H, p.Lq, p.K}, q.dtype(), Device::cuda);
-            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(q),
+            for (Tensor* t : {&qe, &g, &p_sums, &s_sums}) *t = empty({B, p.H, p.Lq, p.K}, dq.dtype(), Device::cuda);
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(q_wide),
                                 device_data<T>(relative.table_k), table_stride, T(0), device_data<T>(qe));
-            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(dz),
+            per_head_product<T>(true, B, p.H, p.Lq, p.Dh, p.K, T(1), device_data<T>(dz_wide),
                                 device_data<T>(relative.table_v), table_stride, T(0), device_data<T>(g));
         }
         const int64_t tile = tile_rows<T>(p.Dh);
         const std::size_t shared_bytes = 2 * tile * p.Dh * sizeof(T);
-        if (uses_tensor_cores(q.dtype(), p)) {  // float32 at Dh 32, 64, 128: every kernel on tensor cores
-            mma_backward(p, operands, B, device_data<float>(q), device_data<float>(k), device_data<float>(v),
-                         device_data<float>(z), device_data<float>(lse), device_data<float>(dz),
-                         device_data_or_null<float>(qe), device_data_or_null<float>(g),
-                         device_data_or_null<float>(relative.distance_bias), float(scale), device_data<float>(dq),
-                         p.K ? device_data<float>(p_sums) : nullptr, p.K ? device_data<float>(s_sums) : nullptr,
-                         device_data<float>(d_rows), device_data<float>(dk), device_data<float>(dv),
-                         device_data_or_null<float>(d_distance_bias));
+        if (on_tensor_cores) {  // every kernel on tensor cores
+            mma_backward(p, B, operands, device_data<float>(lse), device_data_or_null<float>(qe),
+                         device_data_or_null<float>(g), device_data_or_null<float>(relative.distance_bias),
+                         float(scale), device_data<float>(dq), p.K ? device_data<float>(p_sums) : nullptr,
+                         p.K ? device_data<float>(s_sums) : nullptr, device_data<float>(d_rows), device_data<float>(dk),
+                         device_data<float>(dv), device_data_or_null<float>(d_distance_bias));
         } else {
             launch("fused_attention_backward (queries)", query_gradients_kernel<T>,
                    grid_of(p.Lq, B * p.H, "fused_attention_backward"), kTileRows, shared_bytes, p, device_data<T>(q),
@@ -417,9 +430,9 @@ void CudaBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, 
         // dq += c S E_K, dE_V = sum P^T dZ, dE_K = c sum S^T Q
         per_head_product<T>(false, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums),
                             device_data<T>(relative.table_k), table_stride, T(1), device_data<T>(dq));
-        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(1), device_data<T>(p_sums), device_data<T>(dz),
+        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(1), device_data<T>(p_sums), device_data<T>(dz_wide),
                           device_data<T>(d_table_v));
-        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums), device_data<T>(q),
+        table_gradient<T>(per_head, B, p.H, p.Lq, p.K, p.Dh, T(scale), device_data<T>(s_sums), device_data<T>(q_wide),
                           device_data<T>(d_table_k));
     });
 }

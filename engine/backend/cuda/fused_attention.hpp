@@ -74,20 +74,24 @@ inline dim3 grid_of(int64_t rows, int64_t batch_heads, const char* kernel, int64
 
 // ---- on tensor cores (fused_attention_mma.cu)
 
-// Whether the kernels on tensor cores take a problem of this dtype: float32 (and the float32 copies
-// of 16-bit operands) at head widths 32, 64 and 128, when each kernel's shared memory fits.
-bool uses_tensor_cores(DType dtype, const Problem& p);
+// q, k, v ([B, H, L, Dh], contiguous) and the backward's z and dZ, in one dtype: float32, bfloat16
+// or float16, which the kernels read as they are
+struct MmaOperands {
+    Tensor q, k, v, z, dz;
+};
+// Whether the kernels on tensor cores take a problem: operands of those dtypes at head widths 32,
+// 64 and 128, when each kernel's shared memory fits and the operands start at a 16-byte boundary.
+bool uses_tensor_cores(const Problem& p, const MmaOperands& x);
 // z and lse, and w (the value-side bucket weights, [B, H, Lq, K]) with relative terms; the caller
-// adds w E_V to z. `operands`: the dtype of q, k and v before their float32 copies.
-void mma_forward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
-                 const float* qe, const float* bias, float scale, float* w, float* z, float* lse);
+// adds w E_V to z.
+void mma_forward(const Problem& p, int64_t B, const MmaOperands& x, const float* qe, const float* bias, float scale,
+                 float* w, float* z, float* lse);
 // dq, and P and dS summed by bucket (p_sums, s_sums) with relative terms, D_i (d_rows); then dk, dv;
 // then, when d_bias is given, the distance bias's gradient [B, H, Lq + Lk - 1] (before its sum over
 // what the bias shares)
-void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
-                  const float* z, const float* lse, const float* dz, const float* qe, const float* g, const float* bias,
-                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv,
-                  float* d_bias);
+void mma_backward(const Problem& p, int64_t B, const MmaOperands& x, const float* lse, const float* qe, const float* g,
+                  const float* bias, float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk,
+                  float* dv, float* d_bias);
 
 }  // namespace RELGRAD_CUDA_NAMESPACE
 }  // namespace relgrad

@@ -1,7 +1,7 @@
-// Fused relative attention on tensor cores: the forward and the backward's two kernels of
-// FlashAttention-2's shape, for float32 operands (and the float32 copies of bfloat16 and float16
-// ones) at head widths 32, 64 and 128 (docs/cuda_tiling.md has the tiles, fused_attention.cu the
-// math and the scalar kernels everything else takes).
+// Fused relative attention on tensor cores: the forward and the backward's kernels of
+// FlashAttention-2's shape, for float32, bfloat16 and float16 operands at head widths 32, 64 and
+// 128, read in their own dtype (docs/cuda_tiling.md has the tiles, fused_attention.cu the math and
+// the scalar kernels everything else takes).
 #include <algorithm>
 #include <limits>
 #include <type_traits>
@@ -43,17 +43,19 @@ constexpr int kMmaWarps = 4, kMmaRows = 16 * kMmaWarps, kMmaThreads = 32 * kMmaW
 // multiprocessor, so that ptxas may give a thread up to 255 registers instead of spilling at 128.)
 constexpr int kMmaKeys = 32, kKeyTiles = kMmaKeys / 8;
 // Row strides in shared memory, padded so that the lanes of a fragment read distinct banks:
-// K, V (and dZ) rows Dh + 8 floats, the scratch kMmaKeys + 4.
+// K, V (and dZ) rows Dh + 8 values, the scratch kMmaKeys + 4 floats.
 constexpr int kTilePad = 8, kScratchStride = kMmaKeys + 4;
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// The shared memory of these kernels, in floats: two buffers of a pair of tiles (K and V, or Q and
-// dZ), a scratch per warp, `band_rows` rows of interior buckets per row of the block, and
-// `own_matrices` [kMmaRows, Dh] matrices of the block's own rows (dZ; K and V).
-int64_t mma_shared_floats(int64_t Dh, int64_t K, int64_t band_rows, int64_t own_matrices) {
-    return 4 * kMmaKeys * (Dh + kTilePad) + kMmaWarps * 16 * kScratchStride +
-           band_rows * kMmaRows * std::max<int64_t>(K - 2, 0) + own_matrices * kMmaRows * (Dh + kTilePad);
+// The shared memory of these kernels, in bytes, for operands of `stored` bytes an element: two
+// buffers of a pair of tiles (K and V, or Q and dZ) and `own_matrices` [kMmaRows, Dh] matrices of
+// the block's own rows (dZ; K and V), of operands; a scratch per warp and `band_rows` rows of
+// interior buckets per row of the block, of floats.
+int64_t mma_shared_bytes(int64_t stored, int64_t Dh, int64_t K, int64_t band_rows, int64_t own_matrices) {
+    const int64_t operands = (4 * kMmaKeys + own_matrices * kMmaRows) * (Dh + kTilePad);
+    const int64_t floats = kMmaWarps * 16 * kScratchStride + band_rows * kMmaRows * std::max<int64_t>(K - 2, 0);
+    return stored * operands + static_cast<int64_t>(sizeof(float)) * floats;
 }
 
 // a lane's row value combined over its quad
@@ -66,9 +68,33 @@ __device__ inline float quad_sum(float x) {
     return x + __shfl_xor_sync(kFullWarp, x, 2);
 }
 
+// The type q, k, v, z and dZ have in memory (global and shared) for tensor-core inputs In: float32
+// for tf32, else the 16-bit type itself.
+template <MmaInputs In>
+using Stored =
+    std::conditional_t<In == MmaInputs::tf32, float, std::conditional_t<In == MmaInputs::bfloat16, BFloat16, Float16>>;
+
+// q, k, v ([B, H, L, Dh]) and the backward's z and dZ, as the kernels read them
+template <class S>
+struct Operands {
+    const S *q, *k, *v, *z, *dz;
+};
+
+// Two elements of a 16-bit A or B fragment in one register, `low` the one with the lower index: an
+// operand's 16-bit values as they are, a float32 value (P, dS) rounded to nearest even, as
+// FlashAttention-2 rounds them.
+template <MmaInputs In, class Value>
+__device__ inline uint32_t input_pair(Value low, Value high) {
+    if constexpr (std::is_same_v<Value, float>) {
+        return pack_16_bit(In, low, high);
+    } else {
+        static_assert(std::is_same_v<Value, Stored<In>>, "16-bit values of another type than the mma's");
+        return uint32_t{low.bits} | uint32_t{high.bits} << 16;
+    }
+}
+
 // A lane's fragment of an mma operand for inputs In: element e, at place_of(e) (mma.hpp), holds
-// value_at(row, col), rounded to tf32 or packed two to a register as 16-bit values. A 16-bit
-// operand's values (Q, K, V, dZ) are exact; P and dS are rounded, as FlashAttention-2 does.
+// value_at(row, col) (a float, or a Stored<In> value), rounded to tf32 or two to a register.
 template <MmaInputs In, int Registers, class PlaceOf, class ValueAt>
 __device__ inline void fragment(const PlaceOf& place_of, const ValueAt& value_at, uint32_t (&regs)[Registers]) {
     RELGRAD_UNROLL
@@ -78,7 +104,7 @@ __device__ inline void fragment(const PlaceOf& place_of, const ValueAt& value_at
             regs[r] = tf32_of(value_at(at.row, at.col));
         } else {
             const TilePlace low = place_of(2 * r), high = place_of(2 * r + 1);
-            regs[r] = pack_16_bit(In, value_at(low.row, low.col), value_at(high.row, high.col));
+            regs[r] = input_pair<In>(value_at(low.row, low.col), value_at(high.row, high.col));
         }
     }
 }
@@ -93,12 +119,12 @@ __device__ inline void b_fragment(int lane, const ValueAt& value_at, uint32_t (&
 
 // rows [first, first + Rows) of two [*, Dh] matrices (K and V, or Q and dZ) into one buffer
 // each, 16 bytes a copy, zeros for the rows outside [begin, end) (begin < end)
-template <int Dh, int Rows = kMmaKeys>
-__device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const float* a, const float* b, int64_t first,
-                               int64_t begin, int64_t end) {
-    constexpr int kRowStride = Dh + kTilePad, kChunks = Dh / 4;
+template <int Dh, int Rows = kMmaKeys, class S>
+__device__ void copy_tile_pair(Shared<S> to_a, Shared<S> to_b, const S* a, const S* b, int64_t first, int64_t begin,
+                               int64_t end) {
+    constexpr int kPerCopy = 16 / sizeof(S), kRowStride = Dh + kTilePad, kChunks = Dh / kPerCopy;
     for (int c = threadIdx.x; c < Rows * kChunks; c += kMmaThreads) {
-        const int row = c / kChunks, col = 4 * (c % kChunks);
+        const int row = c / kChunks, col = kPerCopy * (c % kChunks);
         const int64_t n = first + row;
         const bool exists = n >= begin && n < end;
         const int64_t from = (exists ? n : begin) * Dh + col;  // a row that exists, when zeros are copied
@@ -111,14 +137,15 @@ __device__ void copy_tile_pair(Shared<float> to_a, Shared<float> to_b, const flo
 // The 16 rows [i0, i0 + 16) of a [*, Dh] matrix as the A fragment of k-step ks (dims
 // [kK ks, kK ks + kK), kK = mma_k(In)), zeros past Lq
 template <MmaInputs In, int Dh>
-__device__ void row_fragment(const float* rows, int64_t i0, int64_t Lq, int lane, int ks, uint32_t (&a)[4]) {
+__device__ void row_fragment(const Stored<In>* rows, int64_t i0, int64_t Lq, int lane, int ks, uint32_t (&a)[4]) {
     constexpr int kK = mma_k(In);
     a_fragment<In>(
-        lane, [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : 0.0f; }, a);
+        lane,
+        [&](int row, int col) { return i0 + row < Lq ? rows[(i0 + row) * Dh + kK * ks + col] : Stored<In>(0.0f); }, a);
 }
 // ... and as the fragments of every k-step
 template <MmaInputs In, int Dh>
-__device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, int lane,
+__device__ void load_row_fragments(const Stored<In>* rows, int64_t i0, int64_t Lq, int lane,
                                    uint32_t (&a)[Dh / mma_k(In)][4]) {
     RELGRAD_UNROLL
     for (int ks = 0; ks < Dh / mma_k(In); ++ks) row_fragment<In, Dh>(rows, i0, Lq, lane, ks, a[ks]);
@@ -129,7 +156,7 @@ __device__ void load_row_fragments(const float* rows, int64_t i0, int64_t Lq, in
 // registers free), T a tile of kMmaKeys rows of Dh in shared memory (row stride Dh + kTilePad):
 // out[n][e] at C place e of T's rows [8 n, 8 n + 8)
 template <MmaInputs In, int Dh, class AOf>
-__device__ void rows_times_tile_rows(AOf&& a_of, Shared<float> tile, int lane, float (&out)[kKeyTiles][4]) {
+__device__ void rows_times_tile_rows(AOf&& a_of, Shared<Stored<In>> tile, int lane, float (&out)[kKeyTiles][4]) {
     constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
     RELGRAD_UNROLL
     for (int n = 0; n < kKeyTiles; ++n) {
@@ -144,7 +171,8 @@ __device__ void rows_times_tile_rows(AOf&& a_of, Shared<float> tile, int lane, f
         for (int n = 0; n < kKeyTiles; ++n) {
             uint32_t b[2];
             b_fragment<In>(  // B's row is a dim, its column a tile row
-                lane, [&](int row, int col) { return tile[(8 * n + col) * kRowStride + kK * ks + row]; }, b);
+                lane, [&](int row, int col) { return Stored<In>(tile[(8 * n + col) * kRowStride + kK * ks + row]); },
+                b);
             mma_sync<In>(out[n], a, b, out[n]);
         }
     }
@@ -163,7 +191,7 @@ struct FromRegisters {
 // acc += X T for the warp's 16 rows: X [16, kMmaKeys] at C places (x) through the warp's scratch,
 // T a tile of kMmaKeys rows of Dh in shared memory
 template <MmaInputs In, int Dh>
-__device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<float> scratch, Shared<float> tile,
+__device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<float> scratch, Shared<Stored<In>> tile,
                                       int lane, float (&acc)[Dh / 8][4]) {
     constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
     RELGRAD_UNROLL
@@ -179,12 +207,13 @@ __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<flo
     for (int ks = 0; ks < kMmaKeys / kK; ++ks) {
         uint32_t a[4];
         a_fragment<In>(  // A's column is a tile row
-            lane, [&](int row, int col) { return scratch[row * kScratchStride + kK * ks + col]; }, a);
+            lane, [&](int row, int col) { return float(scratch[row * kScratchStride + kK * ks + col]); }, a);
         RELGRAD_UNROLL
         for (int n = 0; n < Dh / 8; ++n) {
             uint32_t b[2];
             b_fragment<In>(  // B's row is a tile row, its column a dim
-                lane, [&](int row, int col) { return tile[(kK * ks + row) * kRowStride + 8 * n + col]; }, b);
+                lane, [&](int row, int col) { return Stored<In>(tile[(kK * ks + row) * kRowStride + 8 * n + col]); },
+                b);
             mma_sync<In>(acc[n], a, b, acc[n]);
         }
     }
@@ -246,12 +275,11 @@ struct BucketSums {
 // The tiles of rows [begin, end) of two [*, Dh] matrices (K and V, or Q and dZ), kMmaKeys rows
 // each, walked with the copies double-buffered: step(first, a_tile, b_tile) for each tile, after
 // every thread's copy of it has landed.
-template <int Dh, class Step>
-__device__ void walk_tiles(Shared<float> shared, const float* a, const float* b, int64_t begin, int64_t end,
-                           Step&& step) {
+template <int Dh, class S, class Step>
+__device__ void walk_tiles(Shared<S> shared, const S* a, const S* b, int64_t begin, int64_t end, Step&& step) {
     constexpr int kBuffer = kMmaKeys * (Dh + kTilePad);
     const int64_t tiles = end > begin ? (end - begin + kMmaKeys - 1) / kMmaKeys : 0;
-    const Shared<float> a_tiles = shared, b_tiles = shared + 2 * kBuffer;  // two buffers each
+    const Shared<S> a_tiles = shared, b_tiles = shared + 2 * kBuffer;  // two buffers each
     if (tiles > 0) copy_tile_pair<Dh>(a_tiles, b_tiles, a, b, begin, begin, end);
     __pipeline_commit();
     for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -279,16 +307,17 @@ struct KeyRange {
 
 template <MmaInputs In, int Dh>
 __global__ void __launch_bounds__(kMmaThreads, 1)
-    mma_forward_kernel(Problem p, const float* q, const float* k, const float* v, const float* qe, const float* bias,
-                       float scale, float* w, float* z, float* lse) {
-    RELGRAD_DYNAMIC_SHARED(float, shared);
+    mma_forward_kernel(Problem p, Operands<Stored<In>> operands, const float* qe, const float* bias, float scale,
+                       float* w, float* z, float* lse) {
+    using S = Stored<In>;
+    RELGRAD_DYNAMIC_SHARED(S, shared);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t interior = p.K > 2 ? p.K - 2 : 0;
-    const Shared<float> after_tiles = shared + 4 * kMmaKeys * (Dh + kTilePad);
+    const Shared<float> after_tiles = shared_cast<float>(shared + 4 * kMmaKeys * (Dh + kTilePad));
     const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
     uint32_t qa[Dh / mma_k(In)][4];
-    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    load_row_fragments<In, Dh>(operands.q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
     float o[Dh / 8][4] = {};
     float m[2] = {kNegInf, kNegInf}, l[2] = {0, 0};  // rows g, g + 8
     BucketSums weights{{0, 0}, {0, 0}, after_tiles + kMmaWarps * 16 * kScratchStride + warp * 16 * interior, interior};
@@ -296,7 +325,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     __syncwarp();
 
     const KeyRange seen(p, i0);
-    const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
+    const auto key_tile = [&](int64_t j0, Shared<S> keys, Shared<S> values) {
         float s[kKeyTiles][4];
         rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
         scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
@@ -334,7 +363,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         }
         add_values_times_tile<In, Dh>(s, scratch, values, lane, o);  // O += P V
     };
-    walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
+    walk_tiles<Dh>(shared, operands.k + bh * p.Lk * Dh, operands.v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
     __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
     RELGRAD_UNROLL
     for (int h = 0; h < 2; ++h) {
@@ -354,20 +383,21 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 
 template <MmaInputs In, int Dh>
 __global__ void __launch_bounds__(kMmaThreads, 1)
-    mma_query_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* z,
-                               const float* lse, const float* dz, const float* qe, const float* g_rows,
-                               const float* bias, float scale, float* dq, float* p_sums, float* s_sums, float* d_rows) {
+    mma_query_gradients_kernel(Problem p, Operands<Stored<In>> operands, const float* lse, const float* qe,
+                               const float* g_rows, const float* bias, float scale, float* dq, float* p_sums,
+                               float* s_sums, float* d_rows) {
+    using S = Stored<In>;
     constexpr int kRowStride = Dh + kTilePad;
-    RELGRAD_DYNAMIC_SHARED(float, shared);
+    RELGRAD_DYNAMIC_SHARED(S, shared);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t interior = p.K > 2 ? p.K - 2 : 0;
-    const Shared<float> after_tiles = shared + 4 * kMmaKeys * kRowStride;
+    const Shared<float> after_tiles = shared_cast<float>(shared + 4 * kMmaKeys * kRowStride);
     const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
     const Shared<float> bands = after_tiles + kMmaWarps * 16 * kScratchStride;
-    const Shared<float> dz_rows = bands + 2 * kMmaRows * interior + warp * 16 * kRowStride;  // its rows of dZ
+    const Shared<S> dz_rows = shared_cast<S>(bands + 2 * kMmaRows * interior) + warp * 16 * kRowStride;  // its dZ rows
     const int64_t bh = blockIdx.y, i0 = int64_t{blockIdx.x} * kMmaRows, warp_i0 = i0 + 16 * warp;
     uint32_t qa[Dh / mma_k(In)][4];
-    load_row_fragments<In, Dh>(q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
+    load_row_fragments<In, Dh>(operands.q + bh * p.Lq * Dh, warp_i0, p.Lq, lane, qa);
     // the warp's dZ rows into shared memory (read as A fragments per tile), and D_i = dz_i . z_i
     float d[2], row_lse[2];
     RELGRAD_UNROLL
@@ -375,9 +405,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         const int64_t i = warp_i0 + g + 8 * h, row = bh * p.Lq + i;
         float partial = 0.0f;
         for (int c = t; c < Dh; c += 4) {
-            const float x = i < p.Lq ? dz[row * Dh + c] : 0.0f;
+            const S x = i < p.Lq ? operands.dz[row * Dh + c] : S(0.0f);
             dz_rows[(g + 8 * h) * kRowStride + c] = x;
-            partial += i < p.Lq ? x * z[row * Dh + c] : 0.0f;
+            partial += i < p.Lq ? float(x) * float(operands.z[row * Dh + c]) : 0.0f;
         }
         d[h] = quad_sum(partial);
         row_lse[h] = i < p.Lq ? lse[row] : kNegInf;
@@ -390,13 +420,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     __syncwarp();
 
     const KeyRange seen(p, i0);
-    const auto key_tile = [&](int64_t j0, Shared<float> keys, Shared<float> values) {
+    const auto key_tile = [&](int64_t j0, Shared<S> keys, Shared<S> values) {
         float s[kKeyTiles][4], dp[kKeyTiles][4];
         rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
         scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
         const auto dz_fragment = [&](int ks, uint32_t(&a)[4]) {  // dZ's, read from the warp's rows
             a_fragment<In>(
-                lane, [&](int row, int col) { return dz_rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
+                lane, [&](int row, int col) { return S(dz_rows[row * kRowStride + mma_k(In) * ks + col]); }, a);
         };
         rows_times_tile_rows<In, Dh>(dz_fragment, values, lane, dp);  // dP = dZ V^T
         RELGRAD_UNROLL
@@ -421,7 +451,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         }
         add_values_times_tile<In, Dh>(s, scratch, keys, lane, dq_acc);  // dQ += c dS K
     };
-    walk_tiles<Dh>(shared, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
+    walk_tiles<Dh>(shared, operands.k + bh * p.Lk * Dh, operands.v + bh * p.Lk * Dh, seen.begin, seen.end, key_tile);
     __syncwarp();  // the interior buckets, added by every lane of a quad, are read below
     RELGRAD_UNROLL
     for (int h = 0; h < 2; ++h) {
@@ -466,34 +496,35 @@ __device__ inline PairGradient pair_gradient(const Problem& p, const PairInputs&
 // time as A fragments.
 template <MmaInputs In, int Dh>
 __global__ void __launch_bounds__(kMmaThreads, 1)
-    mma_key_gradients_kernel(Problem p, const float* q, const float* k, const float* v, const float* lse,
-                             const float* dz, const float* qe, const float* g_rows, const float* d_rows,
-                             const float* bias, float scale, float* dk, float* dv) {
+    mma_key_gradients_kernel(Problem p, Operands<Stored<In>> operands, const float* lse, const float* qe,
+                             const float* g_rows, const float* d_rows, const float* bias, float scale, float* dk,
+                             float* dv) {
+    using S = Stored<In>;
     constexpr int kRowStride = Dh + kTilePad;
-    RELGRAD_DYNAMIC_SHARED(float, shared);
+    RELGRAD_DYNAMIC_SHARED(S, shared);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const Shared<float> after_tiles = shared + 4 * kMmaKeys * kRowStride;
+    const Shared<float> after_tiles = shared_cast<float>(shared + 4 * kMmaKeys * kRowStride);
     const Shared<float> scratch = after_tiles + warp * 16 * kScratchStride;
-    const Shared<float> key_rows = after_tiles + kMmaWarps * 16 * kScratchStride + warp * 16 * kRowStride;
-    const Shared<float> value_rows = key_rows + kMmaRows * kRowStride;
+    const Shared<S> key_rows = shared_cast<S>(after_tiles + kMmaWarps * 16 * kScratchStride) + warp * 16 * kRowStride;
+    const Shared<S> value_rows = key_rows + kMmaRows * kRowStride;
     const int64_t bh = blockIdx.y, j0 = int64_t{blockIdx.x} * kMmaRows, warp_j0 = j0 + 16 * warp;
     const PairInputs inputs{qe, g_rows, lse, d_rows, bias, scale};
     for (int64_t e = lane; e < 16 * Dh; e += 32) {  // the warp's rows of K and V, zeros past Lk
         const int64_t row = e / Dh, col = e % Dh, j = warp_j0 + row;
-        key_rows[row * kRowStride + col] = j < p.Lk ? k[(bh * p.Lk + j) * Dh + col] : 0.0f;
-        value_rows[row * kRowStride + col] = j < p.Lk ? v[(bh * p.Lk + j) * Dh + col] : 0.0f;
+        key_rows[row * kRowStride + col] = j < p.Lk ? operands.k[(bh * p.Lk + j) * Dh + col] : S(0.0f);
+        value_rows[row * kRowStride + col] = j < p.Lk ? operands.v[(bh * p.Lk + j) * Dh + col] : S(0.0f);
     }
     __syncwarp();
-    const auto fragment_of = [&](Shared<float> rows) {
+    const auto fragment_of = [&](Shared<S> rows) {
         return [=](int ks, uint32_t(&a)[4]) {
             a_fragment<In>(
-                lane, [&](int row, int col) { return rows[row * kRowStride + mma_k(In) * ks + col]; }, a);
+                lane, [&](int row, int col) { return S(rows[row * kRowStride + mma_k(In) * ks + col]); }, a);
         };
     };
     float dk_acc[Dh / 8][4] = {}, dv_acc[Dh / 8][4] = {};
     const int64_t j1 = j0 + kMmaRows < p.Lk ? j0 + kMmaRows : p.Lk;
     const int64_t begin = p.queries_begin(j0), end = p.queries_end(j1);
-    const auto query_tile = [&](int64_t i0, Shared<float> queries, Shared<float> dz_tile) {
+    const auto query_tile = [&](int64_t i0, Shared<S> queries, Shared<S> dz_tile) {
         float probs[kKeyTiles][4], slopes[kKeyTiles][4];  // P^T and c dS^T: key rows, query columns
         rows_times_tile_rows<In, Dh>(fragment_of(key_rows), queries, lane, probs);     // S^T = K Q^T
         rows_times_tile_rows<In, Dh>(fragment_of(value_rows), dz_tile, lane, slopes);  // dP^T = V dZ^T
@@ -514,7 +545,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         add_values_times_tile<In, Dh>(probs, scratch, dz_tile, lane, dv_acc);   // dV += P^T dZ
         add_values_times_tile<In, Dh>(slopes, scratch, queries, lane, dk_acc);  // dK += c dS^T Q
     };
-    walk_tiles<Dh>(shared, q + bh * p.Lq * Dh, dz + bh * p.Lq * Dh, begin, end, query_tile);
+    walk_tiles<Dh>(shared, operands.q + bh * p.Lq * Dh, operands.dz + bh * p.Lq * Dh, begin, end, query_tile);
     RELGRAD_UNROLL
     for (int h = 0; h < 2; ++h) {
         const int64_t j = warp_j0 + g + 8 * h, row = bh * p.Lk + j;
@@ -541,15 +572,17 @@ constexpr int kBiasDistances = 16;
 constexpr int kBiasKeys = 16 * (kMmaWarps - 1) + kMmaKeys;  // the block's keys at a time: 80
 template <MmaInputs In, int Dh>
 __global__ void __launch_bounds__(kMmaThreads, 1)
-    mma_distance_bias_gradient_kernel(Problem p, const float* q, const float* k, const float* v, const float* lse,
-                                      const float* dz, const float* qe, const float* g_rows, const float* d_rows,
-                                      const float* bias, float scale, float* d_bias) {
+    mma_distance_bias_gradient_kernel(Problem p, Operands<Stored<In>> operands, const float* lse, const float* qe,
+                                      const float* g_rows, const float* d_rows, const float* bias, float scale,
+                                      float* d_bias) {
+    using S = Stored<In>;
     constexpr int kRowStride = Dh + kTilePad;
-    RELGRAD_DYNAMIC_SHARED(float, shared);
+    RELGRAD_DYNAMIC_SHARED(S, shared);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Shared<float> keys = shared, values = keys + kBiasKeys * kRowStride;
-    const Shared<float> scratch = values + kBiasKeys * kRowStride + warp * 16 * kScratchStride;
-    const Shared<float> warp_sums = values + kBiasKeys * kRowStride + kMmaWarps * 16 * kScratchStride;
+    const Shared<S> keys = shared, values = keys + kBiasKeys * kRowStride;
+    const Shared<float> after_windows = shared_cast<float>(values + kBiasKeys * kRowStride);
+    const Shared<float> scratch = after_windows + warp * 16 * kScratchStride;
+    const Shared<float> warp_sums = after_windows + kMmaWarps * 16 * kScratchStride;
     const int64_t bh = blockIdx.y, entries = p.Lq + p.Lk - 1;
     const PairInputs inputs{qe, g_rows, lse, d_rows, bias, scale};
     const int64_t e0 = int64_t{blockIdx.x} * kBiasDistances, d0 = e0 - (p.Lq - 1);
@@ -563,20 +596,21 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     for (int64_t i0 = rows_begin; i0 < rows_end; i0 += kMmaRows) {
         __syncthreads();  // every warp is done with the last keys
         // the block's keys [i0 + d0, + kBiasKeys), zeros for those before 0 or past Lk
-        copy_tile_pair<Dh, kBiasKeys>(keys, values, k + bh * p.Lk * Dh, v + bh * p.Lk * Dh, i0 + d0, 0, p.Lk);
+        copy_tile_pair<Dh, kBiasKeys>(keys, values, operands.k + bh * p.Lk * Dh, operands.v + bh * p.Lk * Dh, i0 + d0,
+                                      0, p.Lk);
         __pipeline_commit();
         __pipeline_wait_prior(0);
         __syncthreads();                                                 // every thread's copies have landed
         const int64_t warp_i0 = i0 + 16 * warp, warp_j0 = warp_i0 + d0;  // its window: [warp_j0, + kMmaKeys)
         // the warp's rows of Q or dZ, read one k-step at a time
-        const auto rows_of = [&p, bh, lane, warp_i0](const float* matrix) {
+        const auto rows_of = [&p, bh, lane, warp_i0](const S* matrix) {
             return [&p, bh, lane, warp_i0, matrix](int ks, uint32_t(&a)[4]) {
                 row_fragment<In, Dh>(matrix + bh * p.Lq * Dh, warp_i0, p.Lq, lane, ks, a);
             };
         };
         float s[kKeyTiles][4], dp[kKeyTiles][4];
-        rows_times_tile_rows<In, Dh>(rows_of(q), keys + 16 * warp * kRowStride, lane, s);      // S = Q K^T
-        rows_times_tile_rows<In, Dh>(rows_of(dz), values + 16 * warp * kRowStride, lane, dp);  // dP = dZ V^T
+        rows_times_tile_rows<In, Dh>(rows_of(operands.q), keys + 16 * warp * kRowStride, lane, s);      // S = Q K^T
+        rows_times_tile_rows<In, Dh>(rows_of(operands.dz), values + 16 * warp * kRowStride, lane, dp);  // dP = dZ V^T
         RELGRAD_UNROLL
         for (int n = 0; n < kKeyTiles; ++n) {
             RELGRAD_UNROLL
@@ -610,18 +644,19 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
 // The most shared memory a kernel may use: 163 KiB, sm_80's most (Shaw's tables add K - 2 interior
 // buckets a row).
 constexpr int64_t kMaxMmaSharedBytes = 163 * 1024;
-// The shared memory of each kernel (mma_shared_floats): the forward's band; the query gradients'
+// The shared memory of each kernel (mma_shared_bytes): the forward's band; the query gradients'
 // two bands (P and dS by bucket) and dZ rows; the key gradients' K and V rows.
-int64_t forward_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 1, 0); }
-int64_t query_gradients_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 2, 1); }
-int64_t key_gradients_floats(const Problem& p) { return mma_shared_floats(p.Dh, p.K, 0, 2); }
-// the distance bias's gradient: a window of keys and one of values, the warps' scratch and sums
-int64_t bias_gradient_floats(const Problem& p) {
-    return 2 * kBiasKeys * (p.Dh + kTilePad) + kMmaWarps * 16 * kScratchStride + kMmaWarps * kBiasDistances;
+int64_t forward_bytes(const Problem& p, int64_t stored) { return mma_shared_bytes(stored, p.Dh, p.K, 1, 0); }
+int64_t query_gradients_bytes(const Problem& p, int64_t stored) { return mma_shared_bytes(stored, p.Dh, p.K, 2, 1); }
+int64_t key_gradients_bytes(const Problem& p, int64_t stored) { return mma_shared_bytes(stored, p.Dh, p.K, 0, 2); }
+// the distance bias's gradient: a window of keys and one of values; the warps' scratch and sums
+int64_t bias_gradient_bytes(const Problem& p, int64_t stored) {
+    return stored * 2 * kBiasKeys * (p.Dh + kTilePad) +
+           static_cast<int64_t>(sizeof(float)) * (kMmaWarps * 16 * kScratchStride + kMmaWarps * kBiasDistances);
 }
 
 // The tensor-core inputs for operands of a dtype: tf32 for float32, the 16-bit type itself for
-// bfloat16 and float16 (whose values reach the kernels exact, in float32 copies).
+// bfloat16 and float16.
 MmaInputs mma_inputs_for(DType operands) {
     if (operands == DType::bfloat16) return MmaInputs::bfloat16;
     if (operands == DType::float16) return MmaInputs::float16;
@@ -644,25 +679,30 @@ constexpr NamesByInputs kBiasGradientNames = {"fused_attention_backward (distanc
                                               "fused_attention_backward (distance bias, tensor cores, float16)"};
 
 // Launches kernel_for(In, Dh) (a kernel template's instance, In and Dh given as integral constants)
-// for the inputs of `operands` and p.Dh (32, 64 or 128) over blocks of `per_block` of `rows`
-// (queries, keys or distances), with `floats` of shared memory.
-template <class KernelFor, class... Args>
-void launch_on_tensor_cores(const NamesByInputs& names, const Problem& p, DType operands, int64_t rows,
-                            int64_t per_block, int64_t B, int64_t floats, KernelFor kernel_for, Args... args) {
-    const char* name = names[static_cast<int>(mma_inputs_for(operands))];
-    const auto bytes = static_cast<std::size_t>(floats) * sizeof(float);
+// for the inputs of the operands' dtype and p.Dh (32, 64 or 128) over blocks of `per_block` of
+// `rows` (queries, keys or distances), with bytes_for(stored) of shared memory, as
+// kernel(p, the operands as Stored<In>, args...).
+template <class KernelFor, class BytesFor, class... Args>
+void launch_on_tensor_cores(const NamesByInputs& names, const Problem& p, const MmaOperands& x, int64_t rows,
+                            int64_t per_block, int64_t B, BytesFor bytes_for, KernelFor kernel_for, Args... args) {
+    const MmaInputs inputs = mma_inputs_for(x.q.dtype());
+    const char* name = names[static_cast<int>(inputs)];
     const dim3 grid = grid_of(rows, B * p.H, name, per_block);
     const auto run = [&](auto in) {
+        using S = Stored<decltype(in)::value>;
+        const Operands<S> operands{device_data<S>(x.q), device_data<S>(x.k), device_data<S>(x.v),
+                                   device_data_or_null<S>(x.z), device_data_or_null<S>(x.dz)};
+        const auto bytes = static_cast<std::size_t>(bytes_for(p, int64_t{sizeof(S)}));
         const auto run_for = [&](auto Dh) {
             const auto kernel = kernel_for(in, Dh);
             allow_dynamic_shared(name, kernel, bytes);
-            launch(name, kernel, grid, kMmaThreads, bytes, p, args...);
+            launch(name, kernel, grid, kMmaThreads, bytes, p, operands, args...);
         };
         if (p.Dh == 32) run_for(std::integral_constant<int, 32>());
         if (p.Dh == 64) run_for(std::integral_constant<int, 64>());
         if (p.Dh == 128) run_for(std::integral_constant<int, 128>());
     };
-    switch (mma_inputs_for(operands)) {
+    switch (inputs) {
         case MmaInputs::tf32: return run(std::integral_constant<MmaInputs, MmaInputs::tf32>());
         case MmaInputs::bfloat16: return run(std::integral_constant<MmaInputs, MmaInputs::bfloat16>());
         case MmaInputs::float16: return run(std::integral_constant<MmaInputs, MmaInputs::float16>());
@@ -671,38 +711,45 @@ void launch_on_tensor_cores(const NamesByInputs& names, const Problem& p, DType 
 
 }  // namespace
 
-bool uses_tensor_cores(DType dtype, const Problem& p) {
-    const int64_t most =
-        std::max({forward_floats(p), query_gradients_floats(p), key_gradients_floats(p), bias_gradient_floats(p)});
-    return dtype == DType::float32 && (p.Dh == 32 || p.Dh == 64 || p.Dh == 128) &&
-           most * static_cast<int64_t>(sizeof(float)) <= kMaxMmaSharedBytes;
+bool uses_tensor_cores(const Problem& p, const MmaOperands& x) {
+    const DType dtype = x.q.dtype();
+    if (dtype != DType::float32 && !is_16_bit(dtype)) return false;
+    if (p.Dh != 32 && p.Dh != 64 && p.Dh != 128) return false;
+    const int64_t stored = dtype_size(dtype);
+    const int64_t most = std::max({forward_bytes(p, stored), query_gradients_bytes(p, stored),
+                                   key_gradients_bytes(p, stored), bias_gradient_bytes(p, stored)});
+    // cp.async copies 16 bytes from a 16-byte boundary: every row's start is one when the tensor's is
+    const auto aligned = [](const Tensor& t) {
+        return !t.defined() || (reinterpret_cast<std::uintptr_t>(t.storage()->data()) % 16 == 0 &&
+                                t.offset() * static_cast<int64_t>(dtype_size(t.dtype())) % 16 == 0);
+    };
+    return most <= kMaxMmaSharedBytes && aligned(x.q) && aligned(x.k) && aligned(x.v) && aligned(x.dz);
 }
 
-void mma_forward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
-                 const float* qe, const float* bias, float scale, float* w, float* z, float* lse) {
+void mma_forward(const Problem& p, int64_t B, const MmaOperands& x, const float* qe, const float* bias, float scale,
+                 float* w, float* z, float* lse) {
     launch_on_tensor_cores(
-        kForwardNames, p, operands, p.Lq, kMmaRows, B, forward_floats(p),
-        [](auto in, auto Dh) { return mma_forward_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v, qe,
-        bias, scale, w, z, lse);
+        kForwardNames, p, x, p.Lq, kMmaRows, B, forward_bytes,
+        [](auto in, auto Dh) { return mma_forward_kernel<decltype(in)::value, decltype(Dh)::value>; }, qe, bias, scale,
+        w, z, lse);
 }
 
-void mma_backward(const Problem& p, DType operands, int64_t B, const float* q, const float* k, const float* v,
-                  const float* z, const float* lse, const float* dz, const float* qe, const float* g, const float* bias,
-                  float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk, float* dv,
-                  float* d_bias) {
+void mma_backward(const Problem& p, int64_t B, const MmaOperands& x, const float* lse, const float* qe, const float* g,
+                  const float* bias, float scale, float* dq, float* p_sums, float* s_sums, float* d_rows, float* dk,
+                  float* dv, float* d_bias) {
     launch_on_tensor_cores(
-        kQueryGradientsNames, p, operands, p.Lq, kMmaRows, B, query_gradients_floats(p),
-        [](auto in, auto Dh) { return mma_query_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
-        z, lse, dz, qe, g, bias, scale, dq, p_sums, s_sums, d_rows);
+        kQueryGradientsNames, p, x, p.Lq, kMmaRows, B, query_gradients_bytes,
+        [](auto in, auto Dh) { return mma_query_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, lse, qe,
+        g, bias, scale, dq, p_sums, s_sums, d_rows);
     launch_on_tensor_cores(
-        kKeyGradientsNames, p, operands, p.Lk, kMmaRows, B, key_gradients_floats(p),
-        [](auto in, auto Dh) { return mma_key_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, q, k, v,
-        lse, dz, qe, g, static_cast<const float*>(d_rows), bias, scale, dk, dv);
+        kKeyGradientsNames, p, x, p.Lk, kMmaRows, B, key_gradients_bytes,
+        [](auto in, auto Dh) { return mma_key_gradients_kernel<decltype(in)::value, decltype(Dh)::value>; }, lse, qe, g,
+        static_cast<const float*>(d_rows), bias, scale, dk, dv);
     if (!d_bias) return;
     launch_on_tensor_cores(
-        kBiasGradientNames, p, operands, p.Lq + p.Lk - 1, kBiasDistances, B, bias_gradient_floats(p),
-        [](auto in, auto Dh) { return mma_distance_bias_gradient_kernel<decltype(in)::value, decltype(Dh)::value>; }, q,
-        k, v, lse, dz, qe, g, static_cast<const float*>(d_rows), bias, scale, d_bias);
+        kBiasGradientNames, p, x, p.Lq + p.Lk - 1, kBiasDistances, B, bias_gradient_bytes,
+        [](auto in, auto Dh) { return mma_distance_bias_gradient_kernel<decltype(in)::value, decltype(Dh)::value>; },
+        lse, qe, g, static_cast<const float*>(d_rows), bias, scale, d_bias);
 }
 
 }  // namespace RELGRAD_CUDA_NAMESPACE

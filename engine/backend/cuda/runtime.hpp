@@ -64,6 +64,17 @@ template <class T>
 using Shared = T*;
 #endif
 
+// A pointer into shared memory as one to U: where a block's shared memory holds regions of two
+// types (16-bit tiles, then float32 sums), the second region's start.
+template <class U, class T>
+__device__ Shared<U> shared_cast(Shared<T> pointer) {
+#ifdef RELGRAD_CUDA_EMULATION
+    return reinterpret_cast<U*>(pointer.address());
+#else
+    return reinterpret_cast<U*>(pointer);
+#endif
+}
+
 #ifdef RELGRAD_CUDA_EMULATION
 // the math functions a kernel calls unqualified, as CUDA's device overloads are called
 using std::erf;
