@@ -29,9 +29,10 @@ namespace {
 // and sum a value per row and bucket, X[i, r] = sum_{j: r(i, j) = r} x_ij, split by the band: the
 // two edge buckets (r = 0: j - i <= -k_left; r = K - 1: j - i >= k_right) as per-row scalars in
 // registers, the K - 2 interior ones in shared memory, each row's owned by its warp (a row's keys
-// in one tile fall in distinct buckets: no two lanes add to one place). A product of a 16 x 32
-// tile of values with a tile of keys' rows goes through the warp's scratch in shared memory, from
-// the C fragments' places to the A fragments'.
+// in one tile fall in distinct buckets: no two lanes add to one place). In a product of a 16 x 32
+// tile of values (P, dS) with a tile of keys' rows, the values enter as A fragments straight from
+// the lane's C fragments for 16-bit inputs, and through the warp's scratch in shared memory for
+// tf32, whose A places differ from C's.
 //
 //   mma_forward_kernel:   m' = max(m, max_j s_ij),  alpha = exp(m - m'),  P_ij = exp(s_ij - m')
 //                         l = alpha l + sum_j P_ij,  O = alpha O + P V,  W = alpha W + (P by bucket)
@@ -188,26 +189,39 @@ struct FromRegisters {
     }
 };
 
-// acc += X T for the warp's 16 rows: X [16, kMmaKeys] at C places (x) through the warp's scratch,
-// T a tile of kMmaKeys rows of Dh in shared memory
+// acc += X T for the warp's 16 rows: X [16, kMmaKeys] at C places (x), T a tile of kMmaKeys rows
+// of Dh in shared memory. X enters the mma as A fragments. With 16-bit inputs a lane's A element i
+// of k-step ks is its own C element i % 4 of key tile 2 ks + i / 4 (the same row and column, as
+// mma.hpp's places give), so X is packed from registers, as FlashAttention-2 does. tf32's A puts
+// a lane's columns t and t + 4 where C has 2t and 2t + 1: X goes through the warp's scratch in
+// shared memory, written at C places and read at A places.
 template <MmaInputs In, int Dh>
 __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<float> scratch, Shared<Stored<In>> tile,
                                       int lane, float (&acc)[Dh / 8][4]) {
     constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
-    RELGRAD_UNROLL
-    for (int n = 0; n < kKeyTiles; ++n) {
+    if constexpr (In == MmaInputs::tf32) {
         RELGRAD_UNROLL
-        for (int e = 0; e < 4; ++e) {
-            const TilePlace at = mma_c_place(lane, e);
-            scratch[at.row * kScratchStride + 8 * n + at.col] = x[n][e];
+        for (int n = 0; n < kKeyTiles; ++n) {
+            RELGRAD_UNROLL
+            for (int e = 0; e < 4; ++e) {
+                const TilePlace at = mma_c_place(lane, e);
+                scratch[at.row * kScratchStride + 8 * n + at.col] = x[n][e];
+            }
         }
+        __syncwarp();  // written at C places, read at A places
     }
-    __syncwarp();  // written at C places, read at A places
     RELGRAD_UNROLL
     for (int ks = 0; ks < kMmaKeys / kK; ++ks) {
         uint32_t a[4];
-        a_fragment<In>(  // A's column is a tile row
-            lane, [&](int row, int col) { return float(scratch[row * kScratchStride + kK * ks + col]); }, a);
+        if constexpr (In == MmaInputs::tf32) {
+            a_fragment<In>(  // A's column is a tile row
+                lane, [&](int row, int col) { return float(scratch[row * kScratchStride + kK * ks + col]); }, a);
+        } else {
+            RELGRAD_UNROLL
+            for (int r = 0; r < 4; ++r) {  // elements 2r and 2r + 1
+                a[r] = pack_16_bit(In, x[2 * ks + r / 2][2 * (r % 2)], x[2 * ks + r / 2][2 * (r % 2) + 1]);
+            }
+        }
         RELGRAD_UNROLL
         for (int n = 0; n < Dh / 8; ++n) {
             uint32_t b[2];
@@ -217,7 +231,7 @@ __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<flo
             mma_sync<In>(acc[n], a, b, acc[n]);
         }
     }
-    __syncwarp();  // every lane has read the scratch before it is written again
+    if constexpr (In == MmaInputs::tf32) __syncwarp();  // every lane has read the scratch before it is written again
 }
 
 // s from S = Q K^T: c (S + QE[i, r]) + b(j - i), -inf where the pattern hides (i, j)
