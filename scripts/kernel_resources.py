@@ -9,16 +9,16 @@ kernel:
   memory behind the L1 cache), so every access is a memory access; 0 is the goal of a hot kernel;
 - spill stores and loads: registers ptxas ran out of;
 - static shared memory (dynamic shared memory is set at launch and not counted);
-- tensor-core instructions (mma) and scalar fused multiply-adds (fma) in the kernel's PTX, as
-  written (not as executed: a loop's body counts once).
+- tensor-core instructions (mma), fragment loads from shared memory (ldmatrix) and scalar fused
+  multiply-adds (fma) in the kernel's PTX, as written (not as executed: a loop's body counts once).
 
 A row per kernel template, with the range over its instantiations (--each: a row for each).
 
     /usr/bin/python3 scripts/kernel_resources.py [--arch sm_90] [--nvcc nvcc] [--each] [--tensor-cores KERNEL]
 
 Exit status 2 when nvcc or ptxas is missing, 1 when a file does not compile or a kernel named by
---tensor-cores uses no mma or has a stack frame or spills. docs/performance.md
-("On a GPU") carries the table."""
+--tensor-cores uses no mma (or, in a bfloat16 or float16 instance, no ldmatrix) or has a stack
+frame or spills. docs/performance.md ("On a GPU") carries the table."""
 import argparse
 import glob
 import os
@@ -101,35 +101,38 @@ def main():
             names = sorted(found)
             for mangled, name in zip(names, demangled(names)):
                 body = bodies.get(mangled, "")
-                rows.append((os.path.basename(source), name, found[mangled],
-                             len(re.findall(r"\bmma\.", body)), len(re.findall(r"\bfma\.", body))))
+                rows.append((os.path.basename(source), name, found[mangled], len(re.findall(r"\bmma\.", body)),
+                             len(re.findall(r"\bldmatrix\.", body)), len(re.findall(r"\bfma\.", body))))
     failures = []
     for required in args.tensor_cores:
-        instances = [(name, r, mma) for _, name, r, mma, _ in rows if re.sub(r"<.*", "", name) == required]
+        instances = [(name, r, mma, ldmatrix) for _, name, r, mma, ldmatrix, _ in rows
+                     if re.sub(r"<.*", "", name) == required]
         if not instances:
             failures.append(f"{required}: no such kernel")
-        for name, r, mma in instances:
-            if mma == 0 or r["stack"] or r["spill_stores"] or r["spill_loads"]:
-                failures.append(f"{name}: {mma} mma, {r['stack']} bytes of stack frame, "
-                                f"{r['spill_stores']}/{r['spill_loads']} bytes of spills (expected mma, 0, 0/0)")
+        for name, r, mma, ldmatrix in instances:
+            sixteen_bit = re.search(r"<(bfloat16|float16)\b", name) is not None
+            if mma == 0 or (sixteen_bit and ldmatrix == 0) or r["stack"] or r["spill_stores"] or r["spill_loads"]:
+                failures.append(f"{name}: {mma} mma, {ldmatrix} ldmatrix, {r['stack']} bytes of stack frame, "
+                                f"{r['spill_stores']}/{r['spill_loads']} bytes of spills (expected mma, "
+                                f"{'ldmatrix, ' if sixteen_bit else ''}0, 0/0)")
     if not args.each:  # a row per kernel template: the range over its instantiations
         groups = {}
-        for source, name, r, mma, fma in rows:
-            groups.setdefault((source, re.sub(r"<.*", "", name)), []).append((r, mma, fma))
+        for source, name, r, mma, ldmatrix, fma in rows:
+            groups.setdefault((source, re.sub(r"<.*", "", name)), []).append((r, mma, ldmatrix, fma))
         rows = []
         for (source, name), members in groups.items():
             def span(values):
                 return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
-            merged = {key: span([r[key] for r, _, _ in members])
+            merged = {key: span([r[key] for r, *_ in members])
                       for key in ("registers", "stack", "spill_stores", "spill_loads", "shared")}
             rows.append((source, f"{name} (x{len(members)})" if len(members) > 1 else name, merged,
-                         span([m for _, m, _ in members]), span([f for _, _, f in members])))
+                         *(span([member[i] for member in members]) for i in (1, 2, 3))))
     print(f"| file | kernel ({args.arch}) | registers | stack frame (bytes) | spills (stores/loads, bytes) "
-          "| static shared (bytes) | mma | fma |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for source, name, r, mma, fma in rows:
+          "| static shared (bytes) | mma | ldmatrix | fma |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for source, name, r, mma, ldmatrix, fma in rows:
         print(f"| {source} | `{name}` | {r['registers']} | {r['stack']} | {r['spill_stores']}/{r['spill_loads']} "
-              f"| {r['shared']} | {mma} | {fma} |")
+              f"| {r['shared']} | {mma} | {ldmatrix} | {fma} |")
     for failure in failures:
         print(f"kernel_resources: {failure}", file=sys.stderr)
     sys.exit(1 if failures else 0)

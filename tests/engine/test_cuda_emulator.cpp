@@ -271,6 +271,25 @@ __global__ void warp_tile_product(const float* a, const float* b, const float* c
     for (int i = 0; i < 4; ++i) d[row_major(mma_c_place(lane, i), 8)] = d_fragment[i];
 }
 
+// --- ldmatrix: one warp loads the 16 x 16 16-bit values `values` (row-major), put in shared memory
+// with rows 24 values (48 bytes) apart, by load_matrices<4, Transposed>, lane 8 m + r naming row
+// 8 (m % 2) + r, columns 8 (m / 2); out[4 lane + m] is the lane's register m. `mistake` 1: lane 3
+// names lane 4's row; 2: no __syncwarp between the writes and the load; 3: a row 8 bytes on; 4:
+// lane 5 leaves before the load.
+template <bool Transposed, int mistake = 0>
+__global__ void load_16_by_16_values(const uint16_t* values, uint32_t* out) {
+    RELGRAD_DYNAMIC_SHARED(uint16_t, rows);
+    const int lane = threadIdx.x;
+    for (int e = lane; e < 256; e += 32) rows[e / 16 * 24 + e % 16] = values[e];
+    if (mistake != 2) __syncwarp();
+    const int m = lane / 8, r = mistake == 1 && lane == 3 ? 4 : lane % 8;
+    if (mistake == 4 && lane == 5) return;
+    uint32_t registers[4];
+    relgrad::load_matrices<4, Transposed>(rows + (8 * (m % 2) + r) * 24 + 8 * (m / 2) + (mistake == 3 ? 4 : 0),
+                                          registers);
+    for (int i = 0; i < 4; ++i) out[4 * lane + i] = registers[i];
+}
+
 std::vector<double> iota(int n) {
     std::vector<double> v(n);
     for (int i = 0; i < n; ++i) v[i] = 1.0 + 0.5 * i + 0.001 * i * i;
@@ -485,6 +504,52 @@ TEST_CASE("mma.sync's fragment places are the PTX ISA's, and each covers its til
         for (int place = 0; place < K * 8; ++place) CHECK(b_places.count(place) == 1);
         for (int place = 0; place < 16 * 8; ++place) CHECK(c_places.count(place) == 1);
     }
+}
+
+TEST_CASE("ldmatrix hands each lane the PTX ISA's elements: an A fragment, or transposed a B one") {
+    std::vector<uint16_t> values(256);
+    for (int e = 0; e < 256; ++e) values[e] = static_cast<uint16_t>(1000 + 7 * e);  // distinct
+    const auto value = [&](int row, int col) { return uint32_t{values[row * 16 + col]}; };
+    const std::size_t shared_bytes = 16 * 24 * sizeof(uint16_t);
+    std::vector<uint32_t> plain(128), transposed(128);
+    launch("load_16_by_16_values<false>", load_16_by_16_values<false>, 1, 32, shared_bytes, values.data(),
+           plain.data());
+    launch("load_16_by_16_values<true>", load_16_by_16_values<true>, 1, 32, shared_bytes, values.data(),
+           transposed.data());
+    for (int lane = 0; lane < 32; ++lane) {
+        CAPTURE(lane);
+        const int g = lane / 4, t = lane % 4;
+        for (int m = 0; m < 4; ++m) {
+            CAPTURE(m);
+            const int row0 = 8 * (m % 2), col0 = 8 * (m / 2);  // matrix m's place in the 16 x 16
+            // PTX ISA ("Warp-level matrix load instruction: ldmatrix"): row g, columns 2t and 2t + 1;
+            // .trans: column g, rows 2t and 2t + 1
+            CHECK(plain[4 * lane + m] == (value(row0 + g, col0 + 2 * t) | value(row0 + g, col0 + 2 * t + 1) << 16));
+            CHECK(transposed[4 * lane + m] ==
+                  (value(row0 + 2 * t, col0 + g) | value(row0 + 2 * t + 1, col0 + g) << 16));
+        }
+        // untransposed, the registers are the A fragment of the 16 x 16 for a 16-bit mma (mma.hpp)
+        for (int i = 0; i < 8; ++i) {
+            const relgrad::TilePlace at = relgrad::mma_a_place(relgrad::MmaInputs::bfloat16, lane, i);
+            CHECK((plain[4 * lane + i / 2] >> (16 * (i % 2)) & 0xffffu) == value(at.row, at.col));
+        }
+    }
+    // a lane naming another row loads other values; a load racing the writes, a row off a 16-byte
+    // boundary, or a lane that never comes are errors
+    std::vector<uint32_t> wrong(128);
+    launch("load_16_by_16_values<false, 1>", load_16_by_16_values<false, 1>, 1, 32, shared_bytes, values.data(),
+           wrong.data());
+    CHECK(wrong != plain);
+    CHECK_THROWS_WITH_AS(launch("load_16_by_16_values<false, 2>", load_16_by_16_values<false, 2>, 1, 32, shared_bytes,
+                                values.data(), wrong.data()),
+                         doctest::Contains("a race on byte "), std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("load_16_by_16_values<false, 3>", load_16_by_16_values<false, 3>, 1, 32, shared_bytes,
+                                values.data(), wrong.data()),
+                         doctest::Contains("names a row that does not start at a 16-byte boundary"), std::logic_error);
+    CHECK_THROWS_WITH_AS(launch("load_16_by_16_values<false, 4>", load_16_by_16_values<false, 4>, 1, 32, shared_bytes,
+                                values.data(), wrong.data()),
+                         doctest::Contains("waits at ldmatrix.sync.m8n8.x4.shared.b16 for lanes 5 of its mask"),
+                         std::logic_error);
 }
 
 TEST_CASE("tf32_of rounds to nearest, ties away from zero, as cvt.rna.tf32.f32") {

@@ -152,6 +152,28 @@ __device__ void load_row_fragments(const Stored<In>* rows, int64_t i0, int64_t L
     for (int ks = 0; ks < Dh / mma_k(In); ++ks) row_fragment<In, Dh>(rows, i0, Lq, lane, ks, a[ks]);
 }
 
+// ldmatrix.x4 (mma.hpp) of the 16 x 16 16-bit values of shared memory from `top_left` (rows
+// kRowStride apart): out[m] from the 8 x 8 matrix at rows 8 (m % 2), columns 8 (m / 2) of them, so
+// that untransposed, out is the A fragment of those rows and columns
+template <bool Transposed, int kRowStride, class S>
+__device__ void load_16_by_16(Shared<S> top_left, int lane, uint32_t (&out)[4]) {
+    const int m = lane / 8, r = lane % 8;
+    load_matrices<4, Transposed>(top_left + (8 * (m % 2) + r) * kRowStride + 8 * (m / 2), out);
+}
+
+// The A fragment of k-step ks of the warp's 16 rows of a [16, Dh] matrix in shared memory (row
+// stride Dh + kTilePad): by ldmatrix for 16-bit inputs
+template <MmaInputs In, int Dh>
+__device__ void shared_rows_fragment(Shared<Stored<In>> rows, int lane, int ks, uint32_t (&a)[4]) {
+    constexpr int kRowStride = Dh + kTilePad, kK = mma_k(In);
+    if constexpr (In == MmaInputs::tf32) {
+        a_fragment<In>(
+            lane, [&](int row, int col) { return float(rows[row * kRowStride + kK * ks + col]); }, a);
+    } else {
+        load_16_by_16<false, kRowStride>(rows + kK * ks, lane, a);
+    }
+}
+
 // out = A T^T for the warp's 16 rows: A [16, Dh], its fragment for dims [kK ks, kK ks + kK) given
 // by a_of(ks, a) (from registers, or read from shared memory one k-step at a time, which keeps
 // registers free), T a tile of kMmaKeys rows of Dh in shared memory (row stride Dh + kTilePad):
@@ -168,13 +190,23 @@ __device__ void rows_times_tile_rows(AOf&& a_of, Shared<Stored<In>> tile, int la
     for (int ks = 0; ks < Dh / kK; ++ks) {
         uint32_t a[4];
         a_of(ks, a);
-        RELGRAD_UNROLL
-        for (int n = 0; n < kKeyTiles; ++n) {
-            uint32_t b[2];
-            b_fragment<In>(  // B's row is a dim, its column a tile row
-                lane, [&](int row, int col) { return Stored<In>(tile[(8 * n + col) * kRowStride + kK * ks + row]); },
-                b);
-            mma_sync<In>(out[n], a, b, out[n]);
+        if constexpr (In == MmaInputs::tf32) {
+            RELGRAD_UNROLL
+            for (int n = 0; n < kKeyTiles; ++n) {
+                uint32_t b[2];
+                b_fragment<In>(  // B's row is a dim, its column a tile row
+                    lane, [&](int row, int col) { return tile[(8 * n + col) * kRowStride + kK * ks + row]; }, b);
+                mma_sync<In>(out[n], a, b, out[n]);
+            }
+        } else {  // two key tiles' B fragments a load: tile rows 8 n + [0, 16), dims kK ks + [0, 16)
+            RELGRAD_UNROLL
+            for (int n = 0; n < kKeyTiles; n += 2) {
+                uint32_t loaded[4];
+                load_16_by_16<false, kRowStride>(tile + 8 * n * kRowStride + kK * ks, lane, loaded);
+                const uint32_t b_first[2] = {loaded[0], loaded[2]}, b_second[2] = {loaded[1], loaded[3]};
+                mma_sync<In>(out[n], a, b_first, out[n]);
+                mma_sync<In>(out[n + 1], a, b_second, out[n + 1]);
+            }
         }
     }
 }
@@ -222,13 +254,23 @@ __device__ void add_values_times_tile(const float (&x)[kKeyTiles][4], Shared<flo
                 a[r] = pack_16_bit(In, x[2 * ks + r / 2][2 * (r % 2)], x[2 * ks + r / 2][2 * (r % 2) + 1]);
             }
         }
-        RELGRAD_UNROLL
-        for (int n = 0; n < Dh / 8; ++n) {
-            uint32_t b[2];
-            b_fragment<In>(  // B's row is a tile row, its column a dim
-                lane, [&](int row, int col) { return Stored<In>(tile[(kK * ks + row) * kRowStride + 8 * n + col]); },
-                b);
-            mma_sync<In>(acc[n], a, b, acc[n]);
+        if constexpr (In == MmaInputs::tf32) {
+            RELGRAD_UNROLL
+            for (int n = 0; n < Dh / 8; ++n) {
+                uint32_t b[2];
+                b_fragment<In>(  // B's row is a tile row, its column a dim
+                    lane, [&](int row, int col) { return tile[(kK * ks + row) * kRowStride + 8 * n + col]; }, b);
+                mma_sync<In>(acc[n], a, b, acc[n]);
+            }
+        } else {  // two dim tiles' B fragments a transposed load: tile rows kK ks + [0, 16), dims 8 n + [0, 16)
+            RELGRAD_UNROLL
+            for (int n = 0; n < Dh / 8; n += 2) {
+                uint32_t loaded[4];
+                load_16_by_16<true, kRowStride>(tile + kK * ks * kRowStride + 8 * n, lane, loaded);
+                const uint32_t b_first[2] = {loaded[0], loaded[1]}, b_second[2] = {loaded[2], loaded[3]};
+                mma_sync<In>(acc[n], a, b_first, acc[n]);
+                mma_sync<In>(acc[n + 1], a, b_second, acc[n + 1]);
+            }
         }
     }
     if constexpr (In == MmaInputs::tf32) __syncwarp();  // every lane has read the scratch before it is written again
@@ -439,8 +481,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
         rows_times_tile_rows<In, Dh>(FromRegisters<In, Dh>{qa}, keys, lane, s);
         scores_of(p, s, qe, bias, scale, bh, warp_i0, j0, seen.end, lane);
         const auto dz_fragment = [&](int ks, uint32_t(&a)[4]) {  // dZ's, read from the warp's rows
-            a_fragment<In>(
-                lane, [&](int row, int col) { return S(dz_rows[row * kRowStride + mma_k(In) * ks + col]); }, a);
+            shared_rows_fragment<In, Dh>(dz_rows, lane, ks, a);
         };
         rows_times_tile_rows<In, Dh>(dz_fragment, values, lane, dp);  // dP = dZ V^T
         RELGRAD_UNROLL
@@ -530,10 +571,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1)
     }
     __syncwarp();
     const auto fragment_of = [&](Shared<S> rows) {
-        return [=](int ks, uint32_t(&a)[4]) {
-            a_fragment<In>(
-                lane, [&](int row, int col) { return S(rows[row * kRowStride + mma_k(In) * ks + col]); }, a);
-        };
+        return [=](int ks, uint32_t(&a)[4]) { shared_rows_fragment<In, Dh>(rows, lane, ks, a); };
     };
     float dk_acc[Dh / 8][4] = {}, dv_acc[Dh / 8][4] = {};
     const int64_t j1 = j0 + kMmaRows < p.Lk ? j0 + kMmaRows : p.Lk;
