@@ -1,9 +1,10 @@
-// The fused relative attention on the GPU, forward + backward, float32: q, k, v [B, H, L, Dh] and
-// Shaw's two tables [1, 2k + 1, Dh] to z and all five gradients (the fused_attention op, run on the
-// cuda device).
+// The fused relative attention on the GPU, forward + backward: q, k, v [B, H, L, Dh] and Shaw's two
+// tables [1, 2k + 1, Dh] to z and all five gradients (the fused_attention op, run on the cuda
+// device); or, with --plain, attention without relative terms (what FlashAttention-2 computes).
 //
-//   build/bench/bench_cuda_attention [B D H k repeats budget_seconds L...]
-//     defaults B=8 D=512 H=8 k=16 repeats=3 budget=60, L = 512 1024 ... 65536
+//   build/bench/bench_cuda_attention [--dtype float32|bfloat16|float16] [--plain]
+//                                    [B D H k repeats budget_seconds L...]
+//     defaults float32, B=8 D=512 H=8 k=16 repeats=3 budget=60, L = 512 1024 ... 65536
 //
 // One JSON line per L: the median seconds per forward + backward (after one warm-up round), the
 // rate against the matmul FLOP count, and the device memory the step needed (the most tensor
@@ -19,20 +20,49 @@
 #include <string>
 #include <vector>
 
+#include "engine/enum_names.hpp"
 #include "engine/ops.hpp"
 
 using namespace relgrad;
 
 int main(int argc, char** argv) {
-    auto arg = [&](int i, int64_t fallback) { return argc > i ? std::stoll(argv[i]) : fallback; };
     try {
-        const int64_t B = arg(1, 8), D = arg(2, 512), H = arg(3, 8), k = arg(4, 16), repeats = arg(5, 3);
-        const double budget = static_cast<double>(arg(6, 60));
+        DType dtype = DType::float32;
+        bool relative_terms = true;
+        std::vector<std::string> numbers;
+        for (int i = 1; i < argc; ++i) {
+            const std::string a = argv[i];
+            if (a == "--dtype" && i + 1 < argc) {
+                dtype = parse_named(floating_dtype_names, argv[++i], "dtype");
+            } else if (a == "--plain") {
+                relative_terms = false;
+            } else if (a.rfind("--", 0) == 0) {
+                throw std::invalid_argument("unknown option '" + a + "' (--dtype takes a dtype after it)");
+            } else {
+                numbers.push_back(a);
+            }
+        }
+        const auto whole = [](const std::string& text) {
+            std::size_t used = 0;
+            const int64_t value = [&] {
+                try {
+                    return static_cast<int64_t>(std::stoll(text, &used));
+                } catch (const std::exception&) {
+                    return int64_t{0};
+                }
+            }();
+            if (used == 0 || used != text.size()) throw std::invalid_argument("'" + text + "' is not a whole number");
+            return value;
+        };
+        auto arg = [&](std::size_t i, int64_t fallback) { return numbers.size() > i ? whole(numbers[i]) : fallback; };
+        const int64_t B = arg(0, 8), D = arg(1, 512), H = arg(2, 8), k = arg(3, 16), repeats = arg(4, 3);
+        const double budget = static_cast<double>(arg(5, 60));
         std::vector<int64_t> lengths;
-        for (int i = 7; i < argc; ++i) lengths.push_back(std::stoll(argv[i]));
+        for (std::size_t i = 6; i < numbers.size(); ++i) lengths.push_back(whole(numbers[i]));
         if (lengths.empty()) lengths = {512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
-        if (B <= 0 || D <= 0 || H <= 0 || D % H != 0 || k < 0 || repeats <= 0) {
-            throw std::invalid_argument("B, D, H, repeats must be positive, H must divide D, k >= 0");
+        const bool lengths_positive = std::all_of(lengths.begin(), lengths.end(), [](int64_t L) { return L > 0; });
+        if (B <= 0 || D <= 0 || H <= 0 || D % H != 0 || k < 0 || repeats <= 0 || !lengths_positive) {
+            throw std::invalid_argument("B, D, H, repeats and every L must be positive, H must divide D, k >= 0");
         }
         const int64_t Dh = D / H, K = 2 * k + 1;
         double previous_seconds = 0;
@@ -50,11 +80,14 @@ int main(int argc, char** argv) {
             try {
                 Generator gen(1);
                 std::vector<Tensor> inputs;
-                for (int n = 0; n < 3; ++n) inputs.push_back(randn({B, H, L, Dh}, gen).to(Device::cuda));
-                for (int n = 0; n < 2; ++n) inputs.push_back(randn({1, K, Dh}, gen).to(Device::cuda));
+                for (int n = 0; n < 3; ++n) inputs.push_back(randn({B, H, L, Dh}, gen).to(dtype).to(Device::cuda));
+                if (relative_terms) {
+                    for (int n = 0; n < 2; ++n) inputs.push_back(randn({1, K, Dh}, gen).to(dtype).to(Device::cuda));
+                }
                 for (Tensor& t : inputs) t.requires_grad_(true);
-                const Tensor dz = randn({B, H, L, Dh}, gen).to(Device::cuda);
-                const ClippedRelativeTerms relative{inputs[3], inputs[4], k, k};
+                const Tensor dz = randn({B, H, L, Dh}, gen).to(dtype).to(Device::cuda);
+                const ClippedRelativeTerms relative =
+                    relative_terms ? ClippedRelativeTerms{inputs[3], inputs[4], k, k} : ClippedRelativeTerms{};
                 const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
                 reset_peak_memory(Device::cuda);
                 const int64_t before = memory_stats(Device::cuda).live_bytes;
@@ -71,9 +104,11 @@ int main(int argc, char** argv) {
                 std::sort(seconds.begin(), seconds.end());
                 const double median = seconds[seconds.size() / 2];
                 std::printf(
-                    "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, \"seconds\": %.6f, "
-                    "\"tflop_per_second\": %.2f, \"step_mib\": %.1f, \"inputs_mib\": %.1f}\n",
-                    (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, median, flops / median / 1e12,
+                    "{\"L\": %lld, \"B\": %lld, \"D\": %lld, \"H\": %lld, \"k\": %lld, \"dtype\": \"%s\", "
+                    "\"relative\": %s, \"seconds\": %.6f, \"tflop_per_second\": %.2f, \"step_mib\": %.1f, "
+                    "\"inputs_mib\": %.1f}\n",
+                    (long long)L, (long long)B, (long long)D, (long long)H, (long long)k, dtype_name(dtype),
+                    relative_terms ? "true" : "false", median, flops / median / 1e12,
                     (memory_stats(Device::cuda).peak_live_bytes - before) / 1048576.0, before / 1048576.0);
                 std::fflush(stdout);
                 previous_seconds = median;

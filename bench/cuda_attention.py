@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Relative attention on one GPU, forward + backward, float32, q, k, v [B, H, L, Dh] to z: relgrad's
-fused CUDA kernels against PyTorch on the same GPU, each length in its own process.
+"""Relative attention on one GPU, forward + backward, q, k, v [B, H, L, Dh] to z: relgrad's fused
+CUDA kernels against PyTorch on the same GPU, each length in its own process.
 
-    python3 bench/cuda_attention.py --relgrad build/bench/bench_cuda_attention [--budget S] [--json FILE]
+    python3 bench/cuda_attention.py --relgrad build/bench/bench_cuda_attention [--dtype bfloat16]
+                                    [--budget S] [--json FILE]
 
-Defaults B=8, D=512, H=8 (Dh = 64), k=16, L = 512 ... 65536:
+Defaults float32, B=8, D=512, H=8 (Dh = 64), k=16, L = 512 ... 65536:
   relgrad fused     : flash-style tiles, both of Shaw's terms (bench/bench_cuda_attention.cpp)
   torch bucketed    : gather from Q E_K^T [B, H, L, K], softmax, scatter_add of the weights into the
                       K buckets for the value term; keeps [B, H, L, L] tensors
-  torch flex        : FlexAttention with the key-side term as a score_mod (q . E_K[r(i, j)] read
-                      from Q E_K^T); FlexAttention cannot express the value-side term, so it does
-                      less work than the other two
+  torch flex        : (float32) FlexAttention with the key-side term as a score_mod (q . E_K[r(i, j)]
+                      read from Q E_K^T); FlexAttention cannot express the value-side term, so it
+                      does less work than the other two
+With --dtype bfloat16 or float16, in that dtype, and instead of flex two forms without relative
+terms, where FlashAttention-2 is the reference:
+  relgrad plain     : relgrad's fused kernels without relative terms (--plain)
+  torch flash       : scaled_dot_product_attention restricted to its FlashAttention-2 backend
 Time is the median of --repeats after a warm-up; TFLOP/s counts the seven L x L x Dh products of a
 forward + backward (14 B H L^2 Dh) for all three; memory is the most the step allocated on the GPU
 (torch.cuda.max_memory_allocated, relgrad's memory_stats). A length whose time, extrapolated as
@@ -25,13 +30,13 @@ import sys
 TORCH_CHILD = r"""
 import json, math, sys, time
 import torch
-form, L, B, D, H, k, repeats = sys.argv[1], *map(int, sys.argv[2:])
+form, dtype, (L, B, D, H, k, repeats) = sys.argv[1], getattr(torch, sys.argv[2]), map(int, sys.argv[3:])
 Dh, K = D // H, 2 * k + 1
 dev = "cuda"
 torch.manual_seed(1)
-q, kk, v = (torch.randn(B, H, L, Dh, device=dev, requires_grad=True) for _ in range(3))
-e_k, e_v = (torch.randn(K, Dh, device=dev, requires_grad=True) for _ in range(2))
-dz = torch.randn(B, H, L, Dh, device=dev)
+q, kk, v = (torch.randn(B, H, L, Dh, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+e_k, e_v = (torch.randn(K, Dh, device=dev, dtype=dtype, requires_grad=True) for _ in range(2))
+dz = torch.randn(B, H, L, Dh, device=dev, dtype=dtype)
 scale = 1 / math.sqrt(Dh)
 if form == "bucketed":
     r = torch.clamp(torch.arange(L, device=dev)[None, :] - torch.arange(L, device=dev)[:, None], -k, k) + k
@@ -39,8 +44,19 @@ if form == "bucketed":
         index = r.expand(B, H, L, L)
         s = q @ kk.transpose(-1, -2) + torch.gather(q @ e_k.T, -1, index)
         a = torch.softmax(s * scale, -1)
-        buckets = torch.zeros(B, H, L, K, device=dev).scatter_add(-1, index, a)
+        buckets = torch.zeros(B, H, L, K, device=dev, dtype=dtype).scatter_add(-1, index, a)
         return a @ v + buckets @ e_v
+elif form == "flash":
+    import torch.nn.functional as F
+    def only_flash():
+        try:
+            from torch.nn.attention import sdpa_kernel, SDPBackend
+            return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+        except ImportError:  # torch 2.0 to 2.2
+            return torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
+    def attend():
+        with only_flash():
+            return F.scaled_dot_product_attention(q, kk, v)  # scale 1 / sqrt(Dh), as the others
 else:
     from torch.nn.attention.flex_attention import flex_attention
     flex = torch.compile(flex_attention)
@@ -71,6 +87,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--relgrad", required=True, help="build/bench/bench_cuda_attention")
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch and a GPU")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -84,15 +101,17 @@ def main():
     Dh = args.dim // args.heads
 
     rows = []
-    relgrad = subprocess.run([args.relgrad, *shape, str(args.repeats), str(int(args.budget)),
-                              *map(str, args.lengths)], capture_output=True, text=True)
-    if relgrad.returncode != 0:
-        sys.exit(f"{args.relgrad}: {relgrad.stderr.strip()}")
-    for line in relgrad.stdout.splitlines():
-        result = json.loads(line)
-        rows.append({"form": "relgrad fused", **result})
+    sixteen_bit = args.dtype != "float32"
+    for form, options in [("relgrad fused", []), ("relgrad plain", ["--plain"])][:2 if sixteen_bit else 1]:
+        relgrad = subprocess.run([args.relgrad, "--dtype", args.dtype, *options, *shape, str(args.repeats),
+                                  str(int(args.budget)), *map(str, args.lengths)], capture_output=True, text=True)
+        if relgrad.returncode != 0:
+            sys.exit(f"{args.relgrad}: {relgrad.stderr.strip()}")
+        for line in relgrad.stdout.splitlines():
+            result = json.loads(line)
+            rows.append({"form": form, **result})
 
-    for form in ["bucketed", "flex"]:
+    for form in ["bucketed", "flash" if sixteen_bit else "flex"]:
         previous = None
         for length in args.lengths:
             row = {"form": "torch " + form, "L": length}
@@ -100,8 +119,8 @@ def main():
                 row["skipped"] = f"predicted {previous[1] * (length / previous[0]) ** 2:.1f} s per step"
                 rows.append(row)
                 continue
-            done = subprocess.run([args.python, "-c", TORCH_CHILD, form, str(length), *shape, str(args.repeats)],
-                                  capture_output=True, text=True)
+            done = subprocess.run([args.python, "-c", TORCH_CHILD, form, args.dtype, str(length), *shape,
+                                   str(args.repeats)], capture_output=True, text=True)
             if done.returncode != 0:
                 row["error"] = "out of memory" if "out of memory" in done.stderr else done.stderr.strip()[-300:]
             else:
@@ -111,7 +130,7 @@ def main():
                 previous = (length, row["seconds"])
             rows.append(row)
 
-    print(f"B={args.batch} D={args.dim} H={args.heads} k={args.k} float32, forward + backward, median of "
+    print(f"B={args.batch} D={args.dim} H={args.heads} k={args.k} {args.dtype}, forward + backward, median of "
           f"{args.repeats}\n")
     print("| L | form | seconds | TFLOP/s | step memory MiB | note |")
     print("|---|---|---|---|---|---|")

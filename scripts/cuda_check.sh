@@ -6,7 +6,7 @@
 #   3. the fused attention tests under compute-sanitizer, memcheck and racecheck,
 #   4. the quickstart on the GPU and on the CPU, side by side,
 #   5. the benchmark: relgrad's fused CUDA kernels against PyTorch on the same GPU
-#      (bench/cuda_attention.py).
+#      (bench/cuda_attention.py), in float32 and in bfloat16 (against FlashAttention-2).
 # Everything it prints goes to $OUT (default cuda_check/): one file per step, and summary.md.
 #
 #   scripts/cuda_check.sh            OUT=/some/dir scripts/cuda_check.sh
@@ -54,7 +54,11 @@ step quickstart_gpu 45 build-cuda/relgrad train --device cuda --out "$out/quicks
 step quickstart_cpu 45 build-cuda/relgrad train --out "$out/quickstart-cpu"
 grep -h "test accuracy" "$out/quickstart_gpu.txt" "$out/quickstart_cpu.txt" | tail -2 >> "$summary"
 
-step bench 120 "$python" bench/cuda_attention.py --relgrad build-cuda/bench/bench_cuda_attention --budget 8 \
+step bench 80 "$python" bench/cuda_attention.py --relgrad build-cuda/bench/bench_cuda_attention --budget 6 \
     --python "$python" --json "$out/bench.json"
 cat "$out/bench.txt" >> "$summary"
+# bfloat16, where FlashAttention-2 (PyTorch's flash backend) is the reference, at the goal's L = 4096
+step bench_bfloat16 40 "$python" bench/cuda_attention.py --relgrad build-cuda/bench/bench_cuda_attention \
+    --dtype bfloat16 --lengths 1024 4096 --budget 6 --python "$python" --json "$out/bench_bfloat16.json"
+cat "$out/bench_bfloat16.txt" >> "$summary"
 exit $status
