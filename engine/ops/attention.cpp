@@ -83,7 +83,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         // see ops.hpp, 16 bits: the scores, their softmax and the bucket sums in float32 (the
         // weights kept for the backward too), the output rounded once
         const DType f32 = DType::float32;
-        auto widened = [f32](const Tensor& t) { return t.defined() ? t.to(f32) : Tensor(); };
+        auto widened = [](const Tensor& t) { return t.defined() ? t.to(DType::float32) : Tensor(); };
         const RelativeTerms wide{widened(rel.table_k), widened(rel.table_v), rel.index, widened(rel.bias)};
         Tensor wide_weights;
         const Tensor z =
