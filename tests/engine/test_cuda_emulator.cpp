@@ -272,7 +272,7 @@ __global__ void warp_tile_product(const float* a, const float* b, const float* c
 }
 
 // --- ldmatrix: one warp loads the 16 x 16 16-bit values `values` (row-major), put in shared memory
-// with rows 24 values (48 bytes) apart, by load_matrices<4, Transposed>, lane 8 m + r naming row
+// with rows 24 values (48 bytes) apart, by load_matrices<Transposed>, lane 8 m + r naming row
 // 8 (m % 2) + r, columns 8 (m / 2); out[4 lane + m] is the lane's register m. `mistake` 1: lane 3
 // names lane 4's row; 2: no __syncwarp between the writes and the load; 3: a row 8 bytes on; 4:
 // lane 5 leaves before the load.
@@ -285,8 +285,7 @@ __global__ void load_16_by_16_values(const uint16_t* values, uint32_t* out) {
     const int m = lane / 8, r = mistake == 1 && lane == 3 ? 4 : lane % 8;
     if (mistake == 4 && lane == 5) return;
     uint32_t registers[4];
-    relgrad::load_matrices<4, Transposed>(rows + (8 * (m % 2) + r) * 24 + 8 * (m / 2) + (mistake == 3 ? 4 : 0),
-                                          registers);
+    relgrad::load_matrices<Transposed>(rows + (8 * (m % 2) + r) * 24 + 8 * (m / 2) + (mistake == 3 ? 4 : 0), registers);
     for (int i = 0; i < 4; ++i) out[4 * lane + i] = registers[i];
 }
 

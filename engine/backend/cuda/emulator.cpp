@@ -112,7 +112,6 @@ struct Fiber {
     // at ldmatrix: the row the lane names, and where its registers go
     struct MatrixLoad {
         bool transposed;
-        int matrices;
         const uint16_t* row;
         uint32_t* out;
     };
@@ -367,17 +366,17 @@ void multiply_accumulate(Fiber* const* lanes) {
     }
 }
 
-// ldmatrix.m8n8 of the warp's lanes: matrix m's row r is the 8 values at the address lane 8 m + r
+// ldmatrix.m8n8.x4 of the warp's lanes: matrix m's row r is the 8 values at the address lane 8 m + r
 // named; lane l gets in register m its row l / 4, columns 2 (l % 4) and + 1, or, transposed, its
 // column l / 4, rows 2 (l % 4) and + 1 (the lower index in the low half).
 void load_matrices(Fiber* const* lanes) {
-    const Fiber::MatrixLoad& load = lanes[0]->ldmatrix;
+    const bool transposed = lanes[0]->ldmatrix.transposed;
     for (int lane = 0; lane < kWarpSize; ++lane) {
-        for (int m = 0; m < load.matrices; ++m) {
+        for (int m = 0; m < 4; ++m) {
             const auto value = [&](int row, int col) { return uint32_t{lanes[8 * m + row]->ldmatrix.row[col]}; };
             const int g = lane / 4, t = lane % 4;
-            lanes[lane]->ldmatrix.out[m] = load.transposed ? value(2 * t, g) | value(2 * t + 1, g) << 16
-                                                           : value(g, 2 * t) | value(g, 2 * t + 1) << 16;
+            lanes[lane]->ldmatrix.out[m] =
+                transposed ? value(2 * t, g) | value(2 * t + 1, g) << 16 : value(g, 2 * t) | value(g, 2 * t + 1) << 16;
         }
     }
 }
@@ -757,28 +756,18 @@ void mma_sync_point(MmaInputs inputs, float* d, const uint32_t* a, const uint32_
     warp_point(op, ~0u, 0, ShuffleKind::none, 0);  // all 32 lanes, as .aligned requires
 }
 
-void ldmatrix_point(bool transposed, int matrices, const void* row, uint32_t* out) {
-    // the name a lane holds while it waits: no string of its own, which a failed launch, leaving
-    // the lane's stack where it stands, would never free
-    static const char* const names[2][3] = {
-        {"ldmatrix.sync.m8n8.x1.shared.b16", "ldmatrix.sync.m8n8.x2.shared.b16", "ldmatrix.sync.m8n8.x4.shared.b16"},
-        {"ldmatrix.sync.m8n8.x1.trans.shared.b16", "ldmatrix.sync.m8n8.x2.trans.shared.b16",
-         "ldmatrix.sync.m8n8.x4.trans.shared.b16"}};
-    if (matrices != 1 && matrices != 2 && matrices != 4) {
-        throw std::logic_error("ldmatrix: 1, 2 or 4 matrices, not " + std::to_string(matrices));
-    }
-    const char* const op = names[transposed][matrices / 2];
+void ldmatrix_point(bool transposed, const void* row, uint32_t* out) {
+    // a name that is no string of the lane's own, which a failed launch, leaving the lane's stack
+    // where it stands, would never free
+    const char* const op = transposed ? "ldmatrix.sync.m8n8.x4.trans.shared.b16" : "ldmatrix.sync.m8n8.x4.shared.b16";
     if (!running_block || !running_block->current) throw std::logic_error(std::string(op) + " outside a kernel");
     Fiber& lane = *running_block->current;
-    // the lanes that name a row: 8 per matrix (the others' addresses are not read)
-    if (lane.linear % kWarpSize < static_cast<uint64_t>(8 * matrices)) {
-        if (reinterpret_cast<uintptr_t>(row) % 16) {
-            throw std::logic_error(std::string(op) + ": lane " + std::to_string(lane.linear % kWarpSize) +
-                                   " names a row that does not start at a 16-byte boundary");
-        }
-        note_shared_access(row, 16, false);  // also refuses a row outside the block's shared memory
+    if (reinterpret_cast<uintptr_t>(row) % 16) {
+        throw std::logic_error(std::string(op) + ": lane " + std::to_string(lane.linear % kWarpSize) +
+                               " names a row that does not start at a 16-byte boundary");
     }
-    lane.ldmatrix = {transposed, matrices, static_cast<const uint16_t*>(row), out};
+    note_shared_access(row, 16, false);  // also refuses a row outside the block's shared memory
+    lane.ldmatrix = {transposed, static_cast<const uint16_t*>(row), out};
     struct Clear {  // the row and the registers are the lane's only while it waits
         Fiber& lane;
         ~Clear() { lane.ldmatrix = {}; }

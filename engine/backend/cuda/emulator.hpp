@@ -187,10 +187,10 @@ namespace cuda_emulator {
 // read while the warp waits); when the last lane comes, the tiles are assembled from the
 // fragments by the PTX ISA's layouts, multiplied, and each lane's d written.
 void mma_sync_point(MmaInputs inputs, float* d, const uint32_t* a, const uint32_t* b, const float* c);
-// ldmatrix (mma.hpp's load_matrices): a warp-scoped point of all 32 lanes, each with the address of
-// one row of 8 16-bit values in shared memory (its read noted as the lane arrives); when the last
-// lane comes, each lane's `matrices` registers are filled from the rows the PTX ISA names.
-void ldmatrix_point(bool transposed, int matrices, const void* row, uint32_t* out);
+// ldmatrix.x4 (mma.hpp's load_matrices): a warp-scoped point of all 32 lanes, each with the address
+// of one row of 8 16-bit values in shared memory (its read noted as the lane arrives); when the
+// last lane comes, each lane's four registers are filled from the rows the PTX ISA names.
+void ldmatrix_point(bool transposed, const void* row, uint32_t* out);
 }  // namespace cuda_emulator
 }  // namespace relgrad
 

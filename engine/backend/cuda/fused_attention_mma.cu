@@ -158,7 +158,7 @@ __device__ void load_row_fragments(const Stored<In>* rows, int64_t i0, int64_t L
 template <bool Transposed, int kRowStride, class S>
 __device__ void load_16_by_16(Shared<S> top_left, int lane, uint32_t (&out)[4]) {
     const int m = lane / 8, r = lane % 8;
-    load_matrices<4, Transposed>(top_left + (8 * (m % 2) + r) * kRowStride + 8 * (m / 2), out);
+    load_matrices<Transposed>(top_left + (8 * (m % 2) + r) * kRowStride + 8 * (m / 2), out);
 }
 
 // The A fragment of k-step ks of the warp's 16 rows of a [16, Dh] matrix in shared memory (row

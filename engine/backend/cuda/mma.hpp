@@ -127,36 +127,28 @@ __device__ inline void mma_sync(float (&d)[4], const uint32_t (&a)[4], const uin
 #endif
 }
 
-// ldmatrix: Matrices 8 x 8 matrices of 16-bit values from shared memory into the warp's
-// fragments, one instruction for a lane's Matrices registers. Lane 8 m + r names `row`,
-// the address of row r of matrix m (8 values, 16 bytes, at a 16-byte boundary); lane l receives in
-// out[m] matrix m's elements at row l / 4, columns 2 (l % 4) and + 1 (the low half first), which
-// are the places of an A or B fragment register (g = l / 4, t = l % 4); Transposed, at column
-// l / 4, rows 2 (l % 4) and + 1: a B register from a matrix stored with B's rows as its rows. All
-// 32 lanes call it together. `row` is a pointer into shared memory (runtime.hpp's Shared<T>).
-template <int Matrices, bool Transposed, class SharedRow>
-__device__ inline void load_matrices(SharedRow row, uint32_t (&out)[Matrices]) {
-    static_assert(Matrices == 1 || Matrices == 2 || Matrices == 4, "ldmatrix loads 1, 2 or 4 matrices");
+// ldmatrix.x4: four 8 x 8 matrices of 16-bit values from shared memory into the warp's fragments,
+// one instruction for a lane's four registers. Lane 8 m + r names `row`, the address of row r of
+// matrix m (8 values, 16 bytes, at a 16-byte boundary); lane l receives in out[m] matrix m's
+// elements at row l / 4, columns 2 (l % 4) and + 1 (the low half first), which are the places of
+// an A or B fragment register (g = l / 4, t = l % 4); Transposed, at column l / 4, rows 2 (l % 4)
+// and + 1: a B register from a matrix stored with B's rows as its rows. All 32 lanes call it
+// together. `row` is a pointer into shared memory (runtime.hpp's Shared<T>).
+template <bool Transposed, class SharedRow>
+__device__ inline void load_matrices(SharedRow row, uint32_t (&out)[4]) {
 #ifdef RELGRAD_CUDA_EMULATION
-    cuda_emulator::ldmatrix_point(Transposed, Matrices, row.address(), out);
+    cuda_emulator::ldmatrix_point(Transposed, row.address(), out);
 #else
     const auto address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-#define RELGRAD_LDMATRIX(shape, registers, ...) \
-    asm volatile("ldmatrix.sync.aligned.m8n8." shape ".shared.b16 " registers ";" : __VA_ARGS__ : "r"(address))
-    if constexpr (Matrices == 4 && Transposed) {
-        RELGRAD_LDMATRIX("x4.trans", "{%0, %1, %2, %3}, [%4]", "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3]));
-    } else if constexpr (Matrices == 4) {
-        RELGRAD_LDMATRIX("x4", "{%0, %1, %2, %3}, [%4]", "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3]));
-    } else if constexpr (Matrices == 2 && Transposed) {
-        RELGRAD_LDMATRIX("x2.trans", "{%0, %1}, [%2]", "=r"(out[0]), "=r"(out[1]));
-    } else if constexpr (Matrices == 2) {
-        RELGRAD_LDMATRIX("x2", "{%0, %1}, [%2]", "=r"(out[0]), "=r"(out[1]));
-    } else if constexpr (Transposed) {
-        RELGRAD_LDMATRIX("x1.trans", "{%0}, [%1]", "=r"(out[0]));
+    if constexpr (Transposed) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                     : "r"(address));
     } else {
-        RELGRAD_LDMATRIX("x1", "{%0}, [%1]", "=r"(out[0]));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+                     : "r"(address));
     }
-#undef RELGRAD_LDMATRIX
 #endif
 }
 
