@@ -124,4 +124,11 @@ template <class T>
 inline constexpr bool is_real_v =
     std::is_floating_point_v<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
+template <class T>
+inline constexpr bool is_16_bit_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
+
+// The type arithmetic on a T happens in: float for the 16-bit types, T itself otherwise.
+template <class T>
+using compute_type = std::conditional_t<is_16_bit_v<T>, float, T>;
+
 }  // namespace relgrad

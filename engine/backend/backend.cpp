@@ -56,16 +56,18 @@ namespace {
 // 16 bits and forms every product, sum and exponential in float32, as mixed precision asks
 // (docs/precision.md); what it costs is the copies. fill and copy take 16-bit tensors themselves,
 // and a backend that says so (supports()) takes them in batched_gemm and the fused attention.
+// With `as_they_are` (a kernel the device runs on 16-bit tensors itself) every tensor passes
+// through unchanged.
 class InFloat32 {
 public:
-    explicit InFloat32(Backend& backend) : backend_(backend) {}
+    explicit InFloat32(Backend& backend, bool as_they_are = false) : backend_(backend), as_they_are_(as_they_are) {}
 
     // an input: itself, or a float32 copy of a 16-bit one
-    Tensor in(const Tensor& t) { return backend_.widened(t); }
+    Tensor in(const Tensor& t) { return as_they_are_ ? t : backend_.widened(t); }
     // an output: itself, or a float32 buffer for a 16-bit one (holding its values when the kernel
     // reads them too: an accumulating or in-place kernel)
     Tensor& out(Tensor& t, bool read_too = false) {
-        if (!t.defined() || !is_16_bit(t.dtype())) return t;
+        if (as_they_are_ || !t.defined() || !is_16_bit(t.dtype())) return t;
         outputs_.push_back({&t, read_too ? in(t) : empty(t.shape(), DType::float32, t.device())});
         return outputs_.back().wide;
     }
@@ -80,6 +82,7 @@ private:
         Tensor wide;
     };
     Backend& backend_;
+    bool as_they_are_;
     std::list<Output>
         outputs_;  // a list: out() hands out references that must stay put (and an empty one allocates nothing)
 };
@@ -102,21 +105,21 @@ void Backend::copy(const Tensor& src, Tensor& dst) {
 
 void Backend::unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
     require_on_device("unary", {&x, &out});
-    InFloat32 f32(*this);
+    InFloat32 f32(*this, supports(OptionalKernel::elementwise_16_bit));
     do_unary(op, f32.in(x), f32.out(out), a, b);
     f32.finish();
 }
 
 void Backend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
     require_on_device("binary", {&a, &b, &out});
-    InFloat32 f32(*this);
+    InFloat32 f32(*this, supports(OptionalKernel::elementwise_16_bit));
     do_binary(op, f32.in(a), f32.in(b), f32.out(out));
     f32.finish();
 }
 
 void Backend::where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
     require_on_device("where", {&cond, &a, &b, &out});
-    InFloat32 f32(*this);
+    InFloat32 f32(*this, supports(OptionalKernel::elementwise_16_bit));
     do_where(f32.in(cond), f32.in(a), f32.in(b), f32.out(out));
     f32.finish();
 }
@@ -129,7 +132,7 @@ void Backend::dropout(const Tensor& x, const Tensor& residual, const DropoutMask
                       "dropout: the kernel takes contiguous operands of one shape, got ", shape_str(t->shape()),
                       " for ", shape_str(out.shape()));
     }
-    InFloat32 f32(*this);
+    InFloat32 f32(*this, supports(OptionalKernel::elementwise_16_bit));
     do_dropout(f32.in(x), f32.in(residual), mask, f32.out(out));
     f32.finish();
 }
@@ -140,7 +143,7 @@ void Backend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& d
         copy(x, out);
         return;
     }
-    InFloat32 f32(*this);
+    InFloat32 f32(*this, supports(OptionalKernel::elementwise_16_bit));
     do_reduce(op, f32.in(x), dims, f32.out(out));
     f32.finish();
 }
@@ -412,7 +415,7 @@ Backend& open_cuda_module() {
         throw std::runtime_error("no usable CUDA device: cannot load the CUDA backend " + found->string() + ": " +
                                  dlerror());
     }
-    using Open = Backend* (*)(std::string* why_not);
+    using Open = Backend* (*)(std::string * why_not);
     const auto open = reinterpret_cast<Open>(dlsym(module, "relgrad_open_cuda_backend"));
     if (!open) throw std::runtime_error("no usable CUDA device: " + found->string() + " is not relgrad's CUDA backend");
     std::string why_not;

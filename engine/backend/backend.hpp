@@ -58,6 +58,8 @@ enum class OptionalKernel {
     bfloat16_gemm,           // batched_gemm of bfloat16 operands itself; else on float32 copies
     float16_gemm,            // the same for float16
     fused_attention_16_bit,  // fused_attention of 16-bit q, k, v (z, dz) itself; else on float32 copies
+    elementwise_16_bit,      // unary, binary, where, dropout and reduce of 16-bit tensors themselves, computing
+                             // in float32 and rounding each result once; else on float32 copies
 };
 
 // The address of element [0, ..., 0] of t in its device's memory, for kernels only: host code
@@ -96,7 +98,19 @@ void dispatch_numeric(DType dtype, const char* kernel, F&& f) {
     }
 }
 
-// any dtype (only fill and copy see the 16-bit ones: the other kernels get float32 copies)
+// float32, float64 and the two 16-bit types: the kernels that read and write 16 bits themselves
+// (elementwise_16_bit) and compute in compute_type<T>
+template <class F>
+void dispatch_real(DType dtype, const char* kernel, F&& f) {
+    switch (dtype) {
+        case DType::bfloat16: f(BFloat16{}); return;
+        case DType::float16: f(Float16{}); return;
+        default: dispatch_floating(dtype, kernel, f);
+    }
+}
+
+// any dtype (fill and copy, and the kernels of elementwise_16_bit, see the 16-bit ones: the other
+// kernels get float32 copies)
 template <class F>
 void dispatch_any(DType dtype, F&& f) {
     switch (dtype) {

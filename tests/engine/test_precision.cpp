@@ -10,8 +10,12 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <string>
+#include <utility>
 
+#include "engine/backend/backend.hpp"
 #include "engine/half.hpp"
+#include "engine/random.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;
@@ -216,5 +220,108 @@ TEST_CASE("in 16 bits a mask is still a wall: a fully masked row gets zero weigh
                                           -std::numeric_limits<double>::infinity());
         const std::vector<double> s = softmax(scores, -1).to_vector();
         for (int j = 4; j < 8; ++j) CHECK(s[j] == 0);
+    }
+}
+
+namespace {
+
+// The kernel's result on 16-bit operands, and the same kernel's result on float32 copies of them
+// rounded once into 16 bits (what a device without 16-bit kernels computes), as their doubles
+struct TwoWays {
+    std::vector<double> in_16_bits, on_float32_copies;
+};
+
+// Runs kernel(operands..., out) once on the 16-bit operands and once on their float32 copies.
+template <class Kernel>
+TwoWays both_ways(const std::vector<Tensor>& operands, const Shape& out_shape, Kernel&& kernel) {
+    const DType narrow = operands.front().dtype();
+    Tensor out = empty(out_shape, narrow);
+    kernel(operands, out);
+    std::vector<Tensor> wide;
+    for (const Tensor& t : operands) wide.push_back(t.to(DType::float32));
+    Tensor wide_out = empty(out_shape, DType::float32);
+    kernel(wide, wide_out);
+    return {out.to_vector(), wide_out.to(narrow).to_vector()};
+}
+
+void check_same_bits(const TwoWays& results, const std::string& what) {
+    REQUIRE(results.in_16_bits.size() == results.on_float32_copies.size());
+    int64_t differing = 0, first = -1;
+    for (std::size_t i = 0; i < results.in_16_bits.size(); ++i) {
+        const double a = results.in_16_bits[i], b = results.on_float32_copies[i];
+        const bool same = (a == b && std::signbit(a) == std::signbit(b)) || (std::isnan(a) && std::isnan(b));
+        if (!same && differing++ == 0) first = static_cast<int64_t>(i);
+    }
+    CHECK_MESSAGE(differing == 0, what << ": " << differing << " elements differ, the first at " << first << " ("
+                                       << results.in_16_bits[first] << " against " << results.on_float32_copies[first]
+                                       << ")");
+}
+
+}  // namespace
+
+// The CPU reads and writes 16-bit tensors in its elementwise kernels (elementwise_16_bit): every
+// result is formed in float32 and rounded once, so it must be the float32 kernel's result rounded,
+// bit for bit: over more elements than one thread's chunk, with a tail that fills no SIMD batch,
+// in every layout the packed loops take and in those that fall back to float32 copies.
+TEST_CASE("the CPU's 16-bit elementwise kernels give the float32 kernels' results rounded once") {
+    Backend& cpu = backend_for(Device::cpu);
+    REQUIRE(cpu.supports(OptionalKernel::elementwise_16_bit));
+    Generator gen(7);
+    const int64_t rows = 301, width = 259;  // 77959 elements: two chunks and a ragged tail
+    for (DType dtype : {DType::bfloat16, DType::float16}) {
+        const std::string in = std::string(" in ") + dtype_name(dtype);
+        const Tensor x = mul(randn({rows, width}, gen), scalar(3.0)).to(dtype);
+        const Tensor y = add(rand({rows, width}, gen), scalar(0.5)).to(dtype);
+        const Tensor bias_row = randn({width}, gen).to(dtype), per_row = randn({rows, 1}, gen).to(dtype);
+        const Tensor one_value = randn({}, gen).to(dtype);
+        for (UnaryOp op : {UnaryOp::neg, UnaryOp::exp, UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::gelu,
+                           UnaryOp::gelu_grad, UnaryOp::relu, UnaryOp::clamp}) {
+            const auto unary = [&](const std::vector<Tensor>& t, Tensor& out) { cpu.unary(op, t[0], out, -0.5, 0.5); };
+            check_same_bits(both_ways({x}, x.shape(), unary), "unary " + std::to_string(int(op)) + in);
+            // a transposed view: on a float32 copy
+            const Shape transposed{width, rows};
+            check_same_bits(both_ways({x.transpose(0, 1)}, transposed, unary),
+                            "unary " + std::to_string(int(op)) + " of a transposed view" + in);
+        }
+        const std::vector<std::pair<std::string, Tensor>> others = {
+            {"full", y},
+            {"a bias row", bias_row},
+            {"a per-row scalar", per_row},
+            {"one value", one_value},
+            {"a strided view", y.transpose(0, 1).contiguous().transpose(0, 1)}};
+        for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::pow}) {
+            for (const auto& [layout, other] : others) {
+                const auto binary = [&](const std::vector<Tensor>& t, Tensor& out) { cpu.binary(op, t[0], t[1], out); };
+                check_same_bits(both_ways({x, other}, x.shape(), binary),
+                                "binary " + std::to_string(int(op)) + " with " + layout + in);
+                check_same_bits(both_ways({other, x}, x.shape(), binary),
+                                "binary " + std::to_string(int(op)) + " with " + layout + " first" + in);
+            }
+        }
+        std::vector<double> chosen(x.numel());
+        for (std::size_t i = 0; i < chosen.size(); ++i) chosen[i] = (i * 7919) % 3 == 0;
+        const Tensor cond = from_vector(chosen, x.shape(), DType::boolean);
+        const auto select = [&](const std::vector<Tensor>& t, Tensor& out) { cpu.where(cond, t[0], t[1], out); };
+        check_same_bits(both_ways({x, y}, x.shape(), select), "where" + in);
+        check_same_bits(both_ways({x, bias_row}, x.shape(), select), "where with a broadcast operand" + in);
+        const DropoutMask mask = draw_dropout_mask(gen, 0.3, x.numel());
+        check_same_bits(
+            both_ways({x}, x.shape(),
+                      [&](const std::vector<Tensor>& t, Tensor& out) { cpu.dropout(t[0], Tensor(), mask, out); }),
+            "dropout" + in);
+        check_same_bits(
+            both_ways({x, y}, x.shape(),
+                      [&](const std::vector<Tensor>& t, Tensor& out) { cpu.dropout(t[0], t[1], mask, out); }),
+            "dropout with a residual" + in);
+        for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{0}, {1}}) {
+            Shape kept = x.shape();
+            kept[dims[0]] = 1;
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+                check_same_bits(
+                    both_ways({x}, kept,
+                              [&](const std::vector<Tensor>& t, Tensor& out) { cpu.reduce(op, t[0], dims, out); }),
+                    "reduce " + std::to_string(int(op)) + " over dim " + std::to_string(dims[0]) + in);
+            }
+        }
     }
 }

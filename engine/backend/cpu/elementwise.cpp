@@ -71,19 +71,21 @@ void in_row_pieces(int64_t n, int64_t width, F&& f) {
     });
 }
 
-// o[i] = g(full[i], the element of `other` (laid out as lo) that output element i uses)
+// o[i] = g(full[i], the element of `other` (laid out as lo) that output element i uses), g on
+// compute_type<T> values (float for the 16-bit types: each result rounded once)
 template <class T, class G>
 bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G g) {
+    using C = compute_type<T>;
     switch (lo.layout) {
         case Layout::full:
             in_chunks(n, [&](int64_t begin, int64_t end) {
-                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], other[i]);
+                for (int64_t i = begin; i < end; ++i) o[i] = static_cast<T>(g(C(full[i]), C(other[i])));
             });
             return true;
         case Layout::scalar: {
-            const T c = other[0];
+            const C c = other[0];
             in_chunks(n, [&](int64_t begin, int64_t end) {
-                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], c);
+                for (int64_t i = begin; i < end; ++i) o[i] = static_cast<T>(g(C(full[i]), c));
             });
             return true;
         }
@@ -93,13 +95,13 @@ bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G 
                 const int64_t count = end - begin;
                 const T* f_in = full + begin;
                 T* f_out = o + begin;
-                for (int64_t j = 0; j < count; ++j) f_out[j] = g(f_in[j], repeated[j]);
+                for (int64_t j = 0; j < count; ++j) f_out[j] = static_cast<T>(g(C(f_in[j]), C(repeated[j])));
             });
             return true;
         case Layout::prefix:  // a per-row scalar: output element i uses other[i / width]
             in_row_pieces(n, lo.width, [&](int64_t row, int64_t begin, int64_t end) {
-                const T c = other[row];
-                for (int64_t i = begin; i < end; ++i) o[i] = g(full[i], c);
+                const C c = other[row];
+                for (int64_t i = begin; i < end; ++i) o[i] = static_cast<T>(g(C(full[i]), c));
             });
             return true;
         default: return false;
@@ -108,7 +110,7 @@ bool full_and_other(const T* full, const T* other, Lined lo, int64_t n, T* o, G 
 
 // A binary op over packed tensors as plain loops the compiler vectorizes, where one operand is
 // full and the other is laid out as line_up finds it (full too, or another layout). Returns false for other layouts
-// (xtensor's strided broadcasting handles those).
+// (xtensor's strided broadcasting handles those, or float32 copies of 16-bit operands).
 template <class T, class F>
 bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     if (!out.is_contiguous()) return false;
@@ -121,7 +123,7 @@ bool packed_binary(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     T* o = device_data<T>(out);
     // one full operand and the other of any layout; the lambda keeps f's order with b full
     if (la.layout == Layout::full) return full_and_other<T>(x, y, lb, n, o, f);
-    if (lb.layout == Layout::full) return full_and_other<T>(y, x, la, n, o, [&](T v, T w) { return f(w, v); });
+    if (lb.layout == Layout::full) return full_and_other<T>(y, x, la, n, o, [&](auto v, auto w) { return f(w, v); });
     return false;
 }
 
@@ -191,100 +193,167 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
     });
 }
 
+namespace {
+
+// O = f(X) for xtensor views X and O of one shape, of float or double
+template <class T, class Out, class In>
+void apply_unary(UnaryOp op, Out& O, const In& X, double a, double b) {
+    const T one(1), zero(0), half(0.5);
+    const T inv_sqrt2 = T(1.0 / std::sqrt(2.0));
+    const T inv_sqrt_2pi = T(1.0 / std::sqrt(2.0 * M_PI));
+    switch (op) {
+        case UnaryOp::neg: xt::noalias(O) = -X; break;
+        case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
+        case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
+        case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
+        case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
+        case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
+        case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
+        case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
+        case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
+        case UnaryOp::gelu_grad:
+            xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
+            break;
+        case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
+        case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
+        case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
+    }
+}
+
+// A 1-d xtensor view of n elements at p, in place
+template <class T>
+auto flat(T* p, int64_t n) {
+    const std::size_t size = static_cast<std::size_t>(n);
+    return xt::adapt(p, size, xt::no_ownership(), std::array<std::size_t, 1>{size});
+}
+
+// 16-bit operands pass through a float32 kernel a tile at a time: widened into a buffer that stays
+// in the core's L1 cache, computed by the float32 code itself, and rounded once into the output.
+// The tiles are multiples of 64 elements from a chunk's start, so the SIMD loop meets the same
+// batches as on a whole float32 tensor: the same values as widening the whole tensor first.
+constexpr int64_t kWideTile = 8192;
+
+}  // namespace
+
 void CpuBackend::do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
-    dispatch_floating(x.dtype(), "unary", [&](auto tag) {
+    const bool packed = x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape();
+    if (is_16_bit(x.dtype()) && !packed) {  // a strided 16-bit view: on a float32 copy
+        Tensor wide = empty(out.shape(), DType::float32, out.device());
+        do_unary(op, widened(x), wide, a, b);
+        copy(wide, out);
+        return;
+    }
+    dispatch_real(x.dtype(), "unary", [&](auto tag) {
         using T = decltype(tag);
-        const T one(1), zero(0), half(0.5);
-        const T inv_sqrt2 = T(1.0 / std::sqrt(2.0));
-        const T inv_sqrt_2pi = T(1.0 / std::sqrt(2.0 * M_PI));
-        // O = f(X) for any xtensor views X and O of one shape
-        auto apply = [&](auto& O, const auto& X) {
-            switch (op) {
-                case UnaryOp::neg: xt::noalias(O) = -X; break;
-                case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
-                case UnaryOp::log: xt::noalias(O) = xt::log(X); break;
-                case UnaryOp::sqrt: xt::noalias(O) = xt::sqrt(X); break;
-                case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
-                case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
-                case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
-                case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
-                case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
-                case UnaryOp::gelu_grad:
-                    xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
-                    break;
-                case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
-                case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
-                case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;
-            }
-        };
-        if (x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape()) {
-            // packed: flat chunks, one per thread, each a plain 1-d SIMD loop in xtensor
+        using C = compute_type<T>;
+        if (packed) {
+            // flat chunks, one per thread, each a plain 1-d SIMD loop in xtensor
             const T* in = device_data<T>(x);
             T* o = device_data<T>(out);
             in_chunks(out.numel(), [&](int64_t begin, int64_t end) {
-                const std::size_t n = static_cast<std::size_t>(end - begin);
-                auto X = xt::adapt(in + begin, n, xt::no_ownership(), std::array<std::size_t, 1>{n});
-                auto O = xt::adapt(o + begin, n, xt::no_ownership(), std::array<std::size_t, 1>{n});
-                apply(O, X);
+                if constexpr (is_16_bit_v<T>) {
+                    alignas(64) C wide_in[kWideTile], wide_out[kWideTile];
+                    for (int64_t tile = begin; tile < end; tile += kWideTile) {
+                        const int64_t count = std::min(kWideTile, end - tile);
+                        for (int64_t i = 0; i < count; ++i) wide_in[i] = in[tile + i];
+                        auto X = flat(wide_in, count);
+                        auto O = flat(wide_out, count);
+                        apply_unary<C>(op, O, X, a, b);
+                        for (int64_t i = 0; i < count; ++i) o[tile + i] = static_cast<T>(wide_out[i]);
+                    }
+                } else {
+                    auto X = flat(in + begin, end - begin);
+                    auto O = flat(o + begin, end - begin);
+                    apply_unary<T>(op, O, X, a, b);
+                }
             });
             return;
         }
-        auto X = input<T>(x, out);
-        auto O = strided<T>(out);
-        apply(O, X);
+        if constexpr (!is_16_bit_v<T>) {
+            auto X = input<T>(x, out);
+            auto O = strided<T>(out);
+            apply_unary<T>(op, O, X, a, b);
+        }
     });
 }
 
 void CpuBackend::do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-    dispatch_numeric(a.dtype(), "binary", [&](auto tag) {
+    auto run = [&](auto tag) {
         using T = decltype(tag);
+        using C = compute_type<T>;
         bool done = false;
         switch (op) {
-            case BinaryOp::add: done = packed_binary<T>(a, b, out, [](T x, T y) { return x + y; }); break;
-            case BinaryOp::sub: done = packed_binary<T>(a, b, out, [](T x, T y) { return x - y; }); break;
-            case BinaryOp::mul: done = packed_binary<T>(a, b, out, [](T x, T y) { return x * y; }); break;
-            case BinaryOp::div: done = packed_binary<T>(a, b, out, [](T x, T y) { return x / y; }); break;
+            case BinaryOp::add: done = packed_binary<T>(a, b, out, [](C x, C y) { return x + y; }); break;
+            case BinaryOp::sub: done = packed_binary<T>(a, b, out, [](C x, C y) { return x - y; }); break;
+            case BinaryOp::mul: done = packed_binary<T>(a, b, out, [](C x, C y) { return x * y; }); break;
+            case BinaryOp::div: done = packed_binary<T>(a, b, out, [](C x, C y) { return x / y; }); break;
             default: break;
         }
         if (done) return;
-        auto A = input<T>(a, out);
-        auto B = input<T>(b, out);
-        auto O = strided<T>(out);
-        switch (op) {
-            case BinaryOp::add: xt::noalias(O) = A + B; break;
-            case BinaryOp::sub: xt::noalias(O) = A - B; break;
-            case BinaryOp::mul: xt::noalias(O) = A * B; break;
-            case BinaryOp::div: xt::noalias(O) = A / B; break;
-            case BinaryOp::pow: xt::noalias(O) = xt::pow(A, B); break;
-            case BinaryOp::equal: xt::noalias(O) = xt::cast<T>(xt::equal(A, B)); break;
+        if constexpr (is_16_bit_v<T>) {  // another layout or op: on float32 copies
+            Tensor wide = empty(out.shape(), DType::float32, out.device());
+            do_binary(op, widened(a), widened(b), wide);
+            copy(wide, out);
+        } else {
+            auto A = input<T>(a, out);
+            auto B = input<T>(b, out);
+            auto O = strided<T>(out);
+            switch (op) {
+                case BinaryOp::add: xt::noalias(O) = A + B; break;
+                case BinaryOp::sub: xt::noalias(O) = A - B; break;
+                case BinaryOp::mul: xt::noalias(O) = A * B; break;
+                case BinaryOp::div: xt::noalias(O) = A / B; break;
+                case BinaryOp::pow: xt::noalias(O) = xt::pow(A, B); break;
+                case BinaryOp::equal: xt::noalias(O) = xt::cast<T>(xt::equal(A, B)); break;
+            }
         }
-    });
+    };
+    const bool all_16_bit = is_16_bit(out.dtype()) && a.dtype() == out.dtype() && b.dtype() == out.dtype();
+    if (all_16_bit) {
+        dispatch_real(out.dtype(), "binary", run);
+    } else {
+        dispatch_numeric(a.dtype(), "binary", run);
+    }
 }
 
 void CpuBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
-    dispatch_numeric(a.dtype(), "where", [&](auto tag) {
+    // packed: cond of out's shape, a and b each of out's shape or a single value
+    auto fits = [&](const Tensor& t) { return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1); };
+    const bool packed =
+        out.is_contiguous() && cond.is_contiguous() && cond.shape() == out.shape() && fits(a) && fits(b);
+    if (is_16_bit(out.dtype()) && !packed) {  // on float32 copies
+        Tensor wide = empty(out.shape(), DType::float32, out.device());
+        do_where(cond, widened(a), widened(b), wide);
+        copy(wide, out);
+        return;
+    }
+    auto run = [&](auto tag) {
         using T = decltype(tag);
         dispatch_any(cond.dtype(), [&](auto cond_tag) {
             using C = decltype(cond_tag);
-            // packed: cond of out's shape, a and b each of out's shape or a single value
-            auto fits = [&](const Tensor& t) {
-                return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1);
-            };
-            if (out.is_contiguous() && cond.is_contiguous() && cond.shape() == out.shape() && fits(a) && fits(b)) {
+            if (packed) {
                 const C* c = device_data<C>(cond);
                 const T* pa = device_data<T>(a);
                 const T* pb = device_data<T>(b);
                 const int64_t step_a = a.numel() == 1 ? 0 : 1, step_b = b.numel() == 1 ? 0 : 1;
                 T* o = device_data<T>(out);
                 in_chunks(out.numel(), [&](int64_t begin, int64_t end) {
-                    for (int64_t i = begin; i < end; ++i) o[i] = c[i] != C(0) ? pa[i * step_a] : pb[i * step_b];
+                    for (int64_t i = begin; i < end; ++i) o[i] = C(c[i]) != C(0) ? pa[i * step_a] : pb[i * step_b];
                 });
                 return;
             }
-            auto O = strided<T>(out);
-            xt::noalias(O) = xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
+            if constexpr (!is_16_bit_v<T>) {
+                auto O = strided<T>(out);
+                xt::noalias(O) =
+                    xt::where(xt::not_equal(input<C>(cond, out), C(0)), input<T>(a, out), input<T>(b, out));
+            }
         });
-    });
+    };
+    if (is_16_bit(out.dtype())) {
+        dispatch_real(out.dtype(), "where", run);
+    } else {
+        dispatch_numeric(a.dtype(), "where", run);
+    }
 }
 
 // The words of the Philox blocks first .. first + 7 (random.hpp) in the order dropout's elements
@@ -340,23 +409,28 @@ void philox_8_blocks(uint64_t seed, uint64_t first, uint32_t words[32]) {
 }
 
 // Each thread's chunk starts at a multiple of 64 elements, so on a whole group of 8 Philox blocks:
-// element i takes word i % 4 of block i / 4, whichever thread computes it.
+// element i takes word i % 4 of block i / 4, whichever thread computes it. 16-bit operands are
+// read as they are, and each result is rounded once from float32.
 template <class T, bool with_residual>
 void dropout_chunk(const T* x, const T* residual, const DropoutMask mask, T* out, int64_t begin, int64_t end) {
-    const T keep_scale = static_cast<T>(mask.keep_scale);
+    using C = compute_type<T>;
+    const C keep_scale = static_cast<C>(mask.keep_scale);
     for (int64_t first = begin; first < end; first += 32) {
         uint32_t words[32];
         philox_8_blocks(mask.seed, mask.first_block + static_cast<uint64_t>(first / 4), words);
         const int64_t count = std::min<int64_t>(32, end - first);
         for (int64_t e = 0; e < count; ++e) {
-            const T dropped = x[first + e] * (words[e] >= mask.threshold ? keep_scale : T(0));
-            out[first + e] = with_residual ? residual[first + e] + dropped : dropped;
+            const C scale = words[e] >= mask.threshold ? keep_scale : C(0);
+            // residual + x m / (1 - p) as one fused multiply-add, so that no compiler's choice to
+            // fuse or not changes a bit (the CUDA kernel does the same)
+            out[first + e] = static_cast<T>(with_residual ? std::fma(C(x[first + e]), scale, C(residual[first + e]))
+                                                          : C(x[first + e]) * scale);
         }
     }
 }
 
 void CpuBackend::do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) {
-    dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+    dispatch_real(x.dtype(), "dropout", [&](auto tag) {
         using T = decltype(tag);
         const T* px = device_data<T>(x);
         const T* pr = device_data_or_null<T>(residual);

@@ -31,11 +31,20 @@ double row_sum(const T* values, int64_t n) {
     for (; j + lanes <= n; j += lanes)
         for (int64_t l = 0; l < lanes; ++l) partial[l] += values[j + l];
     for (int64_t l = 0; j < n; ++j, ++l) partial[l] += values[j];
-    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+           ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+// A float64 sum as a T: through float for the 16-bit types, the value a float32 kernel would
+// give and its rounding to 16 bits
+template <class T>
+T rounded(double total) {
+    return static_cast<T>(static_cast<compute_type<T>>(total));
 }
 
 // The two common sums as plain loops: a packed x summed over its leading dims (the bias gradient:
-// one sum per column) or over its trailing dims (one sum per row). float64 accumulators.
+// one sum per column) or over its trailing dims (one sum per row). float64 accumulators; 16-bit
+// tensors are read as they are.
 template <class T>
 bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
     if (!x.is_contiguous() || !out.is_contiguous() || x.numel() == 0) return false;
@@ -49,12 +58,12 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
     T* o = device_data<T>(out);
     if (trailing) {
 #pragma omp parallel for schedule(static) if (x.numel() > (1 << 16))
-        for (int64_t i = 0; i < kept; ++i) o[i] = static_cast<T>(row_sum(in + i * reduced, reduced));
+        for (int64_t i = 0; i < kept; ++i) o[i] = rounded<T>(row_sum(in + i * reduced, reduced));
     } else {
         std::vector<double> totals(kept, 0.0);
         for (int64_t i = 0; i < reduced; ++i)
             for (int64_t j = 0; j < kept; ++j) totals[j] += in[i * kept + j];
-        for (int64_t j = 0; j < kept; ++j) o[j] = static_cast<T>(totals[j]);
+        for (int64_t j = 0; j < kept; ++j) o[j] = rounded<T>(totals[j]);
     }
     return true;
 }
@@ -62,20 +71,27 @@ bool packed_sum(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) 
 }  // namespace
 
 void CpuBackend::do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
-    dispatch_floating(x.dtype(), "reduce", [&](auto tag) {
+    dispatch_real(x.dtype(), "reduce", [&](auto tag) {
         using T = decltype(tag);
         if (op == ReduceOp::sum && packed_sum<T>(x, dims, out)) return;
-        const std::vector<std::size_t> axes(dims.begin(), dims.end());
-        auto X = input<T>(x, x);
-        auto O = strided<T>(out);
-        if (op == ReduceOp::sum) {
-            // float32 sums accumulate in float64: adding 2^25 ones one by one in float32 stops at 2^24
-            xt::noalias(O) = xt::cast<T>(xt::sum(xt::cast<double>(X), axes, xt::keep_dims));
+        if constexpr (is_16_bit_v<T>) {  // another layout, or max: on a float32 copy
+            Tensor wide = empty(out.shape(), DType::float32, out.device());
+            do_reduce(op, widened(x), dims, wide);
+            copy(wide, out);
+            return;
         } else {
-            // xt::amax skips NaN; relgrad's max, like PyTorch's, is NaN when any element is
-            const auto nan_count = xt::eval(xt::sum(xt::cast<int64_t>(xt::isnan(X)), axes, xt::keep_dims));
-            xt::noalias(O) =
-                xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(), xt::amax(X, axes, xt::keep_dims));
+            const std::vector<std::size_t> axes(dims.begin(), dims.end());
+            auto X = input<T>(x, x);
+            auto O = strided<T>(out);
+            if (op == ReduceOp::sum) {
+                // float32 sums accumulate in float64: adding 2^25 ones one by one in float32 stops at 2^24
+                xt::noalias(O) = xt::cast<T>(xt::sum(xt::cast<double>(X), axes, xt::keep_dims));
+            } else {
+                // xt::amax skips NaN; relgrad's max, like PyTorch's, is NaN when any element is
+                const auto nan_count = xt::eval(xt::sum(xt::cast<int64_t>(xt::isnan(X)), axes, xt::keep_dims));
+                xt::noalias(O) =
+                    xt::where(nan_count > 0, std::numeric_limits<T>::quiet_NaN(), xt::amax(X, axes, xt::keep_dims));
+            }
         }
     });
 }

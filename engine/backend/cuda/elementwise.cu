@@ -106,8 +106,8 @@ __global__ void dropout_kernel(const T* x, const T* residual, DropoutMask mask, 
         T scales[4];
         mask.scales_of_block(static_cast<uint64_t>(b), scales);
         for (int64_t i = 4 * b; i < 4 * b + 4 && i < n; ++i) {
-            const T dropped = x[i] * scales[i - 4 * b];
-            out[i] = residual ? residual[i] + dropped : dropped;
+            // residual + x m / (1 - p) as one fused multiply-add, as the CPU's kernel does
+            out[i] = residual ? fma(x[i], scales[i - 4 * b], residual[i]) : x[i] * scales[i - 4 * b];
         }
     }
 }

@@ -320,6 +320,7 @@ bool CudaBackend::supports(OptionalKernel kernel) const {
         case OptionalKernel::bfloat16_gemm: return has_gemm_in(DType::bfloat16);
         case OptionalKernel::float16_gemm: return has_gemm_in(DType::float16);
         case OptionalKernel::fused_attention_16_bit: return true;
+        case OptionalKernel::elementwise_16_bit: return false;
     }
     return false;
 }
