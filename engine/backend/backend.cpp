@@ -55,9 +55,8 @@ namespace {
 // rounds into it once, after the kernel. These are the values of a kernel that reads and writes
 // 16 bits and forms every product, sum and exponential in float32, as mixed precision asks
 // (docs/precision.md); what it costs is the copies. fill and copy take 16-bit tensors themselves,
-// and a backend that says so (supports()) takes them in batched_gemm and the fused attention.
-// With `as_they_are` (a kernel the device runs on 16-bit tensors itself) every tensor passes
-// through unchanged.
+// and a backend that says so (supports()) takes them in batched_gemm, the fused attention and the
+// elementwise kernels: for those, InFloat32 is made `as_they_are` and passes every tensor through.
 class InFloat32 {
 public:
     explicit InFloat32(Backend& backend, bool as_they_are = false) : backend_(backend), as_they_are_(as_they_are) {}
@@ -415,7 +414,7 @@ Backend& open_cuda_module() {
         throw std::runtime_error("no usable CUDA device: cannot load the CUDA backend " + found->string() + ": " +
                                  dlerror());
     }
-    using Open = Backend* (*)(std::string * why_not);
+    using Open = Backend* (*)(std::string* why_not);
     const auto open = reinterpret_cast<Open>(dlsym(module, "relgrad_open_cuda_backend"));
     if (!open) throw std::runtime_error("no usable CUDA device: " + found->string() + " is not relgrad's CUDA backend");
     std::string why_not;

@@ -146,8 +146,8 @@ TEST_CASE("dropout_add is residual + dropout(x) in one pass, and its backward ke
     const Tensor fused = dropout_add(residual, x.transpose(0, 1), 0.4, true, draw);
     CHECK(memory_stats(Device::cpu).live_bytes - before == fused.numel() * 8);  // the output alone
     const Tensor dropped = dropout(x.transpose(0, 1), 0.4, true, separately), apart = add(residual, dropped);
-    // r + x m / (1 - p): rounded once where the compiler contracts it into a fused multiply-add,
-    // else twice, as add(residual, dropout(x)) is
+    // r + x m / (1 - p): the kernels round it once, in one fused multiply-add (`once`);
+    // add(residual, dropout(x)) rounds twice, and lands on the same value or next to it
     const std::vector<double> f = fused.to_vector(), a = apart.to_vector(), d = dropped.to_vector(),
                               xs = x.transpose(0, 1).contiguous().to_vector(), rs = residual.detach().to_vector();
     for (std::size_t i = 0; i < f.size(); ++i) {

@@ -3,8 +3,9 @@
 // binary, where), reduce.cpp (reduce, softmax_last_dim), gemm.cpp (batched_gemm and the one BLAS
 // call, cpu::gemm), index.cpp (gather, scatter_add, index_select, index_add), attention.cpp (the
 // attention rows) and fused_attention.cpp (the fused kernels); cpu_backend.cpp holds the memory.
-// The loops they share: strided_loops.hpp (xtensor views, multi-index walks, thread chunks) and
-// attention_rows.hpp (the SIMD row loops of both attentions). The CUDA backend mirrors this layout.
+// The loops they share: strided_loops.hpp (xtensor views, multi-index walks, thread chunks, the
+// float32 copies of the 16-bit layouts the packed loops leave) and attention_rows.hpp (the SIMD
+// row loops of both attentions). The CUDA backend mirrors this layout.
 //
 // The same class serves two devices: the cpu, and guarded_cpu, the CPU's kernels on memory of
 // their own that the host API refuses to touch (Tensor::data<T>() throws there; only to(),

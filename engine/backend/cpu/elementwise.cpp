@@ -228,7 +228,8 @@ auto flat(T* p, int64_t n) {
 }
 
 // 16-bit operands pass through a float32 kernel a tile at a time: widened into a buffer that stays
-// in the core's L1 cache, computed by the float32 code itself, and rounded once into the output.
+// in the core's cache (two tiles of 32 KiB), computed by the float32 code itself, and rounded once
+// into the output.
 // The tiles are multiples of 64 elements from a chunk's start, so the SIMD loop meets the same
 // batches as on a whole float32 tensor: the same values as widening the whole tensor first.
 constexpr int64_t kWideTile = 8192;
@@ -237,10 +238,8 @@ constexpr int64_t kWideTile = 8192;
 
 void CpuBackend::do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) {
     const bool packed = x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape();
-    if (is_16_bit(x.dtype()) && !packed) {  // a strided 16-bit view: on a float32 copy
-        Tensor wide = empty(out.shape(), DType::float32, out.device());
-        do_unary(op, widened(x), wide, a, b);
-        copy(wide, out);
+    if (is_16_bit(x.dtype()) && !packed) {
+        on_float32_copies(*this, out, [&](Tensor& wide) { do_unary(op, widened(x), wide, a, b); });
         return;
     }
     dispatch_real(x.dtype(), "unary", [&](auto tag) {
@@ -290,10 +289,8 @@ void CpuBackend::do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor
             default: break;
         }
         if (done) return;
-        if constexpr (is_16_bit_v<T>) {  // another layout or op: on float32 copies
-            Tensor wide = empty(out.shape(), DType::float32, out.device());
-            do_binary(op, widened(a), widened(b), wide);
-            copy(wide, out);
+        if constexpr (is_16_bit_v<T>) {  // another layout, or an op without a packed loop
+            on_float32_copies(*this, out, [&](Tensor& wide) { do_binary(op, widened(a), widened(b), wide); });
         } else {
             auto A = input<T>(a, out);
             auto B = input<T>(b, out);
@@ -321,10 +318,8 @@ void CpuBackend::do_where(const Tensor& cond, const Tensor& a, const Tensor& b, 
     auto fits = [&](const Tensor& t) { return t.is_contiguous() && (t.shape() == out.shape() || t.numel() == 1); };
     const bool packed =
         out.is_contiguous() && cond.is_contiguous() && cond.shape() == out.shape() && fits(a) && fits(b);
-    if (is_16_bit(out.dtype()) && !packed) {  // on float32 copies
-        Tensor wide = empty(out.shape(), DType::float32, out.device());
-        do_where(cond, widened(a), widened(b), wide);
-        copy(wide, out);
+    if (is_16_bit(out.dtype()) && !packed) {
+        on_float32_copies(*this, out, [&](Tensor& wide) { do_where(cond, widened(a), widened(b), wide); });
         return;
     }
     auto run = [&](auto tag) {

@@ -31,8 +31,7 @@ double row_sum(const T* values, int64_t n) {
     for (; j + lanes <= n; j += lanes)
         for (int64_t l = 0; l < lanes; ++l) partial[l] += values[j + l];
     for (int64_t l = 0; j < n; ++j, ++l) partial[l] += values[j];
-    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-           ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+    return ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
 }
 
 // A float64 sum as a T: through float for the 16-bit types, the value a float32 kernel would
@@ -74,11 +73,8 @@ void CpuBackend::do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64
     dispatch_real(x.dtype(), "reduce", [&](auto tag) {
         using T = decltype(tag);
         if (op == ReduceOp::sum && packed_sum<T>(x, dims, out)) return;
-        if constexpr (is_16_bit_v<T>) {  // another layout, or max: on a float32 copy
-            Tensor wide = empty(out.shape(), DType::float32, out.device());
-            do_reduce(op, widened(x), dims, wide);
-            copy(wide, out);
-            return;
+        if constexpr (is_16_bit_v<T>) {  // another layout, or max
+            on_float32_copies(*this, out, [&](Tensor& wide) { do_reduce(op, widened(x), dims, wide); });
         } else {
             const std::vector<std::size_t> axes(dims.begin(), dims.end());
             auto X = input<T>(x, x);

@@ -1,6 +1,7 @@
 // The CPU kernels' loops over strided tensors: xtensor views of a tensor's strided memory (strided,
-// input), a walk over every multi-index with its offsets under several strides (walk), and the
-// split of flat work between threads (in_chunks).
+// input), a walk over every multi-index with its offsets under several strides (walk), the
+// split of flat work between threads (in_chunks), and the float32 copies of the 16-bit layouts
+// the packed loops leave (on_float32_copies).
 #pragma once
 
 #include <array>
@@ -76,6 +77,17 @@ void in_chunks(int64_t n, F&& f) {
     auto boundary = [&](int64_t t) { return t == threads ? n : n * t / threads / align * align; };
 #pragma omp parallel for schedule(static) if (threads > 1)
     for (int64_t t = 0; t < threads; ++t) f(boundary(t), boundary(t + 1));
+}
+
+// What a kernel does with a 16-bit layout its packed loops do not take (a strided view, a broadcast
+// on both sides): what a device without elementwise_16_bit does for every call. compute(wide)
+// runs the kernel on float32 copies (Backend::widened) into wide, a float32 buffer of out's
+// shape, which is then rounded into out once.
+template <class Compute>
+void on_float32_copies(Backend& backend, Tensor& out, Compute&& compute) {
+    Tensor wide = empty(out.shape(), DType::float32, out.device());
+    compute(wide);
+    backend.copy(wide, out);
 }
 
 }  // namespace cpu
