@@ -57,24 +57,30 @@ RELGRAD_HOST_DEVICE inline uint16_t bfloat16_of(float f) {
     return static_cast<uint16_t>((x + 0x7fffu + kept_lsb) >> 16);
 }
 
+// x if `condition`, else y, without a branch: the float16 conversions below compute every case
+// and pick one, so that a loop over an array of them becomes SIMD code (a branch per value would
+// keep it one value at a time, several times slower)
+RELGRAD_HOST_DEVICE inline uint32_t pick(bool condition, uint32_t x, uint32_t y) {
+    const uint32_t all_ones = 0u - static_cast<uint32_t>(condition);
+    return (x & all_ones) | (y & ~all_ones);
+}
+
 // float -> float16 bits (IEEE binary16)
 RELGRAD_HOST_DEVICE inline uint16_t float16_of(float f) {
     const uint32_t x = of(f);
-    const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-    uint32_t a = x & 0x7fffffffu;                                        // |f|
-    if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN, quiet
-    if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-    if (a < 0x38800000u) {                                               // below 2^-14: subnormal
-        // |f| + 0.5 has its last mantissa bit worth 2^-24, float16's subnormal step, so the
-        // float addition rounds to nearest even exactly as float16 must; the low bits are the result
-        const float shifted = to_float(a) + 0.5f;
-        return static_cast<uint16_t>(sign | (of(shifted) - 0x3f000000u));
-    }
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t a = x & 0x7fffffffu;  // |f|
     // normal: round the 13 cut-off mantissa bits as bfloat16_of does, and rebias the exponent
     // (float's bias 127, float16's 15: 112 << 23 = 0x38000000)
-    const uint32_t kept_lsb = (a >> 13) & 1u;
-    a += 0xfffu + kept_lsb;
-    return static_cast<uint16_t>(sign | ((a - 0x38000000u) >> 13));
+    const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+    // below 2^-14, subnormal: |f| + 0.5 has its last mantissa bit worth 2^-24, float16's subnormal
+    // step, so the float addition rounds to nearest even exactly as float16 must; the low bits are
+    // the result
+    const uint32_t subnormal = of(to_float(a) + 0.5f) - 0x3f000000u;
+    uint32_t bits = pick(a < 0x38800000u, subnormal, normal);
+    bits = pick(a >= 0x477ff000u, 0x7c00u, bits);  // >= 65520 rounds to inf
+    bits = pick(a > 0x7f800000u, 0x7e00u, bits);   // NaN, quiet
+    return static_cast<uint16_t>(sign | bits);
 }
 
 RELGRAD_HOST_DEVICE inline float float_of_bfloat16(uint16_t h) { return to_float(static_cast<uint32_t>(h) << 16); }
@@ -82,12 +88,12 @@ RELGRAD_HOST_DEVICE inline float float_of_bfloat16(uint16_t h) { return to_float
 RELGRAD_HOST_DEVICE inline float float_of_float16(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-    if (exponent == 0x1f) return to_float(sign | 0x7f800000u | (mantissa << 13));       // inf, NaN
-    if (exponent == 0) {                                                                // zero, subnormal
-        const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // m 2^-24, exact
-        return sign ? -magnitude : magnitude;
-    }
-    return to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+    const uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
+    const uint32_t inf_or_nan = 0x7f800000u | (mantissa << 13);
+    // m 2^-24, exact in float
+    const uint32_t zero_or_subnormal = of(static_cast<float>(static_cast<int32_t>(mantissa)) * 5.9604644775390625e-8f);
+    const uint32_t bits = pick(exponent == 0, zero_or_subnormal, pick(exponent == 0x1f, inf_or_nan, normal));
+    return to_float(sign | bits);
 }
 
 }  // namespace half_bits

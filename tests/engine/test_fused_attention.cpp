@@ -3,7 +3,8 @@
 // sizes that span several tiles, head widths 32 to 128, offsets, asymmetric and per-head tables;
 // independent of the thread count; the same on the guarded CPU device, and the bucketed fallback
 // of a device without fused kernels; the CUDA kernels (on the test build's cuda device) to 1e-12
-// and deterministic; gradient-checked; bad input rejected.
+// and deterministic; bfloat16 on the CPU within the 16-bit kernels' error; gradient-checked; bad
+// input rejected.
 #include <omp.h>
 
 #include <algorithm>
@@ -509,6 +510,92 @@ TEST_CASE("fused attention in float32 agrees with float64, and does not depend o
         check_same(one, three, 0.0);
     }
     check_equals_bucketed(single);
+}
+
+namespace {
+
+// the largest |a - b| / (1 + |b|) over z and every gradient, a = got, b = expected
+double worst_error(const Result& got, const Result& expected) {
+    double worst = 0;
+    const auto compare = [&](const Tensor& a_tensor, const Tensor& b_tensor) {
+        const std::vector<double> a = a_tensor.to_vector(), b = b_tensor.to_vector();
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i)
+            worst = std::max(worst, std::fabs(a[i] - b[i]) / (1 + std::fabs(b[i])));
+    };
+    compare(got.z, expected.z);
+    REQUIRE(got.grads.size() == expected.grads.size());
+    for (std::size_t n = 0; n < got.grads.size(); ++n) compare(got.grads[n], expected.grads[n]);
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("on the CPU, bfloat16 fused attention reads q, k and v as they are, within the 16-bit kernels' error") {
+    // Where this CPU multiplies bfloat16 at speed, the tile products read the 16-bit operands with
+    // float32 sums, and P and dS are rounded to bfloat16 before the products that read them, as on
+    // cuda (see the tensor-core test there); the tables' products, the softmax and the bucket sums
+    // stay float32. Against float64 on the same 16-bit values, held to the tolerance of the CUDA
+    // kernels, 6 epsilons x (1 + |value|); they err by up to 3.9 here. A key tile's P V that
+    // replaced the sum so far instead of adding to it would err by 89-162.
+    const double epsilon = std::ldexp(1.0, -7), tolerance = 6 * epsilon;
+    Case several_tiles;  // 2 query tiles, 2 key tiles, relative tables per head
+    several_tiles.Lq = 100;
+    several_tiles.Lk = 300;
+    several_tiles.Dh = 32;
+    several_tiles.k_left = 4;
+    several_tiles.k_right = 3;
+    several_tiles.per_head = true;
+    Case causal = several_tiles;  // query 0 at position -1 sees no key
+    causal.pattern.causal = true;
+    causal.pattern.query_offset = -1;
+    Case windowed = several_tiles;  // a window, the second sequence padded after 250 keys
+    windowed.pattern.window = 9;
+    std::vector<double> keep(2 * 300, 1.0);
+    std::fill(keep.begin() + 300 + 250, keep.end(), 0.0);
+    windowed.padding = from_vector(keep, {2, 300}, DType::boolean);
+    Case biased = causal;  // a distance bias instead of Shaw's tables
+    biased.relative = false;
+    biased.distance_bias = true;
+    Case grouped = several_tiles;  // one sequence and head over 3 key tiles: the backward in key groups
+    grouped.B = grouped.H = 1;
+    grouped.Lk = 600;
+    for (const Case& each : {several_tiles, causal, windowed, biased, grouped}) {
+        const double worst = worst_error(run(each, true, DType::bfloat16, 11, Device::cpu, DType::bfloat16),
+                                         run(each, true, DType::float64, 11, Device::cpu, DType::bfloat16));
+        CHECK_MESSAGE(worst <= tolerance, "errs by " << worst / epsilon << " epsilons");
+    }
+    // the threads cut the work by the shapes alone, in 16 bits too
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Result one = run(grouped, true, DType::bfloat16);
+    omp_set_num_threads(3);
+    const Result three = run(grouped, true, DType::bfloat16);
+    omp_set_num_threads(threads);
+    check_same(one, three, 0.0);
+    // and it read q, k and v in 16 bits: the backend allocated no float32 copy of them
+    Backend& cpu = backend_for(Device::cpu);
+    if (!cpu.supports(OptionalKernel::fused_attention_16_bit)) {
+        MESSAGE("this CPU has no fast bfloat16 products: its fused attention runs on float32 copies");
+        return;
+    }
+    Generator gen(5);
+    const Tensor q = randn({1, 2, 45, 64}, gen, DType::bfloat16), k = randn({1, 2, 70, 64}, gen, DType::bfloat16),
+                 v = randn({1, 2, 70, 64}, gen, DType::bfloat16);
+    Tensor z = empty({1, 2, 45, 64}, DType::float32), lse = empty({1, 2, 45}, DType::float32);
+    const int64_t float32_copy_of_q = q.numel() * 4;
+    reset_peak_memory(Device::cpu);
+    int64_t live = memory_stats(Device::cpu).live_bytes;
+    cpu.fused_attention(q, k, v, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, z, lse);
+    CHECK(memory_stats(Device::cpu).peak_live_bytes - live < float32_copy_of_q);
+    const Tensor z16 = z.to(DType::bfloat16), dz = randn(z.shape(), gen, DType::bfloat16);
+    Tensor dq = empty(q.shape(), DType::float32), dk = empty(k.shape(), DType::float32),
+           dv = empty(v.shape(), DType::float32), no_table_k, no_table_v, no_bias;
+    reset_peak_memory(Device::cpu);
+    live = memory_stats(Device::cpu).live_bytes;
+    cpu.fused_attention_backward(q, k, v, z16, lse, dz, AttentionPattern{}, 0.125, ClippedRelativeTerms{}, dq, dk, dv,
+                                 no_table_k, no_table_v, no_bias);
+    CHECK(memory_stats(Device::cpu).peak_live_bytes - live < float32_copy_of_q);
 }
 
 TEST_CASE("fused attention rejects bad input with a clear message") {

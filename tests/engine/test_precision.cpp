@@ -6,12 +6,15 @@
 // tests/engine/test_gradcheck.cpp.
 #include "check.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/backend/backend.hpp"
 #include "engine/half.hpp"
@@ -76,6 +79,54 @@ TEST_CASE("every float16 and bfloat16 value converts to float and back unchanged
     }
 }
 
+// half_bits computes every case of a float16 conversion and picks one (so that loops of them
+// vectorize); here each is checked against the format's definition, computed another way: every
+// float16 value decoded from its fields, and a sweep of floats (every 977th bit pattern, all
+// signs, exponents and NaNs) rounded to the nearest value of the table of all finite ones.
+TEST_CASE("float16 conversions agree with the format's definition, for every value and a sweep of floats") {
+    std::vector<double> finite;  // the positive finite values, bits 0 to 0x7bff, increasing
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+        const uint32_t exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+        double magnitude =
+            exponent == 0 ? std::ldexp(double(mantissa), -24) : std::ldexp(double(1024 + mantissa), int(exponent) - 25);
+        if (exponent == 0x1f) magnitude = mantissa == 0 ? inf : std::nan("");
+        Float16 h;
+        h.bits = static_cast<uint16_t>(bits);
+        const double decoded = static_cast<float>(h);
+        if (std::isnan(magnitude)) {
+            REQUIRE(std::isnan(decoded));
+        } else {
+            REQUIRE(decoded == ((bits & 0x8000) ? -magnitude : magnitude));
+            REQUIRE(std::signbit(decoded) == bool(bits & 0x8000));
+        }
+        if (bits <= 0x7bff) finite.push_back(magnitude);
+    }
+    for (uint64_t pattern = 0; pattern < (uint64_t(1) << 32); pattern += 977) {
+        const uint32_t word = static_cast<uint32_t>(pattern);
+        float f;
+        std::memcpy(&f, &word, sizeof f);
+        const uint16_t bits = Float16(f).bits;
+        if (std::isnan(f)) {
+            REQUIRE((bits & 0x7c00) == 0x7c00);
+            REQUIRE((bits & 0x03ff) != 0);
+            continue;
+        }
+        const double a = std::fabs(double(f));
+        uint16_t nearest = 0x7c00;  // 65520 and more: inf
+        if (a > finite.back() && a < 65520.0) {
+            nearest = 0x7bff;  // up to the half step past 65504
+        } else if (a < 65520.0) {
+            const auto above = std::lower_bound(finite.begin(), finite.end(), a);
+            nearest = static_cast<uint16_t>(above - finite.begin());
+            if (*above != a) {  // between two values: the nearer, a tie to the even bits
+                const double up = *above - a, down = a - *(above - 1);
+                if (down < up || (down == up && (nearest & 1))) --nearest;
+            }
+        }
+        REQUIRE(bits == (nearest | (std::signbit(f) ? 0x8000 : 0)));
+    }
+}
+
 TEST_CASE("tensors convert to and from 16 bits on every device, refusing what int64 cannot hold") {
     const std::vector<double> values = {1.0, -2.5, 0.1, 65504.0, 1e5, std::ldexp(1.0, -24), -0.0};
     for (Device device : {Device::cpu, Device::guarded_cpu}) {
@@ -90,6 +141,22 @@ TEST_CASE("tensors convert to and from 16 bits on every device, refusing what in
         CHECK(wide.to(DType::bfloat16).to(DType::int64).to_vector()[1] == -2.0);  // toward zero, as C++ does
         CHECK_THROWS_WITH_AS(wide.to(DType::float16).to(DType::int64), "conversion to int64: inf has no int64 value",
                              std::invalid_argument);
+        // through transposed views (strided rows, as a product's operands are): each element as above
+        std::vector<double> rows;
+        for (int r = 0; r < 3; ++r) rows.insert(rows.end(), values.begin(), values.end());
+        const Tensor transposed = from_vector(rows, {3, 7}, DType::float64, device).transpose(0, 1);  // [7, 3]
+        for (const DType dtype : {DType::float16, DType::bfloat16}) {
+            const Tensor narrow = transposed.to(dtype);
+            const Tensor back = narrow.transpose(0, 1).to(DType::float32);  // [3, 7] from a strided 16-bit view
+            for (std::size_t i = 0; i < values.size(); ++i) {
+                const double expected =
+                    dtype == DType::float16 ? value_of<Float16>(values[i]) : value_of<BFloat16>(values[i]);
+                for (int64_t r = 0; r < 3; ++r) {
+                    CHECK(narrow.to_vector()[i * 3 + r] == expected);
+                    CHECK(back.to_vector()[r * 7 + i] == expected);
+                }
+            }
+        }
     }
 }
 

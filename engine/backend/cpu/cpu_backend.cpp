@@ -16,7 +16,7 @@ bool CpuBackend::supports(OptionalKernel kernel) const {
         case OptionalKernel::fused_attention: return offers_fused_attention_;
         case OptionalKernel::bfloat16_gemm: return cpu::fast_bfloat16_gemm();
         case OptionalKernel::float16_gemm: return false;  // oneDNN 2.6 has none for these CPUs
-        case OptionalKernel::fused_attention_16_bit: return false;
+        case OptionalKernel::fused_attention_16_bit: return cpu::fast_bfloat16_gemm();  // float16: on copies
         case OptionalKernel::elementwise_16_bit: return true;
     }
     return false;

@@ -98,6 +98,10 @@ void use_one_blas_thread();
 // result rounded once; single-threaded inside relgrad's threads, as the float32 products are.
 void gemm_bfloat16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const BFloat16* A, int64_t lda,
                    const BFloat16* B, int64_t ldb, BFloat16* C, int64_t ldc);
+// C = alpha op(A) op(B) + beta C with bfloat16 A and B, float32 sums and C, row-major (oneDNN's
+// gemm; the fused attention's tiles): single-threaded, as gemm<float> is.
+void gemm_bfloat16_to_float(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+                            int64_t lda, const BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // Whether this CPU runs oneDNN's bfloat16 products at speed (AVX512-BF16 or AMX): without those
 // instructions oneDNN emulates them at under half of OpenBLAS's float32 rate, and the products
 // run on float32 copies instead.

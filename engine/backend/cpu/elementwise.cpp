@@ -137,48 +137,11 @@ void CpuBackend::do_fill(Tensor& out, double value) {
     });
 }
 
-void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
-    if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-        std::memcpy(static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype()),
-                    static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype()),
-                    src.numel() * dtype_size(src.dtype()));
-        return;
-    }
-    if (src.dtype() == dst.dtype() && is_floating(src.dtype()) && dst.dim() > 0) {
-        // same type, any strides (a transpose made contiguous, a slice filled): row by row
-        dispatch_any(src.dtype(), [&](auto tag) {
-            using T = decltype(tag);
-            const Shape outer(dst.shape().begin(), dst.shape().end() - 1);
-            const int64_t inner = dst.shape().back(), step = src.strides().back(), dst_step = dst.strides().back();
-            const T* from = device_data<T>(src);
-            T* to = device_data<T>(dst);
-            walk<2>(outer,
-                    {Shape(src.strides().begin(), src.strides().end() - 1),
-                     Shape(dst.strides().begin(), dst.strides().end() - 1)},
-                    [&](const auto& off) {
-                        for (int64_t j = 0; j < inner; ++j) to[off[1] + j * dst_step] = from[off[0] + j * step];
-                    });
-        });
-        return;
-    }
-    if (src.is_contiguous() && dst.is_contiguous() && (is_16_bit(src.dtype()) || is_16_bit(dst.dtype())) &&
-        is_floating(src.dtype()) && is_floating(dst.dtype())) {
-        // to and from 16 bits, element by element (the copies around every 16-bit kernel, see backend.cpp)
-        dispatch_any(dst.dtype(), [&](auto dst_tag) {
-            using D = decltype(dst_tag);
-            dispatch_any(src.dtype(), [&](auto src_tag) {
-                using S = decltype(src_tag);
-                if constexpr (is_real_v<S> && is_real_v<D>) {
-                    const S* from = device_data<S>(src);
-                    D* to = device_data<D>(dst);
-                    in_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
-                        for (int64_t i = begin; i < end; ++i) to[i] = static_cast<D>(from[i]);
-                    });
-                }
-            });
-        });
-        return;
-    }
+namespace {
+
+// dst = src where either is not of a floating type (integers, booleans): xtensor's strided
+// assignment
+void convert_by_xtensor(const Tensor& src, Tensor& dst) {
     dispatch_any(dst.dtype(), [&](auto dst_tag) {
         using D = decltype(dst_tag);
         dispatch_any(src.dtype(), [&](auto src_tag) {
@@ -189,6 +152,55 @@ void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
             }
             auto d = strided<D>(dst);
             xt::noalias(d) = xt::cast<D>(input<S>(src, dst));
+        });
+    });
+}
+
+}  // namespace
+
+void CpuBackend::do_copy(const Tensor& src, Tensor& dst) {
+    if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+        std::memcpy(static_cast<char*>(dst.storage()->data()) + dst.offset() * dtype_size(dst.dtype()),
+                    static_cast<const char*>(src.storage()->data()) + src.offset() * dtype_size(src.dtype()),
+                    src.numel() * dtype_size(src.dtype()));
+        return;
+    }
+    if (!is_floating(src.dtype()) || !is_floating(dst.dtype())) {
+        convert_by_xtensor(src, dst);
+        return;
+    }
+    // between floating types: element by element, each value rounded once (the copies around
+    // every 16-bit kernel, see backend.cpp, and a transpose or slice made contiguous)
+    dispatch_any(dst.dtype(), [&](auto dst_tag) {
+        using D = decltype(dst_tag);
+        dispatch_any(src.dtype(), [&](auto src_tag) {
+            using S = decltype(src_tag);
+            if constexpr (is_real_v<S> && is_real_v<D>) {
+                const S* from = device_data<S>(src);
+                D* to = device_data<D>(dst);
+                if (src.is_contiguous() && dst.is_contiguous()) {  // flat chunks, one per thread
+                    in_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i) to[i] = static_cast<D>(from[i]);
+                    });
+                    return;
+                }
+                // any strides: row by row along the last dim, a SIMD loop where both rows are packed
+                const Shape outer(dst.shape().begin(), dst.shape().end() - 1);
+                const int64_t inner = dst.shape().back(), step = src.strides().back(), dst_step = dst.strides().back();
+                walk<2>(outer,
+                        {Shape(src.strides().begin(), src.strides().end() - 1),
+                         Shape(dst.strides().begin(), dst.strides().end() - 1)},
+                        [&](const auto& off) {
+                            const S* row = from + off[0];
+                            D* out_row = to + off[1];
+                            if (step == 1 && dst_step == 1) {
+                                for (int64_t j = 0; j < inner; ++j) out_row[j] = static_cast<D>(row[j]);
+                            } else {
+                                for (int64_t j = 0; j < inner; ++j)
+                                    out_row[j * dst_step] = static_cast<D>(row[j * step]);
+                            }
+                        });
+            }
         });
     });
 }

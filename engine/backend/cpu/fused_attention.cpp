@@ -30,9 +30,17 @@
 // with groups of key tiles only when there are fewer than 8 (batch, head) pairs; each output
 // element is summed by one thread in a fixed order, and the cut depends on the shapes alone, so
 // results do not depend on the thread count.
+//
+// bfloat16 q, k, v (and z, dz) are read as they are where this CPU multiplies bfloat16 at speed
+// (supports(fused_attention_16_bit)): the tile products above take them through oneDNN's bfloat16
+// gemm with float32 sums, everything else is float32, and P and dS are rounded to bfloat16 before
+// the products that read them, as the CUDA kernels round them (FlashAttention-2's rule). Q and dz
+// are widened to float32 for the products with the float32 tables E_K and E_V. float16 operands
+// run on float32 copies (these CPUs have no fast float16 products).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -44,8 +52,51 @@ namespace relgrad {
 namespace cpu {
 namespace {
 
-// The sizes, the rules of the pattern and where each (batch, head) finds its operands.
+// The tile products: C = alpha op(A) op(B) + beta C, A and B of the operands' type T, C of
+// compute_type<T> (float32 sums for bfloat16 operands)
 template <class T>
+void tile_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, compute_type<T> alpha, const T* A,
+               int64_t lda, const T* B, int64_t ldb, compute_type<T> beta, compute_type<T>* C, int64_t ldc) {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+        gemm_bfloat16_to_float(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        gemm<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    }
+}
+
+// x[0, n) as an operand of type T: x itself, or for 16-bit operands rounded into `buffer` (P and
+// dS before the products that read them)
+template <class T>
+const T* as_operand(const compute_type<T>* x, int64_t n, std::vector<T>& buffer) {
+    if constexpr (is_16_bit_v<T>) {
+        for (int64_t e = 0; e < n; ++e) buffer[e] = static_cast<T>(x[e]);
+        return buffer.data();
+    } else {
+        return x;
+    }
+}
+
+// operands x[0, n) in compute_type<T>: x itself, or for 16-bit operands widened into `buffer` (Q
+// and dz before the products with the tables)
+template <class T>
+const compute_type<T>* as_computed(const T* x, int64_t n, std::vector<compute_type<T>>& buffer) {
+    if constexpr (is_16_bit_v<T>) {
+        for (int64_t e = 0; e < n; ++e) buffer[e] = x[e];
+        return buffer.data();
+    } else {
+        return x;
+    }
+}
+
+// the size of a buffer of as_operand or as_computed: n for 16-bit operands, none otherwise
+template <class T>
+int64_t only_16_bit(int64_t n) {
+    return is_16_bit_v<T> ? n : 0;
+}
+
+// The sizes, the rules of the pattern and where each (batch, head) finds its operands: q, k and v
+// of type T, the rest (the tables, the bias, the scale) of C = compute_type<T>.
+template <class T, class C = compute_type<T>>
 struct Problem {
     Problem(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern, double scale,
             const ClippedRelativeTerms& relative)
@@ -54,7 +105,7 @@ struct Problem {
           Lq(q.size(2)),
           Lk(k.size(2)),
           Dh(q.size(3)),
-          scale(static_cast<T>(scale)),
+          scale(static_cast<C>(scale)),
           relative(relative.table_k.defined()),
           K(relative.table_k.defined() ? relative.table_k.size(1) : 0),
           k_left(relative.k_left),
@@ -67,14 +118,14 @@ struct Problem {
           q_all(device_data<T>(q)),
           k_all(device_data<T>(k)),
           v_all(device_data<T>(v)),
-          table_k(device_data_or_null<T>(relative.table_k)),
-          table_v(device_data_or_null<T>(relative.table_v)),
-          distance_bias(device_data_or_null<T>(relative.distance_bias)),
+          table_k(device_data_or_null<C>(relative.table_k)),
+          table_v(device_data_or_null<C>(relative.table_v)),
+          distance_bias(device_data_or_null<C>(relative.distance_bias)),
           bias_per_head(relative.distance_bias.defined() && relative.distance_bias.size(0) > 1) {
         if (mask) mask_strides = pattern.mask.strides();
     }
     int64_t B, H, Lq, Lk, Dh;
-    T scale;
+    C scale;
     bool relative;
     int64_t K, k_left, k_right;
     bool tables_per_head;
@@ -82,8 +133,9 @@ struct Problem {
     int64_t window, query_offset;
     const bool* mask;
     Shape mask_strides;
-    const T *q_all, *k_all, *v_all, *table_k, *table_v;
-    const T* distance_bias;  // [H or 1, Lq + Lk - 1], or null
+    const T *q_all, *k_all, *v_all;
+    const C *table_k, *table_v;
+    const C* distance_bias;  // [H or 1, Lq + Lk - 1], or null
     bool bias_per_head;
 
     // where (batch, head) bh finds its queries, keys and values, and head h its tables E_K and E_V
@@ -91,11 +143,11 @@ struct Problem {
     const T* queries(int64_t bh) const { return q_all + bh * Lq * Dh; }
     const T* keys(int64_t bh) const { return k_all + bh * Lk * Dh; }
     const T* values(int64_t bh) const { return v_all + bh * Lk * Dh; }
-    const T* head_table_k(int64_t h) const { return table_k ? table_k + (tables_per_head ? h : 0) * K * Dh : nullptr; }
-    const T* head_table_v(int64_t h) const { return table_v ? table_v + (tables_per_head ? h : 0) * K * Dh : nullptr; }
+    const C* head_table_k(int64_t h) const { return table_k ? table_k + (tables_per_head ? h : 0) * K * Dh : nullptr; }
+    const C* head_table_v(int64_t h) const { return table_v ? table_v + (tables_per_head ? h : 0) * K * Dh : nullptr; }
     int64_t bias_entries() const { return distance_bias ? Lq + Lk - 1 : 0; }
     // head h's bias for the keys of query i from key j0 on (null without a distance bias)
-    const T* bias_row(int64_t h, int64_t i, int64_t j0) const {
+    const C* bias_row(int64_t h, int64_t i, int64_t j0) const {
         return distance_bias ? distance_bias + (bias_per_head ? h : 0) * bias_entries() + distance_entry(i, j0, Lq)
                              : nullptr;
     }
@@ -133,16 +185,16 @@ struct Problem {
     }
     // s <- c (s + QE[i, r]) (or c s + b_h(j - i)) over the keys [j0, j1) of query i, the keys it
     // may not see to -inf; returns the row's max
-    T scores_row(T* s, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t j1, const T* qe_row) const {
-        const T neg_inf = -std::numeric_limits<T>::infinity();
-        T m = neg_inf;
-        if (const T* bias = bias_row(h, i, j0)) {
+    C scores_row(C* s, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t j1, const C* qe_row) const {
+        const C neg_inf = -std::numeric_limits<C>::infinity();
+        C m = neg_inf;
+        if (const C* bias = bias_row(h, i, j0)) {
             m = scale_add_max(s, bias, j1 - j0, scale, m);
         } else {
             for_each_run(
                 i, j0, j1,
                 [&](int64_t begin, int64_t end, int64_t bucket) {
-                    m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : T(0), scale, m);
+                    m = shift_scale_max(s + begin, end - begin, bucket >= 0 ? qe_row[bucket] : C(0), scale, m);
                 },
                 [&](int64_t begin, int64_t end, int64_t first) {
                     m = add_scale_max(s + begin, qe_row + first, end - begin, scale, m);
@@ -167,50 +219,63 @@ struct Problem {
 template <class T>
 void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionPattern& pattern, double scale,
              const ClippedRelativeTerms& relative, Tensor& z_out, Tensor& lse_out) {
+    using C = compute_type<T>;
     const Problem<T> P(q_in, k_in, v_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K;
-    T* z_all = device_data<T>(z_out);
-    T* lse_all = device_data<T>(lse_out);
-    const T neg_inf = -std::numeric_limits<T>::infinity();
+    C* z_all = device_data<C>(z_out);
+    C* lse_all = device_data<C>(lse_out);
+    const C neg_inf = -std::numeric_limits<C>::infinity();
     const int64_t tiles = (Lq + kQueryTile - 1) / kQueryTile;
     // each thread's tile buffers, allocated here so that running out of memory is an exception
     struct Scratch {
-        std::vector<T> s, qe, acc, w, m, l;
+        std::vector<C> s, qe, acc, w, m, l, q_wide;
+        std::vector<T> p_rounded;
     };
     std::vector<Scratch> scratch(omp_get_max_threads());
     for (Scratch& mine : scratch) {
-        mine = {std::vector<T>(kQueryTile * kKeyTile), std::vector<T>(kQueryTile * K), std::vector<T>(kQueryTile * Dh),
-                std::vector<T>(kQueryTile * K),        std::vector<T>(kQueryTile),     std::vector<T>(kQueryTile)};
+        mine = {std::vector<C>(kQueryTile * kKeyTile),
+                std::vector<C>(kQueryTile * K),
+                std::vector<C>(kQueryTile * Dh),
+                std::vector<C>(kQueryTile * K),
+                std::vector<C>(kQueryTile),
+                std::vector<C>(kQueryTile),
+                std::vector<C>(only_16_bit<T>(kQueryTile * Dh)),
+                std::vector<T>(only_16_bit<T>(kQueryTile * kKeyTile))};
     }
 #pragma omp parallel
     {
         Scratch& mine = scratch[omp_get_thread_num()];
-        std::vector<T>&s = mine.s, &qe = mine.qe, &acc = mine.acc, &w = mine.w, &m = mine.m, &l = mine.l;
+        std::vector<C>&s = mine.s, &qe = mine.qe, &acc = mine.acc, &w = mine.w, &m = mine.m, &l = mine.l;
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < P.B * P.H * tiles; ++task) {
             const int64_t bh = task / tiles, b = bh / P.H, h = bh % P.H;
             const int64_t i0 = (task % tiles) * kQueryTile, i1 = std::min(Lq, i0 + kQueryTile), rows = i1 - i0;
             const T* q = P.queries(bh) + i0 * Dh;
-            const T *k = P.keys(bh), *v = P.values(bh), *ek = P.head_table_k(h), *ev = P.head_table_v(h);
-            std::fill(acc.begin(), acc.end(), T(0));
-            std::fill(w.begin(), w.end(), T(0));
+            const T *k = P.keys(bh), *v = P.values(bh);
+            const C *ek = P.head_table_k(h), *ev = P.head_table_v(h);
+            std::fill(acc.begin(), acc.end(), C(0));
+            std::fill(w.begin(), w.end(), C(0));
             std::fill(m.begin(), m.end(), neg_inf);
-            std::fill(l.begin(), l.end(), T(0));
-            if (ek) gemm(false, true, rows, K, Dh, T(1), q, Dh, ek, Dh, T(0), qe.data(), K);  // QE = Q_t E_K^T
+            std::fill(l.begin(), l.end(), C(0));
+            if (ek) {  // QE = Q_t E_K^T
+                const C* q_computed = as_computed(q, rows * Dh, mine.q_wide);
+                gemm(false, true, rows, K, Dh, C(1), q_computed, Dh, ek, Dh, C(0), qe.data(), K);
+            }
             for (int64_t j0 = 0; j0 < Lk; j0 += kKeyTile) {
                 const int64_t j1 = std::min(Lk, j0 + kKeyTile), cols = j1 - j0;
                 if (!P.tile_visible(i0, i1, j0, j1)) continue;
-                gemm(false, true, rows, cols, Dh, T(1), q, Dh, k + j0 * Dh, Dh, T(0), s.data(), cols);  // Q_t K_t^T
+                // S = Q_t K_t^T
+                tile_gemm(false, true, rows, cols, Dh, C(1), q, Dh, k + j0 * Dh, Dh, C(0), s.data(), cols);
                 for (int64_t row = 0; row < rows; ++row) {
-                    T* s_row = s.data() + row * cols;
-                    const T tile_max = P.scores_row(s_row, b, h, i0 + row, j0, j1, qe.data() + row * K);
+                    C* s_row = s.data() + row * cols;
+                    const C tile_max = P.scores_row(s_row, b, h, i0 + row, j0, j1, qe.data() + row * K);
                     if (tile_max == neg_inf) {  // nothing visible in this tile: p = 0
-                        std::fill(s_row, s_row + cols, T(0));
+                        std::fill(s_row, s_row + cols, C(0));
                         continue;
                     }
-                    const T new_max = std::max(m[row], tile_max);
-                    const T alpha = m[row] == neg_inf ? T(0) : std::exp(m[row] - new_max);
-                    if (alpha != T(1)) {
+                    const C new_max = std::max(m[row], tile_max);
+                    const C alpha = m[row] == neg_inf ? C(0) : std::exp(m[row] - new_max);
+                    if (alpha != C(1)) {
                         for (int64_t d = 0; d < Dh; ++d) acc[row * Dh + d] *= alpha;
                         for (int64_t r = 0; r < K; ++r) w[row * K + r] *= alpha;
                     }
@@ -227,14 +292,15 @@ void forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const A
                             });
                     }
                 }
-                gemm(false, false, rows, Dh, cols, T(1), s.data(), cols, v + j0 * Dh, Dh, T(1), acc.data(), Dh);
+                const T* p = as_operand(s.data(), rows * cols, mine.p_rounded);
+                tile_gemm(false, false, rows, Dh, cols, C(1), p, cols, v + j0 * Dh, Dh, C(1), acc.data(), Dh);  // P V_t
             }
-            if (ev) gemm(false, false, rows, Dh, K, T(1), w.data(), K, ev, Dh, T(1), acc.data(), Dh);  // + W E_V
-            T* z = z_all + (bh * Lq + i0) * Dh;
-            T* lse = lse_all + bh * Lq + i0;
+            if (ev) gemm(false, false, rows, Dh, K, C(1), w.data(), K, ev, Dh, C(1), acc.data(), Dh);  // + W E_V
+            C* z = z_all + (bh * Lq + i0) * Dh;
+            C* lse = lse_all + bh * Lq + i0;
             for (int64_t row = 0; row < rows; ++row) {
-                const bool sees_a_key = l[row] > T(0);
-                const T inverse = sees_a_key ? T(1) / l[row] : T(0);
+                const bool sees_a_key = l[row] > C(0);
+                const C inverse = sees_a_key ? C(1) / l[row] : C(0);
                 for (int64_t d = 0; d < Dh; ++d) z[row * Dh + d] = acc[row * Dh + d] * inverse;
                 lse[row] = sees_a_key ? m[row] + std::log(l[row]) : neg_inf;
             }
@@ -247,16 +313,17 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
               const Tensor& dz_in, const AttentionPattern& pattern, double scale, const ClippedRelativeTerms& relative,
               Tensor& dq_out, Tensor& dk_out, Tensor& dv_out, Tensor& d_table_k, Tensor& d_table_v,
               Tensor& d_distance_bias) {
+    using C = compute_type<T>;
     const Problem<T> P(q_in, k_in, v_in, pattern, scale, relative);
     const int64_t Lq = P.Lq, Lk = P.Lk, Dh = P.Dh, K = P.K, BH = P.B * P.H;
-    const T c = P.scale;
+    const C c = P.scale;
     const T* z_all = device_data<T>(z_in);
-    const T* lse_all = device_data<T>(lse_in);
+    const C* lse_all = device_data<C>(lse_in);
     const T* dz_all = device_data<T>(dz_in);
-    T* dq_all = device_data<T>(dq_out);
-    T* dk_all = device_data<T>(dk_out);
-    T* dv_all = device_data<T>(dv_out);
-    const T neg_inf = -std::numeric_limits<T>::infinity();
+    C* dq_all = device_data<C>(dq_out);
+    C* dk_all = device_data<C>(dk_out);
+    C* dv_all = device_data<C>(dv_out);
+    const C neg_inf = -std::numeric_limits<C>::infinity();
     // Tasks: (batch, head, key group). With fewer (batch, head) pairs than 8 the key tiles are cut
     // into groups, so that a single sequence and head still keeps several threads busy; a group
     // owns dk and dv of its keys and adds into its own share of dq and of the bucket sums P and S,
@@ -265,72 +332,81 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
     const int64_t groups =
         std::clamp<int64_t>((8 + BH - 1) / std::max<int64_t>(BH, 1), 1, std::max<int64_t>(key_tiles, 1));
     const int64_t shares = groups > 1 ? BH * groups : 0;
-    std::vector<T> dq_shares(shares * Lq * Dh), p_shares(shares * Lq * K), ds_shares(shares * Lq * K);
+    std::vector<C> dq_shares(shares * Lq * Dh), p_shares(shares * Lq * K), ds_shares(shares * Lq * K);
     // each (batch, head)'s share of dE_K and dE_V, summed in a fixed order afterwards
-    std::vector<T> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
+    std::vector<C> dek_parts(P.relative ? BH * K * Dh : 0), dev_parts(P.relative ? BH * K * Dh : 0);
     // the distance bias's gradient, [B, H, Lq + Lk - 1], each group's share apart when there are several
-    T* d_bias_all = device_data_or_null<T>(d_distance_bias);
+    C* d_bias_all = device_data_or_null<C>(d_distance_bias);
     const int64_t entries = d_bias_all ? P.bias_entries() : 0;
-    std::vector<T> d_bias_shares(shares * entries);
+    std::vector<C> d_bias_shares(shares * entries);
     // each thread's buffers, allocated here so that running out of memory is an exception
     struct Scratch {
-        std::vector<T> s, dp, dot, qe, g, p_buckets, ds_buckets;
+        std::vector<C> s, dp, dot, qe, g, p_buckets, ds_buckets, q_wide, dz_wide;
+        std::vector<T> p_rounded, ds_rounded;
     };
     const int team = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(BH * groups, 1)));
+    const int64_t wide_rows = P.relative ? only_16_bit<T>(Lq * Dh) : 0;
     std::vector<Scratch> scratch(team);
     for (Scratch& mine : scratch) {
-        mine = {std::vector<T>(kQueryTile * kKeyTile),
-                std::vector<T>(kQueryTile * kKeyTile),
-                std::vector<T>(Lq),
-                std::vector<T>(Lq * K),
-                std::vector<T>(Lq * K),
-                std::vector<T>(Lq * K),
-                std::vector<T>(Lq * K)};
+        mine = {std::vector<C>(kQueryTile * kKeyTile),
+                std::vector<C>(kQueryTile * kKeyTile),
+                std::vector<C>(Lq),
+                std::vector<C>(Lq * K),
+                std::vector<C>(Lq * K),
+                std::vector<C>(Lq * K),
+                std::vector<C>(Lq * K),
+                std::vector<C>(wide_rows),
+                std::vector<C>(wide_rows),
+                std::vector<T>(only_16_bit<T>(kQueryTile * kKeyTile)),
+                std::vector<T>(only_16_bit<T>(kQueryTile * kKeyTile))};
     }
-    // after the last key tile: dq += c S E_K, and the (batch, head)'s c S^T Q and P^T dz
-    auto finish = [&](int64_t bh, const T* p_sums, const T* ds_sums) {
+    // after the last key tile: dq += c S E_K, and the (batch, head)'s c S^T Q and P^T dz (Q and dz
+    // in C)
+    auto finish = [&](int64_t bh, const C* p_sums, const C* ds_sums, const C* q, const C* dz) {
         const int64_t h = bh % P.H;
-        gemm(false, false, Lq, Dh, K, c, ds_sums, K, P.head_table_k(h), Dh, T(1), dq_all + bh * Lq * Dh, Dh);
-        gemm(true, false, K, Dh, Lq, c, ds_sums, K, P.queries(bh), Dh, T(0), dek_parts.data() + bh * K * Dh, Dh);
-        gemm(true, false, K, Dh, Lq, T(1), p_sums, K, dz_all + bh * Lq * Dh, Dh, T(0), dev_parts.data() + bh * K * Dh,
-             Dh);
+        gemm(false, false, Lq, Dh, K, c, ds_sums, K, P.head_table_k(h), Dh, C(1), dq_all + bh * Lq * Dh, Dh);
+        gemm(true, false, K, Dh, Lq, c, ds_sums, K, q, Dh, C(0), dek_parts.data() + bh * K * Dh, Dh);
+        gemm(true, false, K, Dh, Lq, C(1), p_sums, K, dz, Dh, C(0), dev_parts.data() + bh * K * Dh, Dh);
     };
 #pragma omp parallel num_threads(team)
     {
         Scratch& mine = scratch[omp_get_thread_num()];
-        std::vector<T>&s = mine.s, &dp = mine.dp, &dot = mine.dot, &qe = mine.qe, &g = mine.g;
+        std::vector<C>&s = mine.s, &dp = mine.dp, &dot = mine.dot, &qe = mine.qe, &g = mine.g;
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < BH * groups; ++task) {
             const int64_t bh = task / groups, group = task % groups, b = bh / P.H, h = bh % P.H;
             const T *q = P.queries(bh), *k = P.keys(bh), *v = P.values(bh);
             const T* z = z_all + bh * Lq * Dh;
             const T* dz = dz_all + bh * Lq * Dh;
-            const T* lse = lse_all + bh * Lq;
-            T* dq = groups > 1 ? dq_shares.data() + task * Lq * Dh : dq_all + bh * Lq * Dh;
-            T* p_buckets = groups > 1 ? p_shares.data() + task * Lq * K : mine.p_buckets.data();
-            T* ds_buckets = groups > 1 ? ds_shares.data() + task * Lq * K : mine.ds_buckets.data();
-            T* d_bias = groups > 1 ? d_bias_shares.data() + task * entries : d_bias_all + bh * entries;
-            if (d_bias_all) std::fill(d_bias, d_bias + entries, T(0));
-            T* dk = dk_all + bh * Lk * Dh;
-            T* dv = dv_all + bh * Lk * Dh;
-            const T *ek = P.head_table_k(h), *ev = P.head_table_v(h);
+            const C* lse = lse_all + bh * Lq;
+            C* dq = groups > 1 ? dq_shares.data() + task * Lq * Dh : dq_all + bh * Lq * Dh;
+            C* p_buckets = groups > 1 ? p_shares.data() + task * Lq * K : mine.p_buckets.data();
+            C* ds_buckets = groups > 1 ? ds_shares.data() + task * Lq * K : mine.ds_buckets.data();
+            C* d_bias = groups > 1 ? d_bias_shares.data() + task * entries : d_bias_all + bh * entries;
+            if (d_bias_all) std::fill(d_bias, d_bias + entries, C(0));
+            C* dk = dk_all + bh * Lk * Dh;
+            C* dv = dv_all + bh * Lk * Dh;
+            const C *ek = P.head_table_k(h), *ev = P.head_table_v(h);
             // this group's keys: whole tiles [key_begin, key_end)
             const int64_t key_begin = std::min(Lk, key_tiles * group / groups * kKeyTile);
             const int64_t key_end = std::min(Lk, key_tiles * (group + 1) / groups * kKeyTile);
             for (int64_t i = 0; i < Lq; ++i) {  // D_i = dz_i . z_i
-                T total(0);
-                for (int64_t d = 0; d < Dh; ++d) total += dz[i * Dh + d] * z[i * Dh + d];
+                C total(0);
+                for (int64_t d = 0; d < Dh; ++d) total += C(dz[i * Dh + d]) * C(z[i * Dh + d]);
                 dot[i] = total;
             }
+            const C *q_computed = nullptr, *dz_computed = nullptr;
             if (ek) {
-                gemm(false, true, Lq, K, Dh, T(1), q, Dh, ek, Dh, T(0), qe.data(), K);  // QE = Q E_K^T
-                gemm(false, true, Lq, K, Dh, T(1), dz, Dh, ev, Dh, T(0), g.data(), K);  // G = dz E_V^T
-                std::fill(p_buckets, p_buckets + Lq * K, T(0));
-                std::fill(ds_buckets, ds_buckets + Lq * K, T(0));
+                q_computed = as_computed(q, Lq * Dh, mine.q_wide);
+                dz_computed = as_computed(dz, Lq * Dh, mine.dz_wide);
+                gemm(false, true, Lq, K, Dh, C(1), q_computed, Dh, ek, Dh, C(0), qe.data(), K);  // QE = Q E_K^T
+                gemm(false, true, Lq, K, Dh, C(1), dz_computed, Dh, ev, Dh, C(0), g.data(), K);  // G = dz E_V^T
+                std::fill(p_buckets, p_buckets + Lq * K, C(0));
+                std::fill(ds_buckets, ds_buckets + Lq * K, C(0));
             }
-            std::fill(dq, dq + Lq * Dh, T(0));
-            std::fill(dk + key_begin * Dh, dk + key_end * Dh, T(0));
-            std::fill(dv + key_begin * Dh, dv + key_end * Dh, T(0));
+            std::fill(dq, dq + Lq * Dh, C(0));
+            std::fill(dk + key_begin * Dh, dk + key_end * Dh, C(0));
+            std::fill(dv + key_begin * Dh, dv + key_end * Dh, C(0));
             for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyTile) {
                 const int64_t j1 = std::min(key_end, j0 + kKeyTile), cols = j1 - j0;
                 for (int64_t i0 = 0; i0 < Lq; i0 += kQueryTile) {
@@ -338,15 +414,15 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                     if (!P.tile_visible(i0, i1, j0, j1)) continue;
                     const T* q_t = q + i0 * Dh;
                     const T* dz_t = dz + i0 * Dh;
-                    gemm(false, true, rows, cols, Dh, T(1), q_t, Dh, k + j0 * Dh, Dh, T(0), s.data(), cols);
-                    gemm(false, true, rows, cols, Dh, T(1), dz_t, Dh, v + j0 * Dh, Dh, T(0), dp.data(), cols);
+                    tile_gemm(false, true, rows, cols, Dh, C(1), q_t, Dh, k + j0 * Dh, Dh, C(0), s.data(), cols);
+                    tile_gemm(false, true, rows, cols, Dh, C(1), dz_t, Dh, v + j0 * Dh, Dh, C(0), dp.data(), cols);
                     for (int64_t row = 0; row < rows; ++row) {
                         const int64_t i = i0 + row;
-                        T* s_row = s.data() + row * cols;
-                        T* dp_row = dp.data() + row * cols;
+                        C* s_row = s.data() + row * cols;
+                        C* dp_row = dp.data() + row * cols;
                         if (lse[i] == neg_inf) {  // the row sees no key
-                            std::fill(s_row, s_row + cols, T(0));
-                            std::fill(dp_row, dp_row + cols, T(0));
+                            std::fill(s_row, s_row + cols, C(0));
+                            std::fill(dp_row, dp_row + cols, C(0));
                             continue;
                         }
                         P.scores_row(s_row, b, h, i, j0, j1, qe.data() + i * K);
@@ -354,9 +430,9 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                         P.for_each_run(
                             i, j0, j1,
                             [&](int64_t begin, int64_t end, int64_t bucket) {
-                                T p_total(0), ds_total(0);
+                                C p_total(0), ds_total(0);
                                 softmax_backward_run(s_row + begin, dp_row + begin, end - begin,
-                                                     bucket >= 0 ? g[i * K + bucket] : T(0), dot[i], p_total, ds_total);
+                                                     bucket >= 0 ? g[i * K + bucket] : C(0), dot[i], p_total, ds_total);
                                 if (bucket >= 0) {
                                     p_buckets[i * K + bucket] += p_total;
                                     ds_buckets[i * K + bucket] += ds_total;
@@ -369,23 +445,25 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                             });  // dp_row is now ds
                         if (d_bias_all) accumulate(d_bias + distance_entry(i, j0, Lq), dp_row, cols);
                     }
-                    gemm(true, false, cols, Dh, rows, T(1), s.data(), cols, dz_t, Dh, T(1), dv + j0 * Dh, Dh);
-                    gemm(true, false, cols, Dh, rows, c, dp.data(), cols, q_t, Dh, T(1), dk + j0 * Dh, Dh);
-                    gemm(false, false, rows, Dh, cols, c, dp.data(), cols, k + j0 * Dh, Dh, T(1), dq + i0 * Dh, Dh);
+                    const T* p = as_operand(s.data(), rows * cols, mine.p_rounded);
+                    const T* ds = as_operand(dp.data(), rows * cols, mine.ds_rounded);
+                    tile_gemm(true, false, cols, Dh, rows, C(1), p, cols, dz_t, Dh, C(1), dv + j0 * Dh, Dh);
+                    tile_gemm(true, false, cols, Dh, rows, c, ds, cols, q_t, Dh, C(1), dk + j0 * Dh, Dh);
+                    tile_gemm(false, false, rows, Dh, cols, c, ds, cols, k + j0 * Dh, Dh, C(1), dq + i0 * Dh, Dh);
                 }
             }
-            if (ek && groups == 1) finish(bh, p_buckets, ds_buckets);
+            if (ek && groups == 1) finish(bh, p_buckets, ds_buckets, q_computed, dz_computed);
         }
     }
     if (groups > 1) {  // sum each (batch, head)'s shares in group order, then finish it
 #pragma omp parallel for schedule(dynamic) num_threads(team)
         for (int64_t bh = 0; bh < BH; ++bh) {
             Scratch& mine = scratch[omp_get_thread_num()];
-            T* dq = dq_all + bh * Lq * Dh;
-            std::fill(dq, dq + Lq * Dh, T(0));
-            std::fill(mine.p_buckets.begin(), mine.p_buckets.end(), T(0));
-            std::fill(mine.ds_buckets.begin(), mine.ds_buckets.end(), T(0));
-            if (d_bias_all) std::fill(d_bias_all + bh * entries, d_bias_all + (bh + 1) * entries, T(0));
+            C* dq = dq_all + bh * Lq * Dh;
+            std::fill(dq, dq + Lq * Dh, C(0));
+            std::fill(mine.p_buckets.begin(), mine.p_buckets.end(), C(0));
+            std::fill(mine.ds_buckets.begin(), mine.ds_buckets.end(), C(0));
+            if (d_bias_all) std::fill(d_bias_all + bh * entries, d_bias_all + (bh + 1) * entries, C(0));
             for (int64_t group = 0; group < groups; ++group) {
                 const int64_t share = bh * groups + group;
                 accumulate(dq, dq_shares.data() + share * Lq * Dh, Lq * Dh);
@@ -393,14 +471,18 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
                 accumulate(mine.p_buckets.data(), p_shares.data() + share * Lq * K, Lq * K);
                 accumulate(mine.ds_buckets.data(), ds_shares.data() + share * Lq * K, Lq * K);
             }
-            if (P.relative) finish(bh, mine.p_buckets.data(), mine.ds_buckets.data());
+            if (P.relative) {
+                finish(bh, mine.p_buckets.data(), mine.ds_buckets.data(),
+                       as_computed(P.queries(bh), Lq * Dh, mine.q_wide),
+                       as_computed(dz_all + bh * Lq * Dh, Lq * Dh, mine.dz_wide));
+            }
         }
     }
     if (!P.relative) return;
-    T* dek = device_data<T>(d_table_k);
-    T* dev = device_data<T>(d_table_v);
-    std::fill(dek, dek + d_table_k.numel(), T(0));
-    std::fill(dev, dev + d_table_v.numel(), T(0));
+    C* dek = device_data<C>(d_table_k);
+    C* dev = device_data<C>(d_table_v);
+    std::fill(dek, dek + d_table_k.numel(), C(0));
+    std::fill(dev, dev + d_table_v.numel(), C(0));
     for (int64_t bh = 0; bh < BH; ++bh) {
         const int64_t table = P.tables_per_head ? bh % P.H : 0;
         for (int64_t e = 0; e < K * Dh; ++e) {
@@ -417,10 +499,13 @@ void backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const 
 void CpuBackend::do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                     double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) {
     cpu::use_one_blas_thread();
-    if (q.dtype() == DType::float32) {
-        cpu::forward<float>(q, k, v, pattern, scale, relative, z, lse);
-    } else {
-        cpu::forward<double>(q, k, v, pattern, scale, relative, z, lse);
+    switch (q.dtype()) {
+        case DType::float32: cpu::forward<float>(q, k, v, pattern, scale, relative, z, lse); break;
+        case DType::bfloat16: cpu::forward<BFloat16>(q, k, v, pattern, scale, relative, z, lse); break;
+        case DType::float16:  // no fast float16 products here: on float32 copies
+            cpu::forward<float>(widened(q), widened(k), widened(v), pattern, scale, relative, z, lse);
+            break;
+        default: cpu::forward<double>(q, k, v, pattern, scale, relative, z, lse);
     }
 }
 
@@ -430,12 +515,22 @@ void CpuBackend::do_fused_attention_backward(const Tensor& q, const Tensor& k, c
                                              Tensor& dv, Tensor& d_table_k, Tensor& d_table_v,
                                              Tensor& d_distance_bias) {
     cpu::use_one_blas_thread();
-    if (q.dtype() == DType::float32) {
-        cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
-                             d_distance_bias);
-    } else {
-        cpu::backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
-                              d_distance_bias);
+    switch (q.dtype()) {
+        case DType::float32:
+            cpu::backward<float>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
+                                 d_distance_bias);
+            break;
+        case DType::bfloat16:
+            cpu::backward<BFloat16>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
+                                    d_distance_bias);
+            break;
+        case DType::float16:  // no fast float16 products here: on float32 copies
+            cpu::backward<float>(widened(q), widened(k), widened(v), widened(z), lse, widened(dz), pattern, scale,
+                                 relative, dq, dk, dv, d_table_k, d_table_v, d_distance_bias);
+            break;
+        default:
+            cpu::backward<double>(q, k, v, z, lse, dz, pattern, scale, relative, dq, dk, dv, d_table_k, d_table_v,
+                                  d_distance_bias);
     }
 }
 

@@ -20,6 +20,11 @@
 
 // OpenBLAS's thread control (its cblas.h cannot be included next to xtensor-blas)
 extern "C" void openblas_set_num_threads(int threads);
+// oneDNN's bfloat16 gemm with float32 sums and output, row-major like dnnl_sgemm: the library
+// exports it, its header (oneDNN 2.6) does not declare it
+extern "C" dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K,
+                                               float alpha, const uint16_t* A, dnnl_dim_t lda, const uint16_t* B,
+                                               dnnl_dim_t ldb, float beta, float* C, dnnl_dim_t ldc);
 
 namespace relgrad {
 namespace cpu {
@@ -46,6 +51,17 @@ void gemm<float>(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 }
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
                            int64_t, double, double*, int64_t);
+
+void gemm_bfloat16_to_float(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+                            int64_t lda, const BFloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    static_assert(sizeof(BFloat16) == sizeof(uint16_t));
+    const int threads = omp_get_max_threads();  // single-threaded, as gemm<float> above
+    if (threads != 1) omp_set_num_threads(1);
+    dnnl_gemm_bf16bf16f32(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha,
+                          reinterpret_cast<const uint16_t*>(A), lda, reinterpret_cast<const uint16_t*>(B), ldb, beta, C,
+                          ldc);
+    if (threads != 1) omp_set_num_threads(threads);
+}
 
 void use_one_blas_thread() { openblas_set_num_threads(1); }
 
