@@ -322,6 +322,9 @@ std::vector<OpCheck> build() {
     r.add("rope/offset", {{3, 4}}, [](const auto& x) { return rope(x[0], 5, 100.0); });
     r.add("rope/noncontiguous", {{4, 2, 3}}, [](const auto& x) { return rope(x[0].transpose(0, 2), 2); });
     r.add("rope/single", {{1, 2}}, [](const auto& x) { return rope(x[0], 1); });
+    // --- cross_entropy summed (a shard's loss), appended as the position terms above
+    r.add("cross_entropy/sum", {{5, 4}},
+          [targets](const auto& x) { return cross_entropy(x[0], on(targets, x), -100, Reduction::sum); });
     return r.take();
 }
 

@@ -93,8 +93,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
 // x's shape, dtype and device.
 Tensor dropout_add(const Tensor& residual, const Tensor& x, double p, bool training, Generator& gen);
 // Mean over targets != ignore_index of -log_softmax(logits)[n, target[n]]; logits [N, C],
-// target int64 [N]. 0 when every target is ignored.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
+// target int64 [N]. 0 when every target is ignored. Reduction::sum: their sum (what a shard of a
+// batch gives, divided by the batch's count after the shards are added: docs/distributed.md).
+enum class Reduction { mean, sum };
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
 
 // --- attention.cpp
 // Relative position terms in the bucketed form, over the bucket index r(i, j), int64 [Lq, Lk]:

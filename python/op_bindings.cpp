@@ -66,7 +66,9 @@ void bind_ops(py::module_& m) {
             return dropout(x, p, training, gen);
         },
         py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("seed") = 0);
-    m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100);
+    py::enum_<Reduction>(m, "Reduction").value("mean", Reduction::mean).value("sum", Reduction::sum);
+    m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100,
+          py::arg("reduction") = Reduction::mean);
     m.def(
         "attention",
         [](const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,

@@ -213,6 +213,9 @@ void config_fields(Fields& f, Config& c) {
     gradient_checkpointing_field(f, t);
     f.flag("length_bucketing", tr.length_bucketing, false);
     f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
+    f.optional_integer("shards", tr.shards, 1, 1 << 20);
+    f.check(!tr.shards || *tr.shards <= tr.batch_size, "shards",
+            "at most training.batch_size " + std::to_string(tr.batch_size) + " (a shard holds one example or more)");
 
     f.section("optimizer");
     f.groups("groups", c.optimizer.groups);

@@ -108,6 +108,9 @@ struct TrainingConfig {
     DType precision = DType::float32;
     int64_t log_every = 20;
     bool length_bucketing = false;  // draw each batch from examples of about the same length
+    // S: each batch cut into S shards of consecutive examples, whose gradients are added in shard
+    // order (docs/distributed.md); nothing: 1 in one process, the process count under mpirun
+    std::optional<int64_t> shards;
 };
 
 // optimizer.groups: parameter groups, PyTorch's convention. A parameter joins the first group whose

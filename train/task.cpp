@@ -90,6 +90,15 @@ std::vector<int64_t> with_eos(std::vector<int64_t> t) {
     return t;
 }
 
+// cross_entropy(logits, target, ignore, reduction), with the targets that count (not `ignore`)
+// into counts.targets
+Tensor counted_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore, Reduction reduction,
+                             LossCounts& counts) {
+    counts.targets = 0;
+    for (double t : target.to_vector()) counts.targets += static_cast<int64_t>(t) != ignore;
+    return cross_entropy(logits, target, ignore, reduction);
+}
+
 }  // namespace
 
 std::vector<int64_t> Task::generate(const std::vector<int64_t>& /*prompt*/, int64_t /*max_tokens*/,
@@ -111,7 +120,7 @@ std::vector<Tensor> ClassificationTask::attention(const std::vector<int64_t>& to
     return weights_of(model_.encoder);
 }
 
-Tensor ClassificationTask::loss(const std::vector<int64_t>& indices, int64_t& tokens) {
+Tensor ClassificationTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> rows;
     std::vector<double> labels;
     for (int64_t i : indices) {
@@ -119,11 +128,12 @@ Tensor ClassificationTask::loss(const std::vector<int64_t>& indices, int64_t& to
         labels.push_back(static_cast<double>(train_[i].label));
     }
     const Padded batch = pad_rows(rows, model_.device());
-    tokens = 0;
-    for (int64_t n : batch.lengths) tokens += n;
+    counts.tokens = 0;
+    for (int64_t n : batch.lengths) counts.tokens += n;
     const Tensor logits = model_.forward(batch.ids, batch.lengths);
-    return cross_entropy(logits,
-                         from_vector(labels, {static_cast<int64_t>(labels.size())}, DType::int64, model_.device()));
+    return counted_cross_entropy(
+        logits, from_vector(labels, {static_cast<int64_t>(labels.size())}, DType::int64, model_.device()), -100,
+        reduction, counts);
 }
 
 json ClassificationTask::evaluate(int64_t batch_size, const LengthBuckets& buckets) {
@@ -160,7 +170,7 @@ std::vector<Tensor> SequencePairTask::attention(const std::vector<int64_t>& toke
     return weights_of(model_.encoder);
 }
 
-Tensor SequencePairTask::loss(const std::vector<int64_t>& indices, int64_t& tokens) {
+Tensor SequencePairTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> sources, inputs, outputs;
     for (int64_t i : indices) {
         sources.push_back(train_[i].source);
@@ -169,11 +179,11 @@ Tensor SequencePairTask::loss(const std::vector<int64_t>& indices, int64_t& toke
     }
     const Padded source = pad_rows(sources, model_.device()), input = pad_rows(inputs, model_.device()),
                  output = pad_rows(outputs, model_.device());
-    tokens = 0;
-    for (std::size_t b = 0; b < sources.size(); ++b) tokens += source.lengths[b] + input.lengths[b];
+    counts.tokens = 0;
+    for (std::size_t b = 0; b < sources.size(); ++b) counts.tokens += source.lengths[b] + input.lengths[b];
     const Tensor logits = model_.forward(source.ids, source.lengths, input.ids, input.lengths);
     const int64_t V = logits.size(-1);
-    return cross_entropy(logits.reshape({-1, V}), output.ids.reshape({-1}), Tokenizer::pad);
+    return counted_cross_entropy(logits.reshape({-1, V}), output.ids.reshape({-1}), Tokenizer::pad, reduction, counts);
 }
 
 json SequencePairTask::evaluate(int64_t batch_size, const LengthBuckets& buckets) {
@@ -221,9 +231,9 @@ std::vector<Tensor> PromptAnswerTask::attention(const std::vector<int64_t>& toke
 
 // inputs source bos target, labels pad... target eos: position |source| (the separator) predicts
 // the first answer token, and the source's own positions predict nothing
-Tensor PromptAnswerTask::loss(const std::vector<int64_t>& indices, int64_t& tokens) {
+Tensor PromptAnswerTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> inputs, labels;
-    tokens = 0;
+    counts.tokens = 0;
     for (int64_t i : indices) {
         const TokenPair& pair = train_[i];
         std::vector<int64_t> input = pair.source;
@@ -232,13 +242,14 @@ Tensor PromptAnswerTask::loss(const std::vector<int64_t>& indices, int64_t& toke
         std::vector<int64_t> label(pair.source.size(), Tokenizer::pad);
         label.insert(label.end(), pair.target.begin(), pair.target.end());
         label.push_back(Tokenizer::eos);
-        tokens += static_cast<int64_t>(input.size());
+        counts.tokens += static_cast<int64_t>(input.size());
         inputs.push_back(std::move(input));
         labels.push_back(std::move(label));
     }
     const Padded input = pad_rows(inputs, model_.device()), label = pad_rows(labels, model_.device());
     const Tensor logits = model_.forward(input.ids, input.lengths);
-    return cross_entropy(logits.reshape({-1, logits.size(-1)}), label.ids.reshape({-1}), Tokenizer::pad);
+    return counted_cross_entropy(logits.reshape({-1, logits.size(-1)}), label.ids.reshape({-1}), Tokenizer::pad,
+                                 reduction, counts);
 }
 
 std::vector<std::vector<int64_t>> PromptAnswerTask::answers(const std::vector<std::vector<int64_t>>& sources,
@@ -323,12 +334,13 @@ std::vector<Tensor> LanguageModelTask::attention(const std::vector<int64_t>& tok
     return weights_of(model_.decoder);
 }
 
-Tensor LanguageModelTask::loss(const std::vector<int64_t>& indices, int64_t& tokens) {
+Tensor LanguageModelTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> chunks;
     for (int64_t i : indices) chunks.push_back(train_[i]);
     Tensor labels;
-    const Tensor logits = forward(chunks, labels, tokens);
-    return cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}), Tokenizer::pad);
+    const Tensor logits = forward(chunks, labels, counts.tokens);
+    return counted_cross_entropy(logits.reshape({-1, logits.size(-1)}), labels.reshape({-1}), Tokenizer::pad, reduction,
+                                 counts);
 }
 
 json LanguageModelTask::evaluate(int64_t batch_size, const LengthBuckets& buckets) {

@@ -20,6 +20,12 @@
 
 namespace relgrad {
 
+// What a loss was taken over: the tokens of its examples (what throughput counts) and the targets
+// that count in it (its mean's denominator).
+struct LossCounts {
+    int64_t tokens = 0, targets = 0;
+};
+
 class Task {
 public:
     virtual ~Task() = default;
@@ -27,9 +33,11 @@ public:
     virtual int64_t train_size() const = 0;
     // what a training example pads to: its tokens (for pairs, the longer side)
     virtual int64_t train_length(int64_t i) const = 0;
-    // The mean loss over the examples `indices` of the training set; `tokens` receives how many
-    // tokens the batch held.
-    virtual Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) = 0;
+    // The loss over the examples `indices` of the training set: the mean over their targets, or
+    // their sum (Reduction::sum: a shard of a batch, divided by the batch's count once the shards
+    // are added, docs/distributed.md); `counts` receives the tokens the batch held and the targets
+    // the loss counts.
+    virtual Tensor loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) = 0;
     // Metrics on the test set: {"accuracy": ..., "by_length": {...}, ...}
     virtual nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) = 0;
     virtual std::vector<std::vector<double>> gates() const = 0;
@@ -62,7 +70,7 @@ public:
     Module& model() override { return model_; }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].tokens.size()); }
-    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    Tensor loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) override;
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
     const char* metric() const override { return "accuracy"; }
@@ -83,7 +91,7 @@ public:
     int64_t train_length(int64_t i) const override {
         return static_cast<int64_t>(std::max(train_[i].source.size(), train_[i].target.size() + 1));
     }
-    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    Tensor loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) override;
     // exact match, token accuracy and BLEU (sequence_scores), over the test set and per
     // source-length bucket
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
@@ -113,7 +121,7 @@ public:
     int64_t train_length(int64_t i) const override {
         return static_cast<int64_t>(train_[i].source.size() + train_[i].target.size() + 1);
     }
-    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    Tensor loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) override;
     // exact match (accuracy), token accuracy and BLEU of the answers, over the test set and per
     // source-length bucket
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;
@@ -141,7 +149,7 @@ public:
     Module& model() override { return model_; }
     int64_t train_size() const override { return static_cast<int64_t>(train_.size()); }
     int64_t train_length(int64_t i) const override { return static_cast<int64_t>(train_[i].size()); }
-    Tensor loss(const std::vector<int64_t>& indices, int64_t& tokens) override;
+    Tensor loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) override;
     // perplexity (and bits per character for a character tokenizer) over the test stream, and
     // per position bucket: how well a position predicts its next token, by how far in it is
     nlohmann::json evaluate(int64_t batch_size, const LengthBuckets& buckets) override;

@@ -203,6 +203,101 @@ TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
                             std::to_string(step + 1) + " (try a lower learning rate)");
 }
 
+// ---------------------------------------------------------------- a batch in shards
+//
+// With training.shards = S > 1 a batch of B examples is cut into S shards of consecutive
+// examples, shard s the examples [s B / S, (s + 1) B / S). Each shard's loss is the sum over its
+// targets (not the mean) and its gradient is taken on its own, from zero, with dropout masks drawn
+// from (the step's seed, the shard's first example). The batch's gradient is then
+//     g = (g_0 + g_1 + ... + g_{S-1}) / N,      N = the targets of all S shards,
+// added left to right in float32 and divided once: the gradient of the batch's mean loss, in an
+// order that depends on S alone, never on who computed which shard (docs/distributed.md).
+
+// Each shard's results, a row each: its gradient of every parameter flattened in parameter order
+// (zeros where the shard gave a parameter none) and its numbers: the loss summed over its
+// targets, its tokens, its targets, and for each parameter 1 if the shard gave it a gradient.
+struct ShardRows {
+    explicit ShardRows(const std::vector<Tensor>& parameters) : parameter_count(parameters.size()) {
+        for (const Tensor& p : parameters) gradient_width += p.numel();
+    }
+    int64_t parameter_count = 0, gradient_width = 0;
+    int64_t number_width() const { return 3 + parameter_count; }
+    std::vector<float> gradients;
+    std::vector<double> numbers;
+};
+
+// Runs shard `shard` of `shards` of the batch forward and backward, and appends its row.
+void run_shard(Task& task, LossScaler* scaler, DType precision, const Sampler::Draw& batch, int64_t shard,
+               int64_t shards, int64_t step, ShardRows& rows) {
+    Module& model = task.model();
+    const int64_t B = static_cast<int64_t>(batch.indices.size());
+    const int64_t begin = shard * B / shards, end = (shard + 1) * B / shards;
+    const std::vector<int64_t> examples(batch.indices.begin() + begin, batch.indices.begin() + end);
+    model.reseed(Generator(batch.dropout_seed + static_cast<uint64_t>(begin)).next_u64());
+    model.zero_grad();
+    LossCounts counts;
+    double loss_sum = 0;
+    {
+        const ComputeIn compute(model, precision);
+        const Tensor loss = task.loss(examples, counts, Reduction::sum);
+        loss_sum = loss.item();
+        if (!std::isfinite(loss_sum)) throw diverged("the loss", loss_sum, step);
+        (scaler ? mul(loss, scaler->scale()) : loss).backward();
+    }
+    rows.numbers.insert(rows.numbers.end(),
+                        {loss_sum, static_cast<double>(counts.tokens), static_cast<double>(counts.targets)});
+    for (const Tensor& p : model.parameters()) {
+        const Tensor g = p.grad();
+        rows.numbers.push_back(g.defined() ? 1.0 : 0.0);
+        if (!g.defined()) {
+            rows.gradients.insert(rows.gradients.end(), static_cast<std::size_t>(p.numel()), 0.0f);
+            continue;
+        }
+        const Tensor host = g.to(Device::cpu).contiguous();  // float32, as the master weights
+        const float* values = host.data<float>();
+        rows.gradients.insert(rows.gradients.end(), values, values + host.numel());
+    }
+}
+
+struct BatchSums {
+    double loss;  // the batch's mean loss
+    int64_t tokens;
+};
+
+// Sets every parameter's gradient to the sum of the shards' rows, in shard order, divided by the
+// batch's target count (none where no shard gave the parameter one); returns the batch's loss.
+BatchSums add_shards(const ShardRows& rows, const std::vector<Tensor>& parameters) {
+    const int64_t shards = static_cast<int64_t>(rows.numbers.size()) / rows.number_width();
+    const std::size_t width = static_cast<std::size_t>(rows.gradient_width);
+    std::vector<float> total(rows.gradients.begin(), rows.gradients.begin() + width);
+    double loss_sum = 0, targets = 0, tokens = 0;
+    std::vector<bool> defined(static_cast<std::size_t>(rows.parameter_count), false);
+    for (int64_t shard = 0; shard < shards; ++shard) {
+        const double* numbers = rows.numbers.data() + shard * rows.number_width();
+        loss_sum += numbers[0];
+        tokens += numbers[1];
+        targets += numbers[2];
+        for (int64_t p = 0; p < rows.parameter_count; ++p) defined[p] = defined[p] || numbers[3 + p] != 0;
+        if (shard == 0) continue;
+        const float* row = rows.gradients.data() + shard * width;
+        for (std::size_t e = 0; e < width; ++e) total[e] += row[e];
+    }
+    const float count = static_cast<float>(std::max(targets, 1.0));  // exact below 2^24 targets
+    for (float& e : total) e /= count;
+    std::size_t offset = 0;
+    for (std::size_t p = 0; p < parameters.size(); ++p) {
+        const Tensor& parameter = parameters[p];
+        const std::size_t n = static_cast<std::size_t>(parameter.numel());
+        if (defined[p]) {
+            Tensor g = empty(parameter.shape(), DType::float32);
+            std::copy(total.begin() + offset, total.begin() + offset + n, g.data<float>());
+            parameter.impl()->grad = g.to(parameter.device());
+        }
+        offset += n;
+    }
+    return {loss_sum / std::max(targets, 1.0), static_cast<int64_t>(tokens)};
+}
+
 // One AdamW step on the batch: the loss, its gradients, clipped. The forward and backward run in
 // training.precision (the float32 parameters cast, the loss float32); with a loss scaler
 // (float16) the loss is scaled before the backward and the step skipped when a gradient
@@ -210,16 +305,27 @@ TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
 StepResult train_step(Task& task, AdamW& optimizer, LossScaler* scaler, const TrainingConfig& training,
                       const Sampler::Draw& batch, int64_t step, int64_t warmup_steps, int64_t total_steps) {
     Module& model = task.model();
-    model.reseed(batch.dropout_seed);
-    model.zero_grad();
     StepResult result;
     result.learning_rate = learning_rate(training.schedule, training.learning_rate, step, warmup_steps, total_steps);
-    {
+    const int64_t shards = training.shards.value_or(1);
+    if (shards == 1) {
+        model.reseed(batch.dropout_seed);
+        model.zero_grad();
         const ComputeIn compute(model, training.precision);
-        result.loss = task.loss(batch.indices, result.tokens);
+        LossCounts counts;
+        result.loss = task.loss(batch.indices, counts, Reduction::mean);
+        result.tokens = counts.tokens;
         const double loss = result.loss.item();
         if (!std::isfinite(loss)) throw diverged("the loss", loss, step);
         (scaler ? mul(result.loss, scaler->scale()) : result.loss).backward();
+    } else {
+        ShardRows rows(model.parameters());
+        for (int64_t shard = 0; shard < shards; ++shard) {
+            run_shard(task, scaler, training.precision, batch, shard, shards, step, rows);
+        }
+        const BatchSums sums = add_shards(rows, model.parameters());
+        result.loss = scalar(sums.loss, DType::float32);
+        result.tokens = sums.tokens;
     }
     if (scaler && !scaler->unscale(model.parameters())) {
         result.skipped = true;

@@ -135,9 +135,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 }
 
 // loss = -(1/n) sum_{t_i != ignore} log_softmax(logits)[i, t_i],  n = number of targets kept
-// (autograd through log_softmax, gather and where; an ignored row gets no gradient). All on the
-// logits' device: the gather kernel checks the targets that are not ignored.
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+// (autograd through log_softmax, gather and where; an ignored row gets no gradient), or without
+// the 1/n (Reduction::sum). All on the logits' device: the gather kernel checks the targets that
+// are not ignored.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
     const ProfileScope profiled("cross_entropy");
     RELGRAD_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
                   "cross_entropy: expects logits [N, C] and target [N], got ", shape_str(logits.shape()), " and ",
@@ -147,7 +148,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     require_floating(logits, "cross_entropy");
     require_same_device({logits, target}, "cross_entropy");
     // see ops.hpp, 16 bits: the loss is a statistic, computed and returned in float32
-    if (is_16_bit(logits.dtype())) return cross_entropy(logits.to(DType::float32), target, ignore_index);
+    if (is_16_bit(logits.dtype())) return cross_entropy(logits.to(DType::float32), target, ignore_index, reduction);
     const int64_t N = logits.size(0), C = logits.size(1);
     const Tensor column = target.reshape({N, 1});
     // int64 1 where ignored; ignore_index made on the host, exact (a double cannot hold every int64)
@@ -166,6 +167,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                                     ")");
     }
     const Tensor kept_picked = where(ignored, scalar_like(logits, 0), picked);
+    if (reduction == Reduction::sum) return mul(sum(kept_picked), scalar_like(logits, -1));
     // -1/n in float64 (n at least 1), then in the logits' dtype
     const Tensor count = sum(equals(ignored.to(DType::float64), 0));
     const Tensor factor =

@@ -172,13 +172,17 @@ TEST_CASE("dropout_add is residual + dropout(x) in one pass, and its backward ke
                          "dropout_add: the residual is float64 [64, 48], x is float64 [48, 64]", std::invalid_argument);
 }
 
-TEST_CASE("cross_entropy averages over targets that are not ignored") {
+TEST_CASE("cross_entropy averages (or sums) over targets that are not ignored") {
     const Tensor logits = f64({2, 0, 0, 0, 3, 0}, {2, 3});
     const double l0 = -std::log(std::exp(2.0) / (std::exp(2.0) + 2));
     const double l1 = -std::log(1 / (std::exp(3.0) + 2));
     check_values(cross_entropy(logits, from_vector({0, 2}, {2}, DType::int64)), {(l0 + l1) / 2});
     check_values(cross_entropy(logits, from_vector({0, -100}, {2}, DType::int64)), {l0});
     check_values(cross_entropy(logits, from_vector({7, 7}, {2}, DType::int64), 7), {0});  // all ignored
+    // Reduction::sum: the same terms without the 1/n
+    const Tensor both = from_vector({0, 2}, {2}, DType::int64), first = from_vector({0, -100}, {2}, DType::int64);
+    check_values(cross_entropy(logits, both, -100, Reduction::sum), {l0 + l1});
+    check_values(cross_entropy(logits, first, -100, Reduction::sum), {l0});
     CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector({0, 3}, {2}, DType::int64)),
                          "cross_entropy: a target is outside [0, 3) and is not ignore_index -100 (gather: index 3 is "
                          "out of range for dim 1 of size 3)",

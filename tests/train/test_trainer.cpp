@@ -189,6 +189,42 @@ TEST_CASE("the same run on the guarded CPU device, whose memory the host may not
           "c.json: /training/device: got \"tpu\", expected one of \"cpu\", \"guarded_cpu\", \"cuda\"");
 }
 
+TEST_CASE("training.shards: a batch in shards, each summed alone, gives the whole batch's loss and gradient") {
+    // Without dropout a shard's gradient is the gradient of its summed loss, and the shards' sum
+    // divided by the batch's count is the gradient of the batch's mean loss: the first step's loss
+    // and gradient norm (before any update) agree with the unsharded run's to float32's rounding.
+    // Dividing the gradient by a shard's count instead of the batch's makes its norm 4x as large.
+    auto run = [](const fs::path& out, std::optional<int64_t> shards, double dropout) {
+        nlohmann::json c = tiny_run(out);
+        c["model"]["dropout"] = dropout;
+        c["training"]["steps"] = 4;
+        c["evaluation"]["every"] = 4;
+        if (shards) c["training"]["shards"] = *shards;
+        train(Config::parse(c, "shards"), TrainOptions{});
+        return metrics_without_timing(out);
+    };
+    TempDir a("relgrad_test_shards_a"), b("relgrad_test_shards_b"), c("relgrad_test_shards_c"),
+        d("relgrad_test_shards_d"), e("relgrad_test_shards_e");
+    const auto whole = run(a.path, std::nullopt, 0.0), in_four = run(b.path, 4, 0.0);
+    REQUIRE(whole[1].contains("loss"));
+    REQUIRE(in_four[1].contains("loss"));
+    CHECK(in_four[1]["loss"].get<double>() == doctest::Approx(whole[1]["loss"].get<double>()).epsilon(1e-6));
+    CHECK(in_four[1]["grad_norm"].get<double>() == doctest::Approx(whole[1]["grad_norm"].get<double>()).epsilon(1e-5));
+    // batch_size 16 in 3 shards of 5, 5 and 6 examples; and with dropout, whose masks a shard draws
+    // from (seed, step, its first example): the same bits run after run, and the run records S
+    const auto uneven = run(c.path, 3, 0.0);
+    CHECK(uneven[1]["loss"].get<double>() == doctest::Approx(whole[1]["loss"].get<double>()).epsilon(1e-6));
+    CHECK(run(d.path, 4, 0.1) == run(e.path, 4, 0.1));
+    CHECK(read_json_file(d.path / "config.json")["training"]["shards"] == 4);
+    CHECK_FALSE(read_json_file(a.path / "config.json")["training"].contains("shards"));  // as before
+    // a shard holds one example or more
+    nlohmann::json too_many = tiny_run(a.path / "refused");
+    too_many["training"]["shards"] = 17;
+    CHECK(error_of(too_many) ==
+          "c.json: /training/shards: got 17, expected at most training.batch_size 16 (a shard "
+          "holds one example or more)");
+}
+
 TEST_CASE("length bucketing: groups of neighbours by length, and a run that uses them") {
     const std::vector<int64_t> lengths = {5, 1, 3, 1, 9, 3, 2};
     const auto groups = length_groups(lengths, 3);
@@ -317,11 +353,12 @@ TEST_CASE("decoder-only pairs: the loss counts the answer alone, and the answers
     // one example: source s, then bos and target t; only |t| + 1 positions are predicted, so the
     // loss is the mean over those, as a cross entropy over exactly those positions computes it
     task->model().eval();  // no dropout: the two forwards below see one model
-    int64_t tokens = 0;
-    const Tensor loss = task->loss({0}, tokens);
+    LossCounts counts;
+    const Tensor loss = task->loss({0}, counts, Reduction::mean);
     // the training set's first example
     const TokenPair first = make_reverse_task(300, 2, 4, 9, config.training.seed)[0];
-    CHECK(tokens == static_cast<int64_t>(first.source.size() + 1 + first.target.size()));
+    CHECK(counts.tokens == static_cast<int64_t>(first.source.size() + 1 + first.target.size()));
+    CHECK(counts.targets == static_cast<int64_t>(first.target.size() + 1));
     auto& model = dynamic_cast<CausalLanguageModel&>(task->model());
     std::vector<int64_t> input = first.source;
     input.push_back(2);  // bos
