@@ -39,6 +39,7 @@
 #include "commands/fetch.hpp"
 #include "commands/layer_command.hpp"
 #include "train/make_task.hpp"
+#include "train/processes.hpp"
 #include "commands/run_commands.hpp"
 #include "train/trainer.hpp"
 
@@ -101,6 +102,7 @@ int run_train(const relgrad::Config& config, relgrad::TrainOptions options, cons
     relgrad::Profile profile;
     if (profile_steps) options.profile = &profile;
     const nlohmann::json summary = relgrad::train(config, options);
+    if (summary.contains("rank")) return 0;  // a process of several other than rank 0: rank 0 reports
     print_profile(profile);
     if (summary.contains("stopped_at")) {
         const bool interrupted = interrupting_signal != 0;
@@ -336,14 +338,11 @@ int run(int argc, char** argv) {
         std::cerr << "relgrad: " << one_line(e.what()) << " (run 'relgrad --help')\n";
         return 2;
     } catch (const relgrad::TrainingDiverged& e) {
-        std::cerr << "relgrad: " << one_line(e.what()) << "\n";
-        return 1;
+        return relgrad::Processes::ending("relgrad: " + one_line(e.what()), 1);
     } catch (const std::bad_alloc& e) {  // relgrad's own say what could not be allocated
-        std::cerr << "relgrad: error: out of memory: " << one_line(e.what()) << "\n";
-        return 2;
+        return relgrad::Processes::ending("relgrad: error: out of memory: " + one_line(e.what()), 2);
     } catch (const std::exception& e) {
-        std::cerr << "relgrad: error: " << one_line(e.what()) << "\n";
-        return 2;
+        return relgrad::Processes::ending("relgrad: error: " + one_line(e.what()), 2);
     }
     return 0;
 }

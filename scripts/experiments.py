@@ -13,6 +13,9 @@ is not), so a sweep can span machines; a run with a record is not run again. Aft
 docs/results/data/EXP/results.json holds mean and spread over the seeds (variants not run this
 time keep their entries), and a markdown table is printed (--finished-only: of the variants
 finished so far, training nothing). scripts/plot_results.py draws the plots from the records.
+
+On a cluster, --list numbers the sweep's runs and --only N runs the N-th alone, one per task of a
+job array (docs/distributed.md shows Slurm's); --finished-only tabulates them afterwards.
 """
 import argparse
 import concurrent.futures
@@ -282,7 +285,26 @@ def main():
                         help="train nothing: tabulate the variants whose runs of every seed have finished "
                              "(a sweep that takes more than one sitting; a finished run in runs/ without its "
                              "record gets one) and name the others")
+    parser.add_argument("--list", action="store_true",
+                        help="print the sweep's runs, one a line, numbered from 0, and run nothing")
+    parser.add_argument("--only", type=int, metavar="N",
+                        help="run only the sweep's run N (as --list numbers them) and write its record: one run "
+                             "per task of a cluster's job array; tabulate with --finished-only afterwards")
     args = parser.parse_args()
+    sweep = [(experiment, variant, sets, seed) for experiment in args.experiments
+             for variant, sets in EXPERIMENTS[experiment]["variants"].items()
+             if not args.variants or variant in args.variants for seed in args.seeds]
+    if args.list:
+        for number, (experiment, variant, _, seed) in enumerate(sweep):
+            print(f"{number} {experiment} {variant} seed {seed}")
+        return
+    if args.only is not None:
+        if not 0 <= args.only < len(sweep):
+            print(f"experiments.py: --only {args.only}: the sweep has {len(sweep)} runs, 0 to {len(sweep) - 1} "
+                  "(see --list)", file=sys.stderr)
+            sys.exit(2)
+        train(args.relgrad, *sweep[args.only])
+        return
     for experiment in args.experiments:
         variants = {variant: sets for variant, sets in EXPERIMENTS[experiment]["variants"].items()
                     if not args.variants or variant in args.variants}

@@ -16,6 +16,7 @@
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 #include "train/make_task.hpp"
+#include "train/processes.hpp"
 #include "train/run_directory.hpp"
 
 namespace relgrad {
@@ -118,7 +119,8 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
 
 // Where a run starts: at step 0, with config.json, tokenizer.json and an empty metrics.jsonl
 // written, or for --resume at the checkpoint's step (which --stop-after must lie beyond), with the
-// evaluations metrics.jsonl holds up to there.
+// evaluations metrics.jsonl holds up to there. A process that does not write the run's files
+// (`writes` false: ranks other than 0) only reads the checkpoint.
 struct Start {
     int64_t step = 0;
     std::vector<json> evaluations;
@@ -126,9 +128,10 @@ struct Start {
 
 Start first_step(const fs::path& out, const Config& config, const json& resolved,
                  const std::optional<Tokenizer>& tokenizer, const TrainOptions& options, int64_t total_steps,
-                 Module& model, AdamW& optimizer, LossScaler* scaler) {
-    create_output_directory(out, "the run's directory");
+                 Module& model, AdamW& optimizer, LossScaler* scaler, bool writes) {
+    if (writes) create_output_directory(out, "the run's directory");
     if (!options.resume) {
+        if (!writes) return {};
         write_json_file(out / "config.json", resolved);
         if (tokenizer) write_json_file(out / "tokenizer.json", json::parse(tokenizer->to_json()));
         write_file(out / "metrics.jsonl", "");
@@ -144,6 +147,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
                                     ": the checkpoint is already at step " + std::to_string(step));
     }
+    if (!writes) return {step, {}};
     return {step,
             keep_metrics_up_to(out / "metrics.jsonl", step, config, total_steps, scaler ? scaler->skipped_steps() : 0)};
 }
@@ -216,14 +220,16 @@ TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
 // Each shard's results, a row each: its gradient of every parameter flattened in parameter order
 // (zeros where the shard gave a parameter none) and its numbers: the loss summed over its
 // targets, its tokens, its targets, and for each parameter 1 if the shard gave it a gradient.
+// This process's rows, then every process's side by side; kept from step to step, so that their
+// memory is reused (the gathers' above all).
 struct ShardRows {
     explicit ShardRows(const std::vector<Tensor>& parameters) : parameter_count(parameters.size()) {
         for (const Tensor& p : parameters) gradient_width += p.numel();
     }
     int64_t parameter_count = 0, gradient_width = 0;
     int64_t number_width() const { return 3 + parameter_count; }
-    std::vector<float> gradients;
-    std::vector<double> numbers;
+    std::vector<float> gradients, all_gradients;
+    std::vector<double> numbers, all_numbers;
 };
 
 // Runs shard `shard` of `shards` of the batch forward and backward, and appends its row.
@@ -267,20 +273,16 @@ struct BatchSums {
 // Sets every parameter's gradient to the sum of the shards' rows, in shard order, divided by the
 // batch's target count (none where no shard gave the parameter one); returns the batch's loss.
 BatchSums add_shards(const ShardRows& rows, const std::vector<Tensor>& parameters) {
-    const int64_t shards = static_cast<int64_t>(rows.numbers.size()) / rows.number_width();
-    const std::size_t width = static_cast<std::size_t>(rows.gradient_width);
-    std::vector<float> total(rows.gradients.begin(), rows.gradients.begin() + width);
+    const int64_t shards = static_cast<int64_t>(rows.all_numbers.size()) / rows.number_width();
+    std::vector<float> total = add_in_row_order(rows.all_gradients, static_cast<std::size_t>(rows.gradient_width));
     double loss_sum = 0, targets = 0, tokens = 0;
     std::vector<bool> defined(static_cast<std::size_t>(rows.parameter_count), false);
     for (int64_t shard = 0; shard < shards; ++shard) {
-        const double* numbers = rows.numbers.data() + shard * rows.number_width();
+        const double* numbers = rows.all_numbers.data() + shard * rows.number_width();
         loss_sum += numbers[0];
         tokens += numbers[1];
         targets += numbers[2];
         for (int64_t p = 0; p < rows.parameter_count; ++p) defined[p] = defined[p] || numbers[3 + p] != 0;
-        if (shard == 0) continue;
-        const float* row = rows.gradients.data() + shard * width;
-        for (std::size_t e = 0; e < width; ++e) total[e] += row[e];
     }
     const float count = static_cast<float>(std::max(targets, 1.0));  // exact below 2^24 targets
     for (float& e : total) e /= count;
@@ -298,17 +300,19 @@ BatchSums add_shards(const ShardRows& rows, const std::vector<Tensor>& parameter
     return {loss_sum / std::max(targets, 1.0), static_cast<int64_t>(tokens)};
 }
 
-// One AdamW step on the batch: the loss, its gradients, clipped. The forward and backward run in
-// training.precision (the float32 parameters cast, the loss float32); with a loss scaler
-// (float16) the loss is scaled before the backward and the step skipped when a gradient
-// overflows. A NaN or infinite loss or gradient norm ends the run.
+// One AdamW step on the batch: the loss, its gradients, clipped. With shards (`rows`, else null)
+// each process computes its share of them and every process adds all of them, the same sum on
+// each. The forward and backward run in training.precision (the float32 parameters cast, the
+// loss float32); with a loss scaler (float16) the loss is scaled before the backward and the step
+// skipped when a gradient overflows. A NaN or infinite loss or gradient norm ends the run.
 StepResult train_step(Task& task, AdamW& optimizer, LossScaler* scaler, const TrainingConfig& training,
-                      const Sampler::Draw& batch, int64_t step, int64_t warmup_steps, int64_t total_steps) {
+                      const Processes& processes, ShardRows* rows, const Sampler::Draw& batch, int64_t step,
+                      int64_t warmup_steps, int64_t total_steps) {
     Module& model = task.model();
     StepResult result;
     result.learning_rate = learning_rate(training.schedule, training.learning_rate, step, warmup_steps, total_steps);
     const int64_t shards = training.shards.value_or(1);
-    if (shards == 1) {
+    if (!rows) {
         model.reseed(batch.dropout_seed);
         model.zero_grad();
         const ComputeIn compute(model, training.precision);
@@ -319,11 +323,25 @@ StepResult train_step(Task& task, AdamW& optimizer, LossScaler* scaler, const Tr
         if (!std::isfinite(loss)) throw diverged("the loss", loss, step);
         (scaler ? mul(result.loss, scaler->scale()) : result.loss).backward();
     } else {
-        ShardRows rows(model.parameters());
-        for (int64_t shard = 0; shard < shards; ++shard) {
-            run_shard(task, scaler, training.precision, batch, shard, shards, step, rows);
+        // this process's shards, consecutive ones; then every process's rows, in shard order
+        rows->gradients.clear();
+        rows->numbers.clear();
+        const int64_t mine = shards / processes.count(), first = processes.rank() * mine;
+        for (int64_t shard = first; shard < first + mine; ++shard) {
+            run_shard(task, scaler, training.precision, batch, shard, shards, step, *rows);
         }
-        const BatchSums sums = add_shards(rows, model.parameters());
+        if (processes.count() > 1) {  // the time the slowest shard keeps the others waiting, apart
+            const ProfileScope profiled("(waiting for every process)", Phase::update);
+            std::vector<double> everyone;
+            processes.gather(std::vector<double>{0.0}, everyone);
+        }
+        {
+            const ProfileScope profiled("(exchanging shards)", Phase::update);
+            processes.gather(rows->gradients, rows->all_gradients);
+            processes.gather(rows->numbers, rows->all_numbers);
+        }
+        const ProfileScope profiled("(adding shards)", Phase::update);
+        const BatchSums sums = add_shards(*rows, model.parameters());
         result.loss = scalar(sums.loss, DType::float32);
         result.tokens = sums.tokens;
     }
@@ -406,6 +424,69 @@ json summary_of(const Config& config, Task& task, int64_t total_steps, const jso
     return summary;
 }
 
+// ---------------------------------------------------------------- several processes
+
+// The config with training.shards filled in where it is left out: the shards a resumed run was
+// trained with, else the process count (1 in one process, where it stays left out, as before).
+// Refuses a count that the processes cannot share evenly, or that the batch cannot fill.
+Config with_shards(Config config, const Processes& processes, const TrainOptions& options) {
+    const fs::path saved_config = fs::path(config.output.dir) / "config.json";
+    if (!config.training.shards && options.resume && fs::exists(saved_config)) {
+        const json saved = read_json_file(saved_config);
+        if (saved.contains("training") && saved["training"].contains("shards") &&
+            saved["training"]["shards"].is_number_integer()) {
+            config.training.shards = saved["training"]["shards"].get<int64_t>();
+        }
+    }
+    if (!config.training.shards && processes.count() > 1) config.training.shards = processes.count();
+    const int64_t shards = config.training.shards.value_or(1), count = processes.count();
+    if (shards % count != 0) {
+        throw std::invalid_argument("/training/shards " + std::to_string(shards) + " cannot be shared by " +
+                                    std::to_string(count) +
+                                    " processes (each takes as many shards): run on a number of processes that "
+                                    "divides it");
+    }
+    if (shards > config.training.batch_size) {
+        throw std::invalid_argument("/training/shards " + std::to_string(shards) + " (one per process) exceeds " +
+                                    "training.batch_size " + std::to_string(config.training.batch_size) +
+                                    ": a shard holds one example or more");
+    }
+    return config;
+}
+
+std::string file_fingerprint(const fs::path& path) {
+    const std::string bytes = read_file(path, "a file the run reads");
+    return std::to_string(fingerprint(bytes.data(), bytes.size()));
+}
+
+// What the processes of a run must share, checked before it trains: the run (its config less what
+// changes none of its numbers), the contents of its data files, the program and the device. Each
+// process that differs from rank 0 is named, with what differs first.
+void check_processes_agree(const Processes& processes, const Config& config, const json& identity) {
+    if (processes.count() == 1) return;
+    json mine{{"config", identity},
+              {"data", json::object()},
+              {"program", file_fingerprint("/proc/self/exe")},
+              {"device", device_name(config.training.device)}};
+    for (const std::string& file : {config.data.train, config.data.test}) {
+        if (!file.empty()) mine["data"][file] = file_fingerprint(file);
+    }
+    const std::vector<std::string> all = processes.gather(mine.dump());
+    const json first = json::parse(all[0]);
+    for (int rank = 1; rank < processes.count(); ++rank) {
+        const json other = json::parse(all[static_cast<std::size_t>(rank)]);
+        for (const char* part : {"config", "data", "program", "device"}) {
+            if (other[part] == first[part]) continue;
+            const std::string where =
+                std::string(part) == "config" ? " (" + first_difference(other[part], first[part]) + ")" : "";
+            throw std::invalid_argument("rank " + std::to_string(rank) + " of " + std::to_string(processes.count()) +
+                                        " has another " + part + where +
+                                        " than rank 0: the processes of a run need the same config, data files, "
+                                        "program and device");
+        }
+    }
+}
+
 }  // namespace
 
 std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& lengths, int64_t group_size) {
@@ -425,11 +506,19 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
     return groups;
 }
 
-json train(const Config& config, const TrainOptions& options) {
-    backend_for(config.training.device);  // an unusable device (no GPU) is refused before anything is written
+json train(const Config& requested, const TrainOptions& requested_options) {
+    backend_for(requested.training.device);  // an unusable device (no GPU) is refused before anything is written
+    // on several processes rank 0 alone writes the run's files and reports
+    const Processes& processes = Processes::world();
+    const Config config = with_shards(requested, processes, requested_options);
+    TrainOptions options = requested_options;
+    options.progress = options.progress && processes.leader();
     const fs::path out(config.output.dir);
     const json resolved = config.resolved(), identity = run_identity(resolved);
-    std::optional<Tokenizer> tokenizer = checked_output_directory(out, resolved, options);
+    std::optional<Tokenizer> tokenizer;
+    if (processes.leader()) tokenizer = checked_output_directory(out, resolved, options);
+    check_processes_agree(processes, config, identity);  // and the others wait for rank 0's checks
+    if (!processes.leader() && options.resume) tokenizer = saved_tokenizer(out, config.task.kind);
     set_thread_count(config.training.threads, "/training/threads");
 
     Generator init_gen(config.training.seed);
@@ -454,11 +543,15 @@ json train(const Config& config, const TrainOptions& options) {
     const int64_t warmup_steps = config.training.warmup(total_steps);
 
     LossScaler* const loss_scaler = scaler ? &*scaler : nullptr;
+    const bool leader = processes.leader();
     const Start start_at =
-        first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer, loss_scaler);
+        first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer, loss_scaler, leader);
     const int64_t resumed_at = start_at.step;
-    MetricsFile metrics(out / "metrics.jsonl");
+    std::optional<MetricsFile> metrics;
+    if (leader) metrics.emplace(out / "metrics.jsonl");
+    // on rank 0 alone (the others go on to the next step's gather)
     auto evaluate = [&](int64_t at_step) {
+        if (!leader) return json();
         model.eval();
         json result;
         {
@@ -469,54 +562,64 @@ json train(const Config& config, const TrainOptions& options) {
         json line{{"step", at_step}, {"eval", result}};
         // a gated model's gates with every evaluation: their course over training
         if (config.model.transformer.position == PositionMode::gated) line["gates"] = task->gates();
-        metrics.append(line);
+        metrics->append(line);
         return result;
     };
     // the evaluation at step 0, and at the end already for a run resumed there
-    const json initial = resumed_at == 0 ? evaluate(0) : start_at.evaluations.front();
-    json last_eval = resumed_at == total_steps ? start_at.evaluations.back() : json();
+    const json initial = resumed_at == 0 ? evaluate(0) : leader ? start_at.evaluations.front() : json();
+    json last_eval = resumed_at == total_steps && leader ? start_at.evaluations.back() : json();
 
     const auto start = Clock::now();
     const Sampler sampler(config.training, *task);
+    std::optional<ShardRows> shard_rows;  // with shards: each step's rows, their memory kept
+    if (config.training.shards.value_or(1) > 1) shard_rows.emplace(model.parameters());
     int64_t tokens_seen = 0;
     for (int64_t step = resumed_at; step < total_steps; ++step) {
         StepResult result;
         {
             const ProfileInto profiled(step > resumed_at ? options.profile : nullptr);  // after a warm-up step
-            result = train_step(*task, optimizer, loss_scaler, config.training, sampler.draw(step), step, warmup_steps,
-                                total_steps);
+            result =
+                train_step(*task, optimizer, loss_scaler, config.training, processes,
+                           shard_rows ? &*shard_rows : nullptr, sampler.draw(step), step, warmup_steps, total_steps);
         }
         tokens_seen += result.tokens;
 
         const int64_t done = step + 1;
         const double elapsed = seconds_since(start);
         const double tokens_per_second = static_cast<double>(tokens_seen) / std::max(elapsed, 1e-9);
-        if (done % config.training.log_every == 0 || done == total_steps || result.skipped) {
-            log_step(metrics, done, result, loss_scaler, elapsed, tokens_per_second);
+        if (leader && (done % config.training.log_every == 0 || done == total_steps || result.skipped)) {
+            log_step(*metrics, done, result, loss_scaler, elapsed, tokens_per_second);
         }
         if (options.progress) {
             const double eta =
                 elapsed / static_cast<double>(done - resumed_at) * static_cast<double>(total_steps - done);
             show_progress(done, total_steps, result.loss.item(), tokens_per_second, eta);
         }
-        if (done % config.evaluation.every == 0 || done == total_steps) {
+        if (leader && (done % config.evaluation.every == 0 || done == total_steps)) {
             last_eval = evaluate(done);
             if (options.progress) std::fprintf(stderr, "\n");
             std::printf("step %lld: test %s %.4g\n", static_cast<long long>(done), task->metric(),
                         last_eval[task->metric()].get<double>());
             std::fflush(stdout);
         }
-        const bool stop_here =
+        bool stop_here =
             done < total_steps && (done == options.stop_after || (options.interrupted && options.interrupted()));
-        if (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here) {
+        if (processes.count() > 1) {  // all stop where any one is told to (Ctrl-C reaches each at its own time)
+            std::vector<double> told;
+            processes.gather(std::vector<double>{stop_here ? 1.0 : 0.0}, told);
+            stop_here = std::find(told.begin(), told.end(), 1.0) != told.end();
+        }
+        if (leader && (done % config.output.checkpoint_every == 0 || done == total_steps || stop_here)) {
             save_checkpoint(out / "checkpoint", model, optimizer, loss_scaler, done, identity);
         }
         if (stop_here) {
             if (options.progress) std::fprintf(stderr, "\n");
+            if (!leader) return json{{"rank", processes.rank()}, {"stopped_at", done}};
             return json{{"stopped_at", done}};
         }
     }
 
+    if (!leader) return json{{"rank", processes.rank()}};
     const json summary = summary_of(config, *task, total_steps, initial, last_eval, seconds_since(start), tokens_seen);
     write_json_file(out / "summary.json", summary);
     return summary;

@@ -41,7 +41,9 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
 
 // Trains, evaluates and writes the output directory; returns summary.json's content (or, when
 // stopped by stop_after or interrupted, {"stopped_at": step} and no summary). Throws
-// std::invalid_argument for an unusable config or output directory and TrainingDiverged.
+// std::invalid_argument for an unusable config or output directory and TrainingDiverged. Under
+// mpirun every process calls it; rank 0 writes the run and returns the summary, the others
+// return {"rank": their rank} (docs/distributed.md).
 nlohmann::json train(const Config& config, const TrainOptions& options);
 
 }  // namespace relgrad

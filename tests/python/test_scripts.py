@@ -142,3 +142,27 @@ def test_plots_come_from_the_records_alone(sweep, tmp_path, monkeypatch):
     plot_results.main()
     for name in ("length_loss.png", "length_by_length.png", "length_relative_table.png", "length_attention.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_a_job_array_lists_the_sweep_and_runs_one_run_a_task(tmp_path, monkeypatch, capsys):
+    # --list numbers the runs (variant by variant, seed by seed); --only N trains that run alone
+    # and writes its record, as one task of `sbatch --array` would; a number outside is refused
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(experiments, "DATA", str(tmp_path / "data"))
+    monkeypatch.setitem(experiments.EXPERIMENTS, "length", TINY_LENGTH)
+    base = ["experiments.py", "length", "--seeds", "1", "2", "--relgrad", RELGRAD]
+    monkeypatch.setattr(sys, "argv", base + ["--list"])
+    experiments.main()
+    assert capsys.readouterr().out.splitlines() == [
+        "0 length sinusoidal seed 1", "1 length sinusoidal seed 2", "2 length relative seed 1",
+        "3 length relative seed 2"]
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setattr(sys, "argv", base + ["--only", "2"])
+    experiments.main()
+    assert os.listdir(tmp_path / "data" / "length") == ["relative"]
+    assert os.listdir(tmp_path / "data" / "length" / "relative") == ["seed1.json"]
+    monkeypatch.setattr(sys, "argv", base + ["--only", "4"])
+    with pytest.raises(SystemExit) as refused:
+        experiments.main()
+    assert refused.value.code == 2
+    assert capsys.readouterr().err == "experiments.py: --only 4: the sweep has 4 runs, 0 to 3 (see --list)\n"

@@ -1,0 +1,166 @@
+"""Training on several processes (mpirun, docs/distributed.md) gives the bits of one process.
+
+With training.shards = 4, one process, mpirun -np 2 and mpirun -np 4 (shards left out: one per
+process) write the same checkpoint bytes, metrics.jsonl and summary.json (their timing fields
+aside), with dropout and relative positions; a run stopped on 2 processes and resumed on 1, or
+the reverse, ends as the uninterrupted run; a killed process ends the whole job; a shard count the
+processes cannot share, shards larger than the batch, and processes that disagree are refused.
+
+    /usr/bin/python3 tests/cli/test_distributed.py --relgrad build/relgrad --mpirun /usr/bin/mpirun
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIG = {
+    "model": {"layers": 1, "dim": 16, "heads": 2, "ff_dim": 32, "k": 4, "dropout": 0.1, "position": "relative"},
+    "task": {"kind": "relative_order", "train_examples": 300, "test_examples": 48,
+             "train_lengths": [6, 12], "test_lengths": [6, 16]},
+    "training": {"steps": 24, "batch_size": 16, "learning_rate": 3e-3, "log_every": 1, "threads": 1},
+    "evaluation": {"every": 8, "length_buckets": [8, 16]},
+    "output": {"checkpoint_every": 4},
+}
+TIMING_KEYS = {"seconds", "tokens_per_second", "train_seconds", "peak_rss_mib", "peak_live_mib"}
+# Open MPI refuses to run as root without these; --oversubscribe lets 4 processes share 2 cores
+ENVIRONMENT = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def run_files(run):
+    """What two runs of the same config must share exactly."""
+    def without_timing(entry):
+        return {key: value for key, value in entry.items() if key not in TIMING_KEYS}
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        metrics = [without_timing(json.loads(line)) for line in f]
+    with open(os.path.join(run, "summary.json")) as f:
+        summary = without_timing(json.load(f))
+    checkpoint = {}
+    for root, _, files in os.walk(os.path.join(run, "checkpoint")):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                checkpoint[os.path.relpath(path, run)] = f.read()
+    return metrics, summary, checkpoint
+
+
+class Runs:
+    def __init__(self, relgrad, mpirun, work):
+        self.relgrad, self.mpirun, self.work = relgrad, mpirun, work
+        self.config = os.path.join(work, "config.json")
+        with open(self.config, "w") as f:
+            json.dump(CONFIG, f)
+
+    def command(self, processes, run, *arguments, config=None):
+        train = [self.relgrad, "train", config or self.config, "--out", os.path.join(self.work, run), *arguments]
+        if processes == 1:
+            return train
+        return [self.mpirun, "--oversubscribe", "-np", str(processes), *train]
+
+    def train(self, processes, run, *arguments, expect=0):
+        done = subprocess.run(self.command(processes, run, *arguments), env=ENVIRONMENT, capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != expect:
+            sys.exit(f"{' '.join(self.command(processes, run, *arguments))}: exit {done.returncode}, "
+                     f"expected {expect}\n{done.stderr}")
+        return done
+
+    def files(self, run):
+        return run_files(os.path.join(self.work, run))
+
+
+def check(condition, what):
+    if not condition:
+        sys.exit("FAILED: " + what)
+    print("ok:", what)
+
+
+def children_of(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--relgrad", required=True)
+    parser.add_argument("--mpirun", required=True)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        runs = Runs(args.relgrad, args.mpirun, work)
+        # the same bits on 1, 2 and 4 processes
+        runs.train(1, "one", "--set", "training.shards=4")
+        runs.train(2, "two", "--set", "training.shards=4")
+        runs.train(4, "four")  # shards left out: one per process, and recorded
+        one = runs.files("one")
+        check(runs.files("two") == one, "4 shards on 2 processes: the bits of 1 process")
+        check(runs.files("four") == one, "4 processes, shards left out: the bits of 4 shards in 1 process")
+        with open(os.path.join(work, "four", "config.json")) as f:
+            check(json.load(f)["training"]["shards"] == 4, "the run records its shards")
+        check(len(one[0]) == 24 + 4, "rank 0 alone wrote metrics.jsonl: a line per step and per evaluation")
+
+        # stopped on 2 processes, resumed on 1; stopped on 1, resumed on 2
+        runs.train(2, "two_then_one", "--set", "training.shards=4", "--stop-after", "10")
+        runs.train(1, "two_then_one", "--resume")  # the shards come from the run
+        check(runs.files("two_then_one") == one, "stopped on 2 processes, resumed on 1: the same bits")
+        runs.train(1, "one_then_two", "--set", "training.shards=4", "--stop-after", "13")
+        runs.train(2, "one_then_two", "--resume")
+        check(runs.files("one_then_two") == one, "stopped on 1 process, resumed on 2: the same bits")
+
+        # a process killed mid-run ends the job; resumed, the run ends as the uninterrupted one
+        killed = os.path.join(work, "killed")
+        command = runs.command(2, "killed", "--set", "training.shards=4", "--set", "training.steps=400",
+                               "--set", "output.checkpoint_every=2")
+        job = subprocess.Popen(command, env=ENVIRONMENT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(killed, "checkpoint", "state.json")) and time.time() < deadline:
+            time.sleep(0.05)
+        ranks = [pid for pid in children_of(job.pid)]
+        check(len(ranks) >= 2, "mpirun started its 2 processes")
+        os.kill(ranks[-1], signal.SIGKILL)
+        killed_at = time.time()
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            sys.exit("FAILED: the job went on more than 30 s after one of its processes was killed")
+        check(job.returncode != 0, f"the job ended {time.time() - killed_at:.1f} s after a process was killed "
+                                   f"(exit {job.returncode})")
+        runs.train(2, "killed", "--resume", "--set", "training.steps=400")
+        runs.train(1, "uninterrupted", "--set", "training.shards=4", "--set", "training.steps=400",
+                   "--set", "output.checkpoint_every=2")
+        check(runs.files("killed") == runs.files("uninterrupted"), "resumed after the kill: the same bits")
+
+        # refused, with one line that says why
+        for processes, arguments, message in [
+                (2, ["--set", "training.shards=3"], "/training/shards 3 cannot be shared by 2 processes"),
+                (4, ["--set", "training.batch_size=2"], "/training/shards 4 (one per process) exceeds "
+                                                        "training.batch_size 2"),
+                (1, ["--set", "training.shards=17"], "expected at most training.batch_size 16")]:
+            done = runs.train(processes, "refused", *arguments, expect=2)
+            check(message in done.stderr, f"refused: {message}")
+        # processes that disagree: another config, another device on rank 1
+        for other, part in [(["--set", "training.steps=25"], "another config (/training/steps)"),
+                            (["--device", "guarded_cpu"], "another device")]:
+            first = runs.command(1, "disagree", "--set", "training.shards=2")
+            second = runs.command(1, "disagree", "--set", "training.shards=2", *other)
+            done = subprocess.run([args.mpirun, "--oversubscribe", "-np", "1", *first, ":", "-np", "1", *second],
+                                  env=ENVIRONMENT, capture_output=True, text=True, timeout=120)
+            check(done.returncode == 2 and f"rank 1 of 2 has {part} than rank 0" in done.stderr,
+                  f"refused: rank 1 has {part}")
+    print("all passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+#include "train/processes.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#ifdef RELGRAD_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace relgrad {
+
+namespace {
+
+// The process count of the launcher that started this process (Open MPI's mpirun, or a PMI one
+// such as Slurm's srun --mpi=pmix), 1 without one.
+int launched_processes() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
+        if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+    }
+    return 1;
+}
+
+#ifdef RELGRAD_WITH_MPI
+// MPI_Finalize when the program ends, after a normal return or an exception handled in main.
+struct Finalize {
+    ~Finalize() {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+    }
+};
+
+// One gather of `count` values of `type` from each process into `out` (count * processes).
+void gather_into(const void* mine, int count, MPI_Datatype type, void* out) {
+    // MPI's default handler ends the job on a failed collective (a process gone): no status to check
+    MPI_Allgather(mine, count, type, out, count, type, MPI_COMM_WORLD);
+}
+#endif
+
+}  // namespace
+
+Processes& Processes::world() {
+    static Processes processes = [] {
+        const int launched = launched_processes();
+#ifdef RELGRAD_WITH_MPI
+        if (launched > 1) {
+            // every thread but the main one is OpenMP's, which never calls MPI
+            int provided = 0;
+            MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+            static Finalize finalize;
+            int rank = 0, count = 1;
+            MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+            MPI_Comm_size(MPI_COMM_WORLD, &count);
+            return Processes(rank, count);
+        }
+#else
+        if (launched > 1) {
+            throw std::invalid_argument("this relgrad was built without MPI (RELGRAD_MPI): it cannot train on the " +
+                                        std::to_string(launched) + " processes it was started on");
+        }
+#endif
+        return Processes(0, 1);
+    }();
+    return processes;
+}
+
+void Processes::gather(const std::vector<float>& mine, std::vector<float>& all) const {
+    if (count_ == 1) {
+        all = mine;
+        return;
+    }
+    all.resize(mine.size() * static_cast<std::size_t>(count_));
+#ifdef RELGRAD_WITH_MPI
+    gather_into(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data());
+#endif
+}
+
+void Processes::gather(const std::vector<double>& mine, std::vector<double>& all) const {
+    if (count_ == 1) {
+        all = mine;
+        return;
+    }
+    all.resize(mine.size() * static_cast<std::size_t>(count_));
+#ifdef RELGRAD_WITH_MPI
+    gather_into(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data());
+#endif
+}
+
+std::vector<std::string> Processes::gather(const std::string& mine) const {
+    if (count_ == 1) return {mine};
+    // the lengths first, then every text padded to the longest
+    std::vector<double> lengths;
+    gather(std::vector<double>{static_cast<double>(mine.size())}, lengths);
+    std::size_t longest = 0;
+    for (double length : lengths) longest = std::max(longest, static_cast<std::size_t>(length));
+    std::string padded = mine;
+    padded.resize(longest);
+    std::string all(longest * static_cast<std::size_t>(count_), '\0');
+#ifdef RELGRAD_WITH_MPI
+    gather_into(padded.data(), static_cast<int>(longest), MPI_CHAR, all.data());
+#endif
+    std::vector<std::string> texts;
+    for (int rank = 0; rank < count_; ++rank) {
+        texts.push_back(all.substr(static_cast<std::size_t>(rank) * longest, static_cast<std::size_t>(lengths[rank])));
+    }
+    return texts;
+}
+
+std::vector<float> add_in_row_order(const std::vector<float>& rows, std::size_t width) {
+    std::vector<float> total(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(width));
+    for (std::size_t start = width; start < rows.size(); start += width) {
+        for (std::size_t e = 0; e < width; ++e) total[e] += rows[start + e];
+    }
+    return total;
+}
+
+int Processes::ending(const std::string& line, int code) {
+    int rank = 0, count = 1;
+#ifdef RELGRAD_WITH_MPI
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) {
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &count);
+    }
+#endif
+    // one write, so that the lines of several processes do not interleave
+    const std::string text = (count > 1 ? "rank " + std::to_string(rank) + ": " : "") + line + "\n";
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+#ifdef RELGRAD_WITH_MPI
+    if (count > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    return code;
+}
+
+}  // namespace relgrad
