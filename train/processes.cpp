@@ -109,7 +109,54 @@ std::vector<std::string> Processes::gather(const std::string& mine) const {
     return texts;
 }
 
+void Processes::add_rows(const std::vector<float>& mine, std::size_t width, std::vector<float>& total,
+                         RowScratch& scratch) const {
+    if (count_ == 1) {
+        total = add_in_row_order(mine, width);
+        return;
+    }
+#ifdef RELGRAD_WITH_MPI
+    const std::size_t processes = static_cast<std::size_t>(count_), rows = mine.size() / width;
+    const auto first_column = [&](std::size_t p) { return p * width / processes; };  // process p's columns start
+    const std::size_t mine_first = first_column(static_cast<std::size_t>(rank_));
+    const std::size_t my_width = first_column(static_cast<std::size_t>(rank_) + 1) - mine_first;
+    // the reduce-scatter: to process p, my rows' columns of p, row after row
+    std::vector<int> send_counts(processes), send_offsets(processes), receive_counts(processes),
+        receive_offsets(processes);
+    scratch.to_send.resize(mine.size());
+    std::size_t at = 0;
+    for (std::size_t p = 0; p < processes; ++p) {
+        const std::size_t begin = first_column(p), columns = first_column(p + 1) - begin;
+        send_offsets[p] = static_cast<int>(at);
+        for (std::size_t row = 0; row < rows; ++row, at += columns) {
+            std::copy(mine.begin() + static_cast<std::ptrdiff_t>(row * width + begin),
+                      mine.begin() + static_cast<std::ptrdiff_t>(row * width + begin + columns),
+                      scratch.to_send.begin() + static_cast<std::ptrdiff_t>(at));
+        }
+        send_counts[p] = static_cast<int>(at) - send_offsets[p];
+        receive_counts[p] = static_cast<int>(rows * my_width);  // process p's rows of my columns
+        receive_offsets[p] = static_cast<int>(p * rows * my_width);
+    }
+    scratch.received.resize(processes * rows * my_width);
+    MPI_Alltoallv(scratch.to_send.data(), send_counts.data(), send_offsets.data(), MPI_FLOAT, scratch.received.data(),
+                  receive_counts.data(), receive_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+    // received in rank order, each process's rows in order: all the rows in row order
+    scratch.my_columns = add_in_row_order(scratch.received, my_width);
+    // the allgather of every process's column sums
+    for (std::size_t p = 0; p < processes; ++p) {
+        receive_counts[p] = static_cast<int>(first_column(p + 1) - first_column(p));
+        receive_offsets[p] = static_cast<int>(first_column(p));
+    }
+    total.resize(width);
+    MPI_Allgatherv(scratch.my_columns.data(), static_cast<int>(my_width), MPI_FLOAT, total.data(),
+                   receive_counts.data(), receive_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+#else
+    (void)scratch;
+#endif
+}
+
 std::vector<float> add_in_row_order(const std::vector<float>& rows, std::size_t width) {
+    if (width == 0) return {};
     std::vector<float> total(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(width));
     for (std::size_t start = width; start < rows.size(); start += width) {
         for (std::size_t e = 0; e < width; ++e) total[e] += rows[start + e];

@@ -29,6 +29,19 @@ public:
     // The same for texts of any length.
     std::vector<std::string> gather(const std::string& mine) const;
 
+    // The sum of the rows of `width` floats that all processes hold, added in row order
+    // (add_in_row_order below), into `total` on every process. Each holds as many rows, process
+    // r's `mine` being rows [r k, (r + 1) k) of them all. A reduce-scatter by columns, then an
+    // allgather: process p receives every process's rows of its share of the columns, adds them
+    // in row order, and the sums are gathered; so a process sends and receives under (k + 1)
+    // width floats each way whatever the process count, and no sum is MPI's. `scratch` keeps the
+    // memory of the steps between calls.
+    struct RowScratch {
+        std::vector<float> to_send, received, my_columns;
+    };
+    void add_rows(const std::vector<float>& mine, std::size_t width, std::vector<float>& total,
+                  RowScratch& scratch) const;
+
     // What a process that failed returns from main, after printing `line` (its error) on stderr
     // at once, as "rank R: line" in a run on several processes: `code`, after ending every other
     // process (MPI_Abort), which would otherwise wait for it in a gather forever.

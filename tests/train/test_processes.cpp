@@ -1,7 +1,7 @@
 // The processes of a run (train/processes.hpp), run by ctest under mpirun on 1, 2 and 4 processes:
 // gathers put every process's values side by side in rank order, and shards added in shard order
-// give the same bits whichever process computed which shard, where a sum in another order (what
-// MPI_Allreduce may pick) does not.
+// (by a gather, or by a reduce-scatter and an allgather) give the same bits whichever process
+// computed which shard, where a sum in another order (what MPI_Allreduce may pick) does not.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -62,9 +62,22 @@ TEST_CASE("shards added in shard order give the same bits on any process count; 
     const std::vector<float> my_rows(all.begin() + first * width, all.begin() + (first + mine) * width);
     std::vector<float> gathered;
     processes.gather(my_rows, gathered);
-    const std::vector<float> summed = add_in_row_order(gathered, width);
     const std::vector<float> alone = add_in_row_order(all, width);
-    CHECK(summed == alone);
+    CHECK(add_in_row_order(gathered, width) == alone);
+    // the same sum by a reduce-scatter of the columns and an allgather (what training does), also
+    // when some process has no column (3 columns, 4 processes)
+    std::vector<float> total;
+    Processes::RowScratch scratch;
+    processes.add_rows(my_rows, static_cast<std::size_t>(width), total, scratch);
+    CHECK(total == alone);
+    processes.add_rows(my_rows, static_cast<std::size_t>(width), total, scratch);  // again, in the same memory
+    CHECK(total == alone);
+    std::vector<float> narrow_all, narrow_mine;
+    for (int64_t row = 0; row < shards; ++row)
+        for (int64_t column = 0; column < 3; ++column) narrow_all.push_back(all[row * width + column]);
+    narrow_mine.assign(narrow_all.begin() + first * 3, narrow_all.begin() + (first + mine) * 3);
+    processes.add_rows(narrow_mine, 3, total, scratch);
+    CHECK(total == add_in_row_order(narrow_all, 3));
     // the same rows added last to first: other bits somewhere
     std::vector<float> reversed;
     for (int64_t row = shards - 1; row >= 0; --row) {
