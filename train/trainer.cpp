@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -458,6 +459,20 @@ Config with_shards(Config config, const Processes& processes, const TrainOptions
     return config;
 }
 
+// With training.device cuda on several processes, each process of a machine takes a GPU of its
+// own: the one its local rank (its number among the processes on its machine) names, through
+// CUDA_VISIBLE_DEVICES, set before CUDA starts; unless that is set already (by the user, or a
+// scheduler that hands out GPUs). The gradients go through host memory for the exchange.
+void use_own_gpu(const Processes& processes) {
+    if (processes.count() == 1 || std::getenv("CUDA_VISIBLE_DEVICES")) return;
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+        if (const char* local_rank = std::getenv(name)) {
+            setenv("CUDA_VISIBLE_DEVICES", local_rank, 1);
+            return;
+        }
+    }
+}
+
 std::string file_fingerprint(const fs::path& path) {
     const std::string bytes = read_file(path, "a file the run reads");
     return std::to_string(fingerprint(bytes.data(), bytes.size()));
@@ -511,9 +526,10 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
 }
 
 json train(const Config& requested, const TrainOptions& requested_options) {
-    backend_for(requested.training.device);  // an unusable device (no GPU) is refused before anything is written
     // on several processes rank 0 alone writes the run's files and reports
     const Processes& processes = Processes::world();
+    if (requested.training.device == Device::cuda) use_own_gpu(processes);
+    backend_for(requested.training.device);  // an unusable device (no GPU) is refused before anything is written
     const Config config = with_shards(requested, processes, requested_options);
     TrainOptions options = requested_options;
     options.progress = options.progress && processes.leader();

@@ -5,8 +5,11 @@ process) write the same checkpoint bytes, metrics.jsonl and summary.json (their 
 aside), with dropout and relative positions; a run stopped on 2 processes and resumed on 1, or
 the reverse, ends as the uninterrupted run; a killed process ends the whole job; a shard count the
 processes cannot share, shards larger than the batch, and processes that disagree are refused.
+With --emulated (the test build's relgrad on an emulated cuda device), the same bits on 1 and 2
+processes with the model on the device, its gradients going through host memory.
 
-    /usr/bin/python3 tests/cli/test_distributed.py --relgrad build/relgrad --mpirun /usr/bin/mpirun
+    /usr/bin/python3 tests/cli/test_distributed.py --relgrad build/relgrad --mpirun /usr/bin/mpirun \
+        [--emulated build/tests/relgrad_emulated]
 """
 import argparse
 import json
@@ -96,6 +99,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--relgrad", required=True)
     parser.add_argument("--mpirun", required=True)
+    parser.add_argument("--emulated", help="the relgrad program with an emulated cuda device")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         runs = Runs(args.relgrad, args.mpirun, work)
@@ -159,6 +163,16 @@ def main():
                                   env=ENVIRONMENT, capture_output=True, text=True, timeout=120)
             check(done.returncode == 2 and f"rank 1 of 2 has {part} than rank 0" in done.stderr,
                   f"refused: rank 1 has {part}")
+
+        # the model on a (emulated) cuda device: each process's gradients through host memory
+        if args.emulated:
+            on_device = Runs(args.emulated, args.mpirun, work)
+            short = ["--device", "cuda", "--set", "training.shards=2", "--set", "training.steps=8",
+                     "--set", "evaluation.every=8"]
+            on_device.train(1, "cuda_one", *short)
+            on_device.train(2, "cuda_two", *short)
+            check(on_device.files("cuda_two") == on_device.files("cuda_one"),
+                  "on the emulated cuda device, 2 processes: the bits of 1")
     print("all passed")
 
 
