@@ -494,12 +494,19 @@ void check_processes_agree(const Processes& processes, const Config& config, con
     const json first = json::parse(all[0]);
     for (int rank = 1; rank < processes.count(); ++rank) {
         const json other = json::parse(all[static_cast<std::size_t>(rank)]);
-        for (const char* part : {"config", "data", "program", "device"}) {
+        std::string data_file;  // the first file whose contents differ
+        for (const auto& [file, hash] : other["data"].items()) {
+            if (data_file.empty() && (!first["data"].contains(file) || first["data"][file] != hash)) data_file = file;
+        }
+        const std::pair<const char*, std::string> parts[] = {
+            {"config", "another config (" + first_difference(other["config"], first["config"]) + ")"},
+            {"data", "another " + data_file},
+            {"program", "another program"},
+            {"device", "another device"}};
+        for (const auto& [part, what] : parts) {
             if (other[part] == first[part]) continue;
-            const std::string where =
-                std::string(part) == "config" ? " (" + first_difference(other[part], first[part]) + ")" : "";
             throw std::invalid_argument("rank " + std::to_string(rank) + " of " + std::to_string(processes.count()) +
-                                        " has another " + part + where +
+                                        " has " + what +
                                         " than rank 0: the processes of a run need the same config, data files, "
                                         "program and device");
         }

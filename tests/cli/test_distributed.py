@@ -4,7 +4,8 @@ With training.shards = 4, one process, mpirun -np 2 and mpirun -np 4 (shards lef
 process) write the same checkpoint bytes, metrics.jsonl and summary.json (their timing fields
 aside), with dropout and relative positions; a run stopped on 2 processes and resumed on 1, or
 the reverse, ends as the uninterrupted run; a killed process ends the whole job; a shard count the
-processes cannot share, shards larger than the batch, and processes that disagree are refused.
+processes cannot share, shards larger than the batch, and processes that disagree (config, data
+file contents, program, device) are refused. The quickstart too gives the same bits on 1 and 4.
 With --emulated (the test build's relgrad on an emulated cuda device), the same bits on 1 and 2
 processes with the model on the device, its gradients going through host memory.
 
@@ -63,12 +64,11 @@ class Runs:
             return train
         return [self.mpirun, "--oversubscribe", "-np", str(processes), *train]
 
-    def train(self, processes, run, *arguments, expect=0):
-        done = subprocess.run(self.command(processes, run, *arguments), env=ENVIRONMENT, capture_output=True,
-                              text=True, timeout=300)
+    def train(self, processes, run, *arguments, expect=0, config=None):
+        command = self.command(processes, run, *arguments, config=config)
+        done = subprocess.run(command, env=ENVIRONMENT, capture_output=True, text=True, timeout=300)
         if done.returncode != expect:
-            sys.exit(f"{' '.join(self.command(processes, run, *arguments))}: exit {done.returncode}, "
-                     f"expected {expect}\n{done.stderr}")
+            sys.exit(f"{' '.join(command)}: exit {done.returncode}, expected {expect}\n{done.stderr}")
         return done
 
     def files(self, run):
@@ -103,7 +103,15 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         runs = Runs(args.relgrad, args.mpirun, work)
-        # the same bits on 1, 2 and 4 processes
+        # the quickstart (40 of its steps) on 1 and 4 processes
+        quickstart = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "quickstart.json")
+        for processes, run in ((1, "quickstart_one"), (4, "quickstart_four")):
+            runs.train(processes, run, "--set", "training.shards=4", "--set", "training.steps=40",
+                       "--set", "evaluation.every=20", "--set", "training.threads=1", config=quickstart)
+        check(runs.files("quickstart_four") == runs.files("quickstart_one"),
+              "the quickstart on 4 processes: the bits of 1")
+
+        # the same bits on 1, 2 and 4 processes, with dropout and relative positions
         runs.train(1, "one", "--set", "training.shards=4")
         runs.train(2, "two", "--set", "training.shards=4")
         runs.train(4, "four")  # shards left out: one per process, and recorded
@@ -154,15 +162,36 @@ def main():
                 (1, ["--set", "training.shards=17"], "expected at most training.batch_size 16")]:
             done = runs.train(processes, "refused", *arguments, expect=2)
             check(message in done.stderr, f"refused: {message}")
-        # processes that disagree: another config, another device on rank 1
-        for other, part in [(["--set", "training.steps=25"], "another config (/training/steps)"),
-                            (["--device", "guarded_cpu"], "another device")]:
-            first = runs.command(1, "disagree", "--set", "training.shards=2")
-            second = runs.command(1, "disagree", "--set", "training.shards=2", *other)
+        # processes that disagree: another config, device or program on rank 1
+        first = runs.command(1, "disagree", "--set", "training.shards=2")
+        others = [(runs.command(1, "disagree", "--set", "training.shards=2", "--set", "training.steps=25"),
+                   "another config (/training/steps)"),
+                  (runs.command(1, "disagree", "--set", "training.shards=2", "--device", "guarded_cpu"),
+                   "another device")]
+        if args.emulated:
+            others.append(([args.emulated] + first[1:], "another program"))
+        for second, part in others:
             done = subprocess.run([args.mpirun, "--oversubscribe", "-np", "1", *first, ":", "-np", "1", *second],
                                   env=ENVIRONMENT, capture_output=True, text=True, timeout=120)
             check(done.returncode == 2 and f"rank 1 of 2 has {part} than rank 0" in done.stderr,
                   f"refused: rank 1 has {part}")
+        # and other contents in a data file of the same name: each process in a folder of its own
+        for side, label in (("a", "pos"), ("b", "neg")):
+            os.makedirs(os.path.join(work, side))
+            with open(os.path.join(work, side, "reviews.tsv"), "w") as f:
+                f.writelines(f"{label if k % 2 else 'neg'}\tgood words {k}\n" for k in range(40))
+        files = {"task": {"kind": "classification"}, "data": {"train": "reviews.tsv", "tokenizer": "word"},
+                 "training": {"steps": 2, "batch_size": 8, "shards": 2, "threads": 1},
+                 "output": {"dir": os.path.join(work, "files_run")}}
+        with open(os.path.join(work, "files.json"), "w") as f:
+            json.dump(files, f)
+        on = [[args.mpirun, "--oversubscribe"]]
+        for side in ("a", "b"):
+            on += [["-np", "1", "-wdir", os.path.join(work, side), args.relgrad, "train", os.path.join(work, "files.json")]]
+        done = subprocess.run(on[0] + on[1] + [":"] + on[2], env=ENVIRONMENT, capture_output=True, text=True,
+                              timeout=120)
+        check(done.returncode == 2 and "rank 1 of 2 has another reviews.tsv than rank 0" in done.stderr,
+              "refused: rank 1 has other contents in reviews.tsv")
 
         # the model on a (emulated) cuda device: each process's gradients through host memory
         if args.emulated:
