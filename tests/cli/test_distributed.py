@@ -5,7 +5,7 @@ process) write the same checkpoint bytes, metrics.jsonl and summary.json (their 
 aside), with dropout and relative positions; a run stopped on 2 processes and resumed on 1, or
 the reverse, ends as the uninterrupted run; a killed process ends the whole job; a shard count the
 processes cannot share, shards larger than the batch, and processes that disagree (config, data
-file contents, program, device) are refused. The quickstart too gives the same bits on 1 and 4.
+file contents, program, device) are refused. The quickstart too gives the same bits on 1, 2 and 4.
 With --emulated (the test build's relgrad on an emulated cuda device), the same bits on 1 and 2
 processes with the model on the device, its gradients going through host memory.
 
@@ -103,13 +103,14 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         runs = Runs(args.relgrad, args.mpirun, work)
-        # the quickstart (40 of its steps) on 1 and 4 processes
+        # the quickstart (40 of its steps) on 1, 2 and 4 processes
         quickstart = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "quickstart.json")
-        for processes, run in ((1, "quickstart_one"), (4, "quickstart_four")):
-            runs.train(processes, run, "--set", "training.shards=4", "--set", "training.steps=40",
-                       "--set", "evaluation.every=20", "--set", "training.threads=1", config=quickstart)
-        check(runs.files("quickstart_four") == runs.files("quickstart_one"),
-              "the quickstart on 4 processes: the bits of 1")
+        for processes in (1, 2, 4):
+            runs.train(processes, f"quickstart_{processes}", "--set", "training.shards=4", "--set",
+                       "training.steps=40", "--set", "evaluation.every=20", "--set", "training.threads=1",
+                       config=quickstart)
+        check(runs.files("quickstart_2") == runs.files("quickstart_1") == runs.files("quickstart_4"),
+              "the quickstart on 2 and 4 processes: the bits of 1")
 
         # the same bits on 1, 2 and 4 processes, with dropout and relative positions
         runs.train(1, "one", "--set", "training.shards=4")
