@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -14,13 +15,32 @@ namespace relgrad {
 
 namespace {
 
-// The process count of the launcher that started this process (Open MPI's mpirun, or a PMI one
-// such as Slurm's srun --mpi=pmix), 1 without one.
-int launched_processes() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
-        if (const char* value = std::getenv(name)) return std::max(1, std::atoi(value));
+// Whether a launcher started this process as one of an MPI job: Open MPI's mpirun, or a PMI one
+// such as Slurm's srun --mpi=pmix (which may set a rank and no size); and the size it says, 0
+// when it says none (MPI then tells).
+bool launched_by_mpi() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMIX_SIZE", "PMI_SIZE"}) {
+        if (std::getenv(name)) return true;
     }
-    return 1;
+    return false;
+}
+#ifndef RELGRAD_WITH_MPI
+int launched_size() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+        if (const char* value = std::getenv(name)) return std::max(0, std::atoi(value));
+    }
+    return 0;
+}
+#endif
+
+// n values as one of MPI's counts (an int): more in one exchange is refused, not wrapped
+int mpi_count(std::size_t n) {
+    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+        throw std::length_error("exchanging " + std::to_string(n) +
+                                " values at once between processes: MPI counts stop at 2^31 - 1 (fewer shards a "
+                                "process, or fewer parameters)");
+    }
+    return static_cast<int>(n);
 }
 
 #ifdef RELGRAD_WITH_MPI
@@ -44,9 +64,8 @@ void gather_into(const void* mine, int count, MPI_Datatype type, void* out) {
 
 Processes& Processes::world() {
     static Processes processes = [] {
-        const int launched = launched_processes();
 #ifdef RELGRAD_WITH_MPI
-        if (launched > 1) {
+        if (launched_by_mpi()) {
             // every thread but the main one is OpenMP's, which never calls MPI
             int provided = 0;
             MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
@@ -57,9 +76,10 @@ Processes& Processes::world() {
             return Processes(rank, count);
         }
 #else
-        if (launched > 1) {
-            throw std::invalid_argument("this relgrad was built without MPI (RELGRAD_MPI): it cannot train on the " +
-                                        std::to_string(launched) + " processes it was started on");
+        if (launched_by_mpi() && launched_size() != 1) {
+            throw std::invalid_argument(
+                "this relgrad was built without MPI (RELGRAD_MPI): it cannot train as one of "
+                "the processes an MPI launcher started");
         }
 #endif
         return Processes(0, 1);
@@ -74,7 +94,7 @@ void Processes::gather(const std::vector<float>& mine, std::vector<float>& all) 
     }
     all.resize(mine.size() * static_cast<std::size_t>(count_));
 #ifdef RELGRAD_WITH_MPI
-    gather_into(mine.data(), static_cast<int>(mine.size()), MPI_FLOAT, all.data());
+    gather_into(mine.data(), mpi_count(mine.size()), MPI_FLOAT, all.data());
 #endif
 }
 
@@ -85,7 +105,7 @@ void Processes::gather(const std::vector<double>& mine, std::vector<double>& all
     }
     all.resize(mine.size() * static_cast<std::size_t>(count_));
 #ifdef RELGRAD_WITH_MPI
-    gather_into(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data());
+    gather_into(mine.data(), mpi_count(mine.size()), MPI_DOUBLE, all.data());
 #endif
 }
 
@@ -100,7 +120,7 @@ std::vector<std::string> Processes::gather(const std::string& mine) const {
     padded.resize(longest);
     std::string all(longest * static_cast<std::size_t>(count_), '\0');
 #ifdef RELGRAD_WITH_MPI
-    gather_into(padded.data(), static_cast<int>(longest), MPI_CHAR, all.data());
+    gather_into(padded.data(), mpi_count(longest), MPI_CHAR, all.data());
 #endif
     std::vector<std::string> texts;
     for (int rank = 0; rank < count_; ++rank) {
@@ -111,8 +131,13 @@ std::vector<std::string> Processes::gather(const std::string& mine) const {
 
 void Processes::add_rows(const std::vector<float>& mine, std::size_t width, std::vector<float>& total,
                          RowScratch& scratch) const {
+    if (width == 0 || mine.size() % width != 0) {
+        throw std::invalid_argument("add_rows: " + std::to_string(mine.size()) + " values are not rows of " +
+                                    std::to_string(width));
+    }
+    mpi_count(mine.size() * static_cast<std::size_t>(count_));  // every offset below fits an int
     if (count_ == 1) {
-        total = add_in_row_order(mine, width);
+        add_in_row_order(mine, width, total);
         return;
     }
 #ifdef RELGRAD_WITH_MPI
@@ -141,7 +166,7 @@ void Processes::add_rows(const std::vector<float>& mine, std::size_t width, std:
     MPI_Alltoallv(scratch.to_send.data(), send_counts.data(), send_offsets.data(), MPI_FLOAT, scratch.received.data(),
                   receive_counts.data(), receive_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
     // received in rank order, each process's rows in order: all the rows in row order
-    scratch.my_columns = add_in_row_order(scratch.received, my_width);
+    add_in_row_order(scratch.received, my_width, scratch.my_columns);
     // the allgather of every process's column sums
     for (std::size_t p = 0; p < processes; ++p) {
         receive_counts[p] = static_cast<int>(first_column(p + 1) - first_column(p));
@@ -155,13 +180,11 @@ void Processes::add_rows(const std::vector<float>& mine, std::size_t width, std:
 #endif
 }
 
-std::vector<float> add_in_row_order(const std::vector<float>& rows, std::size_t width) {
-    if (width == 0) return {};
-    std::vector<float> total(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(width));
-    for (std::size_t start = width; start < rows.size(); start += width) {
+void add_in_row_order(const std::vector<float>& rows, std::size_t width, std::vector<float>& total) {
+    total.assign(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(std::min(width, rows.size())));
+    for (std::size_t start = width; width > 0 && start < rows.size(); start += width) {
         for (std::size_t e = 0; e < width; ++e) total[e] += rows[start + e];
     }
-    return total;
 }
 
 int Processes::ending(const std::string& line, int code) {

@@ -1,8 +1,9 @@
 // relgrad: the processes that train one run. Under mpirun (or Slurm's srun) they are MPI's ranks;
 // otherwise this process alone, rank 0 of 1. The trainer asks for nothing but what is here:
 // collectives whose result does not depend on how MPI carries them out (gathers, whose result is
-// every rank's data side by side, never a sum MPI may order as it likes), and an end to every
-// process when one of them fails (docs/distributed.md).
+// every rank's data side by side, and a sum of rows in row order that MPI only moves the bytes
+// of, never a sum MPI may order as it likes), and an end to every process when one of them fails
+// (docs/distributed.md).
 #pragma once
 
 #include <cstddef>
@@ -22,8 +23,8 @@ public:
     bool leader() const { return rank_ == 0; }  // the one that writes the run's files
 
     // Every process's `mine`, each of the same length, side by side in rank order, into `all` on
-    // every process (which keeps its memory from one call to the next: a gather into memory MPI
-    // has not seen yet took 46 ms for 2 x 12.7 MB here, into the same memory again 4 ms).
+    // every process (which keeps its memory from one call to the next: an allgather of 12.7 MB a
+    // process into memory MPI had not seen took 46 ms here, into the same memory again 4 ms).
     void gather(const std::vector<float>& mine, std::vector<float>& all) const;
     void gather(const std::vector<double>& mine, std::vector<double>& all) const;
     // The same for texts of any length.
@@ -52,9 +53,11 @@ private:
     int rank_, count_;
 };
 
-// Rows of `width` floats one after another (every shard's gradient, as the processes gathered
-// them): their sum, added left to right in float32, row 0 first. The order is the rows', never
-// the processes': the same bits whichever process computed which row (docs/distributed.md).
-std::vector<float> add_in_row_order(const std::vector<float>& rows, std::size_t width);
+// Rows of `width` floats one after another (every shard's gradient, or every shard's part of a
+// process's columns in add_rows): their sum, added left to right in float32, row 0 first. The
+// order is the rows', never the processes': the same bits whichever process computed which row
+// (docs/distributed.md).
+// Into `total`, whose memory is kept from one call to the next.
+void add_in_row_order(const std::vector<float>& rows, std::size_t width, std::vector<float>& total);
 
 }  // namespace relgrad

@@ -138,7 +138,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         write_file(out / "metrics.jsonl", "");
         return {};
     }
-    recovered_checkpoint(out);
+    if (writes) recovered_checkpoint(out);  // rank 0 did it already, before the others read (train)
     const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler, run_identity(resolved));
     if (step > total_steps) {
         throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
@@ -222,8 +222,8 @@ TrainingDiverged diverged(const std::string& what, double value, int64_t step) {
 // (zeros where the shard gave a parameter none) and its numbers: the loss summed over its
 // targets, its tokens, its targets, and for each parameter 1 if the shard gave it a gradient.
 // This process's rows; the sum of every process's gradient rows (Processes::add_rows) and all
-// their numbers side by side. Kept from step to step, so that their memory is reused (a gather
-// into memory MPI has not seen yet is ten times slower here).
+// their numbers side by side. Kept from step to step, so that their memory is reused (an exchange
+// into memory MPI has not seen yet is ten times slower here, docs/distributed.md).
 struct ShardRows {
     explicit ShardRows(const std::vector<Tensor>& parameters) : parameter_count(parameters.size()) {
         for (const Tensor& p : parameters) gradient_width += p.numel();
@@ -234,6 +234,16 @@ struct ShardRows {
     std::vector<double> numbers, all_numbers;
     Processes::RowScratch scratch;
 };
+
+// float16's loss scale on a summed loss: a shard's summed loss has gradients as large as the
+// mean's times the shard's examples, which at the scaler's scale would overflow float16 where the
+// mean's do not. So a shard's sum is scaled by scale / 2^k, 2^k the largest power of two no more
+// than a shard's examples, and the sum of the shards multiplied back by 2^k: powers of two, exact.
+int64_t shard_step_down(int64_t batch_size, int64_t shards) {
+    int64_t power = 1;
+    while (power * 2 <= batch_size / shards) power *= 2;
+    return power;
+}
 
 // Runs shard `shard` of `shards` of the batch forward and backward, and appends its row.
 void run_shard(Task& task, LossScaler* scaler, DType precision, const Sampler::Draw& batch, int64_t shard,
@@ -251,7 +261,7 @@ void run_shard(Task& task, LossScaler* scaler, DType precision, const Sampler::D
         const Tensor loss = task.loss(examples, counts, Reduction::sum);
         loss_sum = loss.item();
         if (!std::isfinite(loss_sum)) throw diverged("the loss", loss_sum, step);
-        (scaler ? mul(loss, scaler->scale()) : loss).backward();
+        (scaler ? mul(loss, scaler->scale() / static_cast<double>(shard_step_down(B, shards))) : loss).backward();
     }
     rows.numbers.insert(rows.numbers.end(),
                         {loss_sum, static_cast<double>(counts.tokens), static_cast<double>(counts.targets)});
@@ -273,10 +283,10 @@ struct BatchSums {
     int64_t tokens;
 };
 
-// Sets every parameter's gradient to the sum of the shards' rows (added in shard order) divided
-// by the batch's target count (none where no shard gave the parameter one); returns the batch's
-// loss.
-BatchSums add_shards(ShardRows& rows, const std::vector<Tensor>& parameters) {
+// Sets every parameter's gradient to the sum of the shards' rows (added in shard order) times
+// `step_up` (float16's 2^k above, else 1) divided by the batch's target count (none where no
+// shard gave the parameter one); returns the batch's loss.
+BatchSums add_shards(ShardRows& rows, const std::vector<Tensor>& parameters, float step_up) {
     const int64_t shards = static_cast<int64_t>(rows.all_numbers.size()) / rows.number_width();
     std::vector<float>& total = rows.gradient_sum;
     double loss_sum = 0, targets = 0, tokens = 0;
@@ -289,7 +299,7 @@ BatchSums add_shards(ShardRows& rows, const std::vector<Tensor>& parameters) {
         for (int64_t p = 0; p < rows.parameter_count; ++p) defined[p] = defined[p] || numbers[3 + p] != 0;
     }
     const float count = static_cast<float>(std::max(targets, 1.0));  // exact below 2^24 targets
-    for (float& e : total) e /= count;
+    for (float& e : total) e = e * step_up / count;
     std::size_t offset = 0;
     for (std::size_t p = 0; p < parameters.size(); ++p) {
         const Tensor& parameter = parameters[p];
@@ -346,7 +356,9 @@ StepResult train_step(Task& task, AdamW& optimizer, LossScaler* scaler, const Tr
             processes.gather(rows->numbers, rows->all_numbers);
         }
         const ProfileScope profiled("(setting the gradients)", Phase::update);
-        const BatchSums sums = add_shards(*rows, model.parameters());
+        const int64_t B = static_cast<int64_t>(batch.indices.size());
+        const BatchSums sums =
+            add_shards(*rows, model.parameters(), scaler ? static_cast<float>(shard_step_down(B, shards)) : 1.0f);
         result.loss = scalar(sums.loss, DType::float32);
         result.tokens = sums.tokens;
     }
@@ -460,11 +472,12 @@ Config with_shards(Config config, const Processes& processes, const TrainOptions
 }
 
 // With training.device cuda on several processes, each process of a machine takes a GPU of its
-// own: the one its local rank (its number among the processes on its machine) names, through
-// CUDA_VISIBLE_DEVICES, set before CUDA starts; unless that is set already (by the user, or a
-// scheduler that hands out GPUs). The gradients go through host memory for the exchange.
-void use_own_gpu(const Processes& processes) {
-    if (processes.count() == 1 || std::getenv("CUDA_VISIBLE_DEVICES")) return;
+// own: the one its local rank (its number among the processes on its machine, which only a
+// launcher sets) names, through CUDA_VISIBLE_DEVICES, set before CUDA starts; unless that is set
+// already (by the user, or a scheduler that hands out GPUs). The gradients go through host memory
+// for the exchange.
+void use_own_gpu() {
+    if (std::getenv("CUDA_VISIBLE_DEVICES")) return;
     for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
         if (const char* local_rank = std::getenv(name)) {
             setenv("CUDA_VISIBLE_DEVICES", local_rank, 1);
@@ -533,9 +546,10 @@ std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& leng
 }
 
 json train(const Config& requested, const TrainOptions& requested_options) {
+    // before MPI starts (a CUDA-aware MPI may start CUDA)
+    if (requested.training.device == Device::cuda) use_own_gpu();
     // on several processes rank 0 alone writes the run's files and reports
     const Processes& processes = Processes::world();
-    if (requested.training.device == Device::cuda) use_own_gpu(processes);
     backend_for(requested.training.device);  // an unusable device (no GPU) is refused before anything is written
     const Config config = with_shards(requested, processes, requested_options);
     TrainOptions options = requested_options;
@@ -543,7 +557,10 @@ json train(const Config& requested, const TrainOptions& requested_options) {
     const fs::path out(config.output.dir);
     const json resolved = config.resolved(), identity = run_identity(resolved);
     std::optional<Tokenizer> tokenizer;
-    if (processes.leader()) tokenizer = checked_output_directory(out, resolved, options);
+    if (processes.leader()) {
+        tokenizer = checked_output_directory(out, resolved, options);
+        if (options.resume) recovered_checkpoint(out);  // a checkpoint cut short, put back before anyone reads
+    }
     check_processes_agree(processes, config, identity);  // and the others wait for rank 0's checks
     if (!processes.leader() && options.resume) tokenizer = saved_tokenizer(out, config.task.kind);
     set_thread_count(config.training.threads, "/training/threads");
@@ -574,6 +591,18 @@ json train(const Config& requested, const TrainOptions& requested_options) {
     const Start start_at =
         first_step(out, config, resolved, tokenizer, options, total_steps, model, optimizer, loss_scaler, leader);
     const int64_t resumed_at = start_at.step;
+    if (processes.count() > 1) {  // each read the checkpoint: the same one, or the steps would not meet
+        std::vector<double> steps;
+        processes.gather(std::vector<double>{static_cast<double>(resumed_at)}, steps);
+        for (std::size_t rank = 1; rank < steps.size(); ++rank) {
+            if (steps[rank] != steps[0]) {
+                throw std::invalid_argument("rank " + std::to_string(rank) + " resumes at step " +
+                                            std::to_string(static_cast<int64_t>(steps[rank])) + ", rank 0 at step " +
+                                            std::to_string(static_cast<int64_t>(steps[0])) +
+                                            ": the processes of a run must read one run directory (output.dir)");
+            }
+        }
+    }
     std::optional<MetricsFile> metrics;
     if (leader) metrics.emplace(out / "metrics.jsonl");
     // on rank 0 alone (the others go on to the next step's gather)

@@ -121,7 +121,8 @@ def main():
         check(runs.files("four") == one, "4 processes, shards left out: the bits of 4 shards in 1 process")
         with open(os.path.join(work, "four", "config.json")) as f:
             check(json.load(f)["training"]["shards"] == 4, "the run records its shards")
-        check(len(one[0]) == 24 + 4, "rank 0 alone wrote metrics.jsonl: a line per step and per evaluation")
+        check(len(runs.files("four")[0]) == 24 + 4,
+              "rank 0 alone wrote metrics.jsonl: a line per step and per evaluation")
 
         # stopped on 2 processes, resumed on 1; stopped on 1, resumed on 2
         runs.train(2, "two_then_one", "--set", "training.shards=4", "--stop-after", "10")
@@ -131,6 +132,12 @@ def main():
         runs.train(2, "one_then_two", "--resume")
         check(runs.files("one_then_two") == one, "stopped on 1 process, resumed on 2: the same bits")
 
+        # float16, whose loss scale meets a summed loss: 1 and 2 processes, the same bits
+        for processes in (1, 2):
+            runs.train(processes, f"float16_{processes}", "--set", "training.shards=4", "--set",
+                       'training.precision="float16"')
+        check(runs.files("float16_2") == runs.files("float16_1"), "float16 on 2 processes: the bits of 1")
+
         # a process killed mid-run ends the job; resumed, the run ends as the uninterrupted one
         killed = os.path.join(work, "killed")
         command = runs.command(2, "killed", "--set", "training.shards=4", "--set", "training.steps=400",
@@ -139,6 +146,7 @@ def main():
         deadline = time.time() + 60
         while not os.path.exists(os.path.join(killed, "checkpoint", "state.json")) and time.time() < deadline:
             time.sleep(0.05)
+        check(os.path.exists(os.path.join(killed, "checkpoint", "state.json")), "the run wrote a checkpoint")
         ranks = [pid for pid in children_of(job.pid)]
         check(len(ranks) >= 2, "mpirun started its 2 processes")
         os.kill(ranks[-1], signal.SIGKILL)
