@@ -21,6 +21,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kill_resume import run_files  # noqa: E402  what two runs of one config must share exactly
+
 CONFIG = {
     "model": {"layers": 1, "dim": 16, "heads": 2, "ff_dim": 32, "k": 4, "dropout": 0.1, "position": "relative"},
     "task": {"kind": "relative_order", "train_examples": 300, "test_examples": 48,
@@ -29,26 +32,8 @@ CONFIG = {
     "evaluation": {"every": 8, "length_buckets": [8, 16]},
     "output": {"checkpoint_every": 4},
 }
-TIMING_KEYS = {"seconds", "tokens_per_second", "train_seconds", "peak_rss_mib", "peak_live_mib"}
 # Open MPI refuses to run as root without these; --oversubscribe lets 4 processes share 2 cores
 ENVIRONMENT = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-
-
-def run_files(run):
-    """What two runs of the same config must share exactly."""
-    def without_timing(entry):
-        return {key: value for key, value in entry.items() if key not in TIMING_KEYS}
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        metrics = [without_timing(json.loads(line)) for line in f]
-    with open(os.path.join(run, "summary.json")) as f:
-        summary = without_timing(json.load(f))
-    checkpoint = {}
-    for root, _, files in os.walk(os.path.join(run, "checkpoint")):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                checkpoint[os.path.relpath(path, run)] = f.read()
-    return metrics, summary, checkpoint
 
 
 class Runs:
