@@ -138,7 +138,7 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
         write_file(out / "metrics.jsonl", "");
         return {};
     }
-    if (writes) recovered_checkpoint(out);  // rank 0 did it already, before the others read (train)
+    // a checkpoint cut short was put back by train(), on rank 0, before any process reads it
     const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler, run_identity(resolved));
     if (step > total_steps) {
         throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
@@ -607,7 +607,6 @@ json train(const Config& requested, const TrainOptions& requested_options) {
     if (leader) metrics.emplace(out / "metrics.jsonl");
     // on rank 0 alone (the others go on to the next step's gather)
     auto evaluate = [&](int64_t at_step) {
-        if (!leader) return json();
         model.eval();
         json result;
         {
@@ -622,8 +621,11 @@ json train(const Config& requested, const TrainOptions& requested_options) {
         return result;
     };
     // the evaluation at step 0, and at the end already for a run resumed there
-    const json initial = resumed_at == 0 ? evaluate(0) : leader ? start_at.evaluations.front() : json();
-    json last_eval = resumed_at == total_steps && leader ? start_at.evaluations.back() : json();
+    json initial, last_eval;
+    if (leader) {
+        initial = resumed_at == 0 ? evaluate(0) : start_at.evaluations.front();
+        if (resumed_at == total_steps) last_eval = start_at.evaluations.back();
+    }
 
     const auto start = Clock::now();
     const Sampler sampler(config.training, *task);
