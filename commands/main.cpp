@@ -7,6 +7,8 @@
 //   relgrad eval RUN_DIR [--data FILE]              metrics of a trained run on its test data (or FILE)
 //   relgrad generate RUN_DIR --prompt TEXT [--max-tokens N]   greedy continuation or target (pairs)
 //   relgrad attention RUN_DIR --prompt TEXT --out DIR   the attention weights per layer as .npy
+//   relgrad explore RUN_DIR... [--host H] [--port P]  look inside trained runs in a browser
+//   relgrad explore RUN_DIR... --export FILE --prompt TEXT...   the same view as one HTML file
 //   relgrad data fetch NAME [--dir DIR]             download and convert sentiment, de-en or brown
 //   relgrad gradcheck [--filter OP]                 run the registered gradient checks, print a table
 //   relgrad layer --spec SPEC --in DIR --out DIR    one layer forward and backward on .npy files
@@ -36,6 +38,7 @@
 #include "engine/system.hpp"
 #include "train/config.hpp"
 #include "train/datasets.hpp"
+#include "commands/explorer.hpp"
 #include "commands/fetch.hpp"
 #include "commands/layer_command.hpp"
 #include "train/make_task.hpp"
@@ -149,6 +152,31 @@ void print_parameter_groups(const relgrad::Config& config) {
     }
 }
 
+// relgrad explore: serve until Ctrl-C (or SIGTERM), or write the export
+int run_explore(const std::vector<std::string>& runs, const std::string& host, int port, const std::string& export_file,
+                const std::vector<std::string>& prompts, relgrad::Device device) {
+    if (export_file.empty() && !prompts.empty()) {
+        throw std::invalid_argument("explore: --prompt is for --export; in the browser, type the prompt on the page");
+    }
+    relgrad::Explorer explorer(runs, {}, device);
+    if (!export_file.empty()) {
+        relgrad::write_file(export_file, relgrad::export_page(explorer, prompts));
+        std::printf("%s\n", export_file.c_str());
+        return 0;
+    }
+    std::signal(SIGINT, on_interrupt);
+    std::signal(SIGTERM, on_interrupt);
+    relgrad::serve(
+        explorer, host, port,
+        [](const std::string& address) {
+            std::printf("explorer at %s (Ctrl-C stops it)\n", address.c_str());
+            std::fflush(stdout);
+        },
+        [] { return interrupting_signal != 0; });
+    std::printf("stopped\n");
+    return 0;
+}
+
 // A whole number in [low, high], read without saturating: "99999999999999999999" is out of range,
 // not INT64_MAX (CLI11 reads integers with strtoll, which saturates).
 CLI::Validator whole_number_in(int64_t low, int64_t high) {
@@ -248,6 +276,16 @@ int run(int argc, char** argv) {
     attention->add_option("run", run_dir, "the run's output directory")->required();
     attention->add_option("--prompt", prompt, "the input (synthetic tasks: space-separated symbol ids)")->required();
     attention->add_option("--out", attention_out, "the directory for layer<i>.npy, [H, L, L] each")->required();
+    std::vector<std::string> explore_runs, explore_prompts;
+    std::string explore_host = "127.0.0.1", explore_export;
+    int64_t explore_port = 8000;
+    CLI::App* explore = app.add_subcommand("explore", "look inside trained runs in a browser (docs/explorer.md)");
+    explore->add_option("runs", explore_runs, "the runs' output directories")->required();
+    explore->add_option("--host", explore_host, "the address to listen on (default 127.0.0.1: this machine only)");
+    explore->add_option("--port", explore_port, "the port (default 8000; 0: a free one)")
+        ->check(whole_number_in(0, 65535));
+    explore->add_option("--export", explore_export, "write the view as one self-contained HTML file instead");
+    explore->add_option("--prompt", explore_prompts, "a prompt the exported view shows (repeatable)");
     CLI::App* data = app.add_subcommand("data", "real data sets");
     CLI::App* fetch = data->add_subcommand("fetch", "download, verify and convert a data set into the cache");
     fetch->add_option("name", dataset, "sentiment, de-en or brown")->required();
@@ -325,6 +363,9 @@ int run(int argc, char** argv) {
             }
             return 0;
         }
+        if (explore->parsed())
+            return run_explore(explore_runs, explore_host, static_cast<int>(explore_port), explore_export,
+                               explore_prompts, device);
         if (fetch->parsed()) {
             const std::string written =
                 relgrad::fetch_dataset(dataset, data_dir.empty() ? relgrad::default_data_dir() : data_dir, std::cout);

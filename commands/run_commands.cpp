@@ -46,9 +46,6 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     return run;
 }
 
-namespace {
-
-// A prompt as token ids: the run's tokenizer, or for synthetic tasks space-separated symbol ids.
 std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
     if (prompt.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw std::invalid_argument(std::string(command) + ": the prompt is empty");
@@ -72,7 +69,12 @@ std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt,
     return ids;
 }
 
-}  // namespace
+std::string output_text(const LoadedRun& run, const std::vector<int64_t>& ids) {
+    if (run.tokenizer) return run.tokenizer->decode(ids);
+    std::string out;
+    for (int64_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+    return out;
+}
 
 json evaluate_run(const std::string& run_dir, const std::string& test_file, Device device) {
     LoadedRun run = load_run(run_dir, test_file, false, device);
@@ -86,11 +88,7 @@ std::string generate(const std::string& run_dir, const std::string& prompt, int6
                      const DecodeProgress& progress) {
     if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
     LoadedRun run = load_run(run_dir, "", false, device);
-    const std::vector<int64_t> output = run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens, progress);
-    if (run.tokenizer) return run.tokenizer->decode(output);
-    std::string out;
-    for (int64_t id : output) out += (out.empty() ? "" : " ") + std::to_string(id);
-    return out;
+    return output_text(run, run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens, progress));
 }
 
 std::vector<Tensor> attention_weights(const std::string& run_dir, const std::string& prompt, Device device) {

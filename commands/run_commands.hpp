@@ -30,6 +30,12 @@ struct LoadedRun {
 LoadedRun load_run(const std::string& run_dir, const std::string& test_file = "", bool weights_kept = false,
                    Device device = Device::cpu);
 
+// A prompt as token ids: the run's tokenizer, or for a synthetic task space-separated symbol ids
+// (std::invalid_argument, the message starting with `command`, for an empty prompt or another word).
+std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command);
+// Token ids as text: the run's tokenizer, or for a synthetic task the ids separated by spaces.
+std::string output_text(const LoadedRun& run, const std::vector<int64_t>& ids);
+
 // The metrics of a trained run on its test data, or on `test_file` (file tasks only: it replaces
 // data.test).
 nlohmann::json evaluate_run(const std::string& run_dir, const std::string& test_file = "", Device device = Device::cpu);

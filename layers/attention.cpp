@@ -100,11 +100,43 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
         throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
                                     " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, heads, Lq, Lk}));
     }
-    const Tensor q = at_positions(split_heads(w_q.forward(query)), query_offset);
-    const Tensor k = at_positions(split_heads(w_k.forward(key_value)), 0);
+    const Tensor q0 = split_heads(w_q.forward(query)), k0 = split_heads(w_k.forward(key_value));
+    const Tensor q = at_positions(q0, query_offset), k = at_positions(k0, 0);
     const Tensor v = split_heads(w_v.forward(key_value));
     AttentionPattern pattern{mask, causal, window, query_offset};
+    if (keep_score_parts) last_score_parts = score_parts(query, q0, k0, q, k, v, pattern);
     return w_o.forward(merge_heads(attend(query, q, k, v, pattern)));
+}
+
+MultiHeadAttention::ScoreParts MultiHeadAttention::score_parts(const Tensor& query_input, const Tensor& q0,
+                                                               const Tensor& k0, const Tensor& q, const Tensor& k,
+                                                               const Tensor& v, const AttentionPattern& pattern) {
+    NoGradGuard no_grad;
+    const Tensor scale_factor = scalar(scale(), q.dtype(), q.device());
+    ScoreParts parts;
+    parts.mask = pattern_mask(pattern, q.size(2), k.size(2), q.device());
+    parts.content = mul(matmul(q0, k0.transpose(-1, -2)), scale_factor);
+    // e = scores * scale + bias, as attend_composed adds them
+    const Scores s = scores(query_input, q, k, pattern.query_offset);
+    Tensor e = mul(s.scores, scale_factor);
+    if (s.bias.defined()) e = add(e, s.bias);
+    parts.position = sub(e, parts.content);
+    parts.gate = s.gate;
+    if (!has_position_values()) return parts;
+    // the values' position side: values() less sum_j a_ij v_j, for the weights of these scores
+    if (parts.mask.defined())
+        e = where(parts.mask, e, scalar(-std::numeric_limits<double>::infinity(), e.dtype(), e.device()));
+    const Tensor a = softmax(e, -1), content_z = matmul(a, v);
+    const Tensor position_z = sub(values(a, v, pattern.query_offset, s.gate), content_z);
+    // in float64, where a row with no key (both norms 0) gives 0 / (0 + 1e-300) = 0
+    const auto norm = [](const Tensor& z) {
+        const Tensor wide = z.to(DType::float64);
+        return sqrt(sum(mul(wide, wide), {-1}));
+    };
+    const Tensor position_norm = norm(position_z);
+    parts.value_share = div(position_norm, add(add(norm(content_z), position_norm),
+                                               scalar(1e-300, DType::float64, position_norm.device())));
+    return parts;
 }
 
 Tensor MultiHeadAttention::forward_incremental(const Tensor& x, KVCache& cache) {

@@ -93,6 +93,23 @@ public:
     // none: undefined after its forward)
     Tensor last_weights;
 
+    // A look inside the scores (the explorer, docs/explorer.md): e_ij = content_ij + position_ij,
+    // both after the scale and detached [B, H, Lq, Lk]. content is the product of the queries and
+    // keys as projected (before RoPE rotates them): q_i . k_j / sqrt(Dh); position is the rest of
+    // the layer's own score: Shaw's q_i . E_K[r] / sqrt(Dh), ALiBi's or T5's bias, RoPE's rotated
+    // score less the unrotated one, the gated mix. value_share [B, H, Lq] is the part of z_i from
+    // the position side of the values (Shaw's sum_j a_ij E_V[r], weighed by the gate):
+    // |pos_i| / (|content_i| + |pos_i|) with |.| the Euclidean norm over Dh; undefined where the
+    // layer has no such term. mask, broadcastable to [B, H, Lq, Lk]: the pairs that may attend
+    // (undefined: all). gate: the gated layer's g, [1, H, 1, 1] or per token [B, H, Lq, 1].
+    struct ScoreParts {
+        Tensor content, position, value_share, mask, gate;
+    };
+    // Set, forward() also keeps its ScoreParts in last_score_parts, computed by scores() and
+    // values(), the functions of the reference form. Under no-grad; for looking, not for training.
+    bool keep_score_parts = false;
+    ScoreParts last_score_parts;
+
 protected:
     // z [B, H, Lq, Dh]; the pattern holds forward's mask, the layer's rules and the query offset.
     // By default the engine's attention op (engine/ops/attention.cpp), which keeps only the weights
@@ -113,6 +130,11 @@ protected:
     // a v plus any position terms (the relative one weighed by `gate` where it is defined): [B, H, Lq, Dh]
     virtual Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate);
     double scale() const;  // 1 / sqrt(Dh)
+    // last_score_parts for the queries and keys as projected (q0, k0) and as attention reads them (q, k)
+    ScoreParts score_parts(const Tensor& query_input, const Tensor& q0, const Tensor& k0, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const AttentionPattern& pattern);
+    // whether values() adds a position term to sum_j a_ij v_j (Shaw's E_V)
+    virtual bool has_position_values() const { return false; }
     // The queries or keys x [B, H, L, Dh] of positions first_position.. as attention reads them:
     // themselves here, rotated in RoPE's layer. forward() and forward_incremental() call it before
     // any attention form, and the cache keeps the keys it returns.
@@ -138,6 +160,7 @@ protected:
                   const AttentionPattern& pattern) override;
     Scores scores(const Tensor& query_input, const Tensor& q, const Tensor& k, int64_t query_offset) override;
     Tensor values(const Tensor& a, const Tensor& v, int64_t query_offset, const Tensor& gate) override;
+    bool has_position_values() const override { return value_term; }
 
     // The relative terms alone: q_i . E_K[r(i,j)] [B, H, Lq, Lk] and sum_j a_ij E_V[r(i,j)] [B, H, Lq, Dh]
     Tensor relative_scores(const Tensor& q, int64_t key_len, int64_t query_offset) const;

@@ -44,6 +44,12 @@ std::vector<Tensor> weights_of(const Encoder& stack) {
     return weights;
 }
 
+std::vector<MultiHeadAttention*> self_attentions(const Encoder& stack) {
+    std::vector<MultiHeadAttention*> layers;
+    for (const auto& layer : stack.layers) layers.push_back(layer->self_attention.get());
+    return layers;
+}
+
 json by_length(const LengthBuckets& buckets, const std::vector<int64_t>& hits, const std::vector<int64_t>& counts) {
     json out = json::object();
     for (int64_t b = 0; b < buckets.count(); ++b) {
@@ -101,6 +107,10 @@ Tensor counted_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
 
 }  // namespace
 
+std::vector<double> Task::class_probabilities(const std::vector<int64_t>& /*tokens*/) {
+    throw std::invalid_argument("a model that is not a classifier has no classes; it answers with generate");
+}
+
 std::vector<int64_t> Task::generate(const std::vector<int64_t>& /*prompt*/, int64_t /*max_tokens*/,
                                     const DecodeProgress& /*progress*/) {
     throw std::invalid_argument("generate: a classifier generates nothing; use relgrad eval");
@@ -118,6 +128,14 @@ ClassificationTask::ClassificationTask(const ModelConfig& model, int64_t vocab, 
 std::vector<Tensor> ClassificationTask::attention(const std::vector<int64_t>& tokens) {
     model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.encoder);
+}
+
+std::vector<MultiHeadAttention*> ClassificationTask::attention_layers() { return self_attentions(model_.encoder); }
+
+std::vector<double> ClassificationTask::class_probabilities(const std::vector<int64_t>& tokens) {
+    NoGradGuard no_grad;
+    const Tensor logits = model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
+    return softmax(logits.to(DType::float64), -1).to_vector();
 }
 
 Tensor ClassificationTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
@@ -169,6 +187,8 @@ std::vector<Tensor> SequencePairTask::attention(const std::vector<int64_t>& toke
     model_.encode(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.encoder);
 }
+
+std::vector<MultiHeadAttention*> SequencePairTask::attention_layers() { return self_attentions(model_.encoder); }
 
 Tensor SequencePairTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> sources, inputs, outputs;
@@ -228,6 +248,8 @@ std::vector<Tensor> PromptAnswerTask::attention(const std::vector<int64_t>& toke
     model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.decoder);
 }
+
+std::vector<MultiHeadAttention*> PromptAnswerTask::attention_layers() { return self_attentions(model_.decoder); }
 
 // inputs source bos target, labels pad... target eos: position |source| (the separator) predicts
 // the first answer token, and the source's own positions predict nothing
@@ -333,6 +355,8 @@ std::vector<Tensor> LanguageModelTask::attention(const std::vector<int64_t>& tok
     model_.forward(single(tokens, model_.device()), {static_cast<int64_t>(tokens.size())});
     return weights_of(model_.decoder);
 }
+
+std::vector<MultiHeadAttention*> LanguageModelTask::attention_layers() { return self_attentions(model_.decoder); }
 
 Tensor LanguageModelTask::loss(const std::vector<int64_t>& indices, LossCounts& counts, Reduction reduction) {
     std::vector<std::vector<int64_t>> chunks;

@@ -48,6 +48,11 @@ public:
                                           const DecodeProgress& progress = {});
     // The self-attention weights of every layer of the (encoder) stack for one input: [H, L, L] each.
     virtual std::vector<Tensor> attention(const std::vector<int64_t>& tokens) = 0;
+    // The self-attention layers attention() reads, in order (their last_score_parts after it when
+    // keep_score_parts is set).
+    virtual std::vector<MultiHeadAttention*> attention_layers() = 0;
+    // A classifier's probability of each class for one input; the other tasks answer with generate().
+    virtual std::vector<double> class_probabilities(const std::vector<int64_t>& tokens);
 
     // When set, evaluate() calls it after every batch with (batches done, batches in all), so that
     // a long evaluation can show its progress.
@@ -75,6 +80,8 @@ public:
     std::vector<std::vector<double>> gates() const override { return model_.gates(); }
     const char* metric() const override { return "accuracy"; }
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+    std::vector<MultiHeadAttention*> attention_layers() override;
+    std::vector<double> class_probabilities(const std::vector<int64_t>& tokens) override;
 
 private:
     SequenceClassifier model_;
@@ -100,6 +107,7 @@ public:
     std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                   const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;  // the encoder's, on the source
+    std::vector<MultiHeadAttention*> attention_layers() override;
 
 private:
     std::vector<std::vector<int64_t>> greedy_decode(const std::vector<std::vector<int64_t>>& sources, int64_t max_steps,
@@ -130,6 +138,7 @@ public:
     std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                   const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+    std::vector<MultiHeadAttention*> attention_layers() override;
 
 private:
     // the answers after prompts of one length, greedily, at most max_steps tokens each
@@ -158,6 +167,7 @@ public:
     std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                   const DecodeProgress& progress = {}) override;
     std::vector<Tensor> attention(const std::vector<int64_t>& tokens) override;
+    std::vector<MultiHeadAttention*> attention_layers() override;
 
 private:
     // inputs chunk[:-1], labels chunk[1:] (pad beyond a chunk's end)

@@ -1,4 +1,5 @@
 // Masks, multi-head attention, relative attention (reference = bucketed = fused), gated mixing.
+#include "engine/autograd.hpp"
 #include "layer_check.hpp"
 #include "layers/attention.hpp"
 
@@ -460,4 +461,87 @@ TEST_CASE("ALiBi adds no parameters; T5's table is relative_attention_bias.weigh
     // another layer reading that table owns no parameter of its own
     T5BiasAttention sharing(6, 3, RelativeFamilyOptions{}, true, AttentionImpl::fused, Init{gen}, &t5.table());
     CHECK(sharing.named_parameters().size() == alibi.named_parameters().size());
+}
+
+TEST_CASE("score parts: content + position is the layer's own score, in every scheme, and the value share") {
+    // What the explorer shows: the weights rebuilt from the two parts, each part against its own
+    // definition, computed here without the layer's scores().
+    const int64_t B = 2, L = 6, D = 12, H = 3;
+    const Tensor x = random_input({B, L, D}, 21).detach();
+    const Tensor padding = key_padding_mask({L, L - 2}, L);
+    std::vector<std::pair<std::string, std::unique_ptr<MultiHeadAttention>>> layers;
+    Generator gen(31);
+    const Init init{gen, DType::float64};
+    RelativeOptions shaw;
+    shaw.k_left = shaw.k_right = 2;
+    shaw.share_across_heads = false;
+    RelativeOptions key_side = shaw;
+    key_side.values = false;
+    layers.emplace_back("plain", std::make_unique<MultiHeadAttention>(D, H, init));
+    layers.emplace_back("shaw",
+                        std::make_unique<RelativeMultiHeadAttention>(D, H, shaw, AttentionImpl::bucketed, init));
+    layers.emplace_back("shaw reference",
+                        std::make_unique<RelativeMultiHeadAttention>(D, H, shaw, AttentionImpl::reference, init));
+    layers.emplace_back("shaw key side",
+                        std::make_unique<RelativeMultiHeadAttention>(D, H, key_side, AttentionImpl::bucketed, init));
+    layers.emplace_back("gated",
+                        std::make_unique<GatedPositionAttention>(D, H, shaw, AttentionImpl::bucketed, true, init));
+    for (Family f : {Family::rope, Family::alibi, Family::t5, Family::t5_causal})
+        layers.emplace_back(family_name(f), family_layer(f, D, H, AttentionImpl::bucketed, gen));
+
+    for (auto& [name, layer] : layers) {
+        CAPTURE(name);
+        layer->eval();
+        layer->causal = name == "t5 causal";
+        NoGradGuard no_grad;
+        layer->forward(x, x, padding);
+        CHECK_FALSE(layer->last_score_parts.content.defined());  // kept only when asked
+        layer->keep_score_parts = true;
+        layer->forward(x, x, padding);
+        const MultiHeadAttention::ScoreParts& parts = layer->last_score_parts;
+        const double scale = 1 / std::sqrt(static_cast<double>(D / H));
+        const auto heads_of = [&](const Tensor& y) { return y.reshape({B, L, H, D / H}).transpose(1, 2); };
+        const Tensor q0 = heads_of(layer->w_q.forward(x)), k0 = heads_of(layer->w_k.forward(x));
+        // content: the projected q . k / sqrt(Dh)
+        CHECK(max_difference(parts.content, mul(matmul(q0, k0.transpose(-1, -2)), scalar(scale, DType::float64))) <=
+              1e-12);
+        // softmax over the allowed keys of content + position: the weights the layer attended with
+        const Tensor rebuilt =
+            softmax(where(parts.mask, add(parts.content, parts.position), scalar(-INFINITY, DType::float64)), -1);
+        CHECK(max_difference(rebuilt, layer->last_weights) <= 1e-12);
+        // position against each scheme's definition
+        if (name == "plain") CHECK(max_difference(parts.position, zeros_like(parts.position)) == 0);
+        if (name == "rope") {
+            const Tensor rotated = matmul(rope(q0, 0, 100), rope(k0, 0, 100).transpose(-1, -2));
+            CHECK(max_difference(add(parts.content, parts.position), mul(rotated, scalar(scale, DType::float64))) <=
+                  1e-12);
+        }
+        if (name == "alibi") {
+            const std::vector<double> slopes = alibi_slopes(H), position = parts.position.to_vector();
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t i = 0; i < L; ++i)
+                    for (int64_t j = 0; j < L; ++j)
+                        CHECK(position[(h * L + i) * L + j] ==
+                              doctest::Approx(-slopes[h] * std::abs(j - i)).epsilon(1e-12));
+        }
+        // the value share: |sum_j a_ij E_V[r]| / (|sum_j a_ij v_j| + |sum_j a_ij E_V[r]|), Shaw's and the gated layer's
+        const auto* relative = dynamic_cast<RelativeMultiHeadAttention*>(layer.get());
+        const bool has_values = relative && relative->value_term;
+        REQUIRE(parts.value_share.defined() == has_values);
+        if (has_values && name != "gated") {
+            const Tensor a = layer->last_weights, v = heads_of(layer->w_v.forward(x));
+            const Tensor table = relative->rel_pos_emb_v.lookup(L, L);  // [H, L, L, Dh]
+            const Tensor position_z = sum(mul(a.unsqueeze(-1), table.unsqueeze(0)), {3});
+            const auto norm = [](const Tensor& z) { return sqrt(sum(mul(z, z), {-1})); };
+            const Tensor expected = div(norm(position_z), add(norm(matmul(a, v)), norm(position_z)));
+            CHECK(max_difference(parts.value_share, expected) <= 1e-12);
+        }
+        // the gate: defined for the gated layer alone, per token there (its token gate starts at 0.5)
+        REQUIRE(parts.gate.defined() == (name == "gated"));
+        if (name == "gated") {
+            CHECK(parts.gate.shape() == Shape{B, H, L, 1});
+            for (double g : parts.gate.to_vector()) CHECK(g == 0.5);  // sigmoid(0 + x 0)
+        }
+        layer->keep_score_parts = false;
+    }
 }

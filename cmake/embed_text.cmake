@@ -1,0 +1,17 @@
+# Writes OUTPUT, a C++ header holding each file of INPUTS ('|'-separated) as a string constant named after
+# the file ("page.html" -> page_html) in namespace relgrad::explorer_assets. Run with cmake -P.
+set(header "// Generated from commands/explorer/ by cmake/embed_text.cmake; edit those files, not this one.\n")
+string(APPEND header "#pragma once\n\nnamespace relgrad::explorer_assets {\n")
+string(REPLACE "|" ";" INPUTS "${INPUTS}")
+foreach(input IN LISTS INPUTS)
+  get_filename_component(name ${input} NAME)
+  string(MAKE_C_IDENTIFIER ${name} identifier)
+  file(READ ${input} text)
+  string(FIND "${text}" ")relgrad_text\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${input} holds the raw string's end mark )relgrad_text\"")
+  endif()
+  string(APPEND header "inline constexpr const char* ${identifier} = R\"relgrad_text(${text})relgrad_text\";\n")
+endforeach()
+string(APPEND header "}  // namespace relgrad::explorer_assets\n")
+file(WRITE ${OUTPUT} "${header}")

@@ -1,0 +1,474 @@
+#include "commands/explorer.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <httplib.h>
+
+#include "commands/explorer_assets.hpp"
+#include "engine/autograd.hpp"
+#include "engine/system.hpp"
+#include "layers/transformer.hpp"
+#include "train/run_directory.hpp"
+
+namespace relgrad {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string base64(const unsigned char* bytes, std::size_t size) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    out.reserve((size + 2) / 3 * 4);
+    for (std::size_t i = 0; i < size; i += 3) {
+        const uint32_t chunk = uint32_t{bytes[i]} << 16 | (i + 1 < size ? uint32_t{bytes[i + 1]} << 8 : 0) |
+                               (i + 2 < size ? uint32_t{bytes[i + 2]} : 0);
+        out += alphabet[chunk >> 18 & 63];
+        out += alphabet[chunk >> 12 & 63];
+        out += i + 1 < size ? alphabet[chunk >> 6 & 63] : '=';
+        out += i + 2 < size ? alphabet[chunk & 63] : '=';
+    }
+    return out;
+}
+
+// values as {"dtype", "shape", "data": base64, little-endian (this machine's order: x86-64)}
+template <class T>
+json packed_values(const std::vector<double>& values, const Shape& shape, const char* dtype) {
+    std::vector<T> narrow(values.begin(), values.end());
+    return {{"dtype", dtype},
+            {"shape", shape},
+            {"data", base64(reinterpret_cast<const unsigned char*>(narrow.data()), narrow.size() * sizeof(T))}};
+}
+
+// A tensor's exact values: float64 as float64, booleans as uint8, every other dtype as float32
+// (which holds float32, bfloat16 and float16 values exactly).
+json packed(const Tensor& t) {
+    const std::vector<double> values = t.to_vector();
+    if (t.dtype() == DType::float64) return packed_values<double>(values, t.shape(), "float64");
+    if (t.dtype() == DType::boolean) return packed_values<uint8_t>(values, t.shape(), "uint8");
+    return packed_values<float>(values, t.shape(), "float32");
+}
+
+json packed_or_null(const Tensor& t) { return t.defined() ? packed(t) : json(); }
+
+// What a table of vectors (rows) says about how alike its rows are: cosine similarity [n, n].
+Tensor row_similarity(const Tensor& rows) {
+    const Tensor wide = rows.to(DType::float64);
+    const Tensor unit = div(wide, sqrt(add(sum(mul(wide, wide), {-1}, true), scalar(1e-300, DType::float64))));
+    return matmul(unit, unit.transpose(0, 1));
+}
+
+// The position parameters of one self-attention layer; the most derived class first.
+json layer_parameters(const MultiHeadAttention& layer) {
+    NoGradGuard no_grad;
+    if (const auto* gated = dynamic_cast<const GatedPositionAttention*>(&layer)) {
+        return {{"kind", "gated"},
+                {"k_left", gated->rel_pos_emb_k.k_left},
+                {"k_right", gated->rel_pos_emb_k.k_right},
+                {"E_K", packed(gated->rel_pos_emb_k.table())},
+                {"E_V", gated->value_term ? packed(gated->rel_pos_emb_v.table()) : json()},
+                {"gates", gated->gate_values()},
+                {"token_gate", gated->token_gate}};
+    }
+    if (const auto* shaw = dynamic_cast<const RelativeMultiHeadAttention*>(&layer)) {
+        return {{"kind", "relative"},
+                {"k_left", shaw->rel_pos_emb_k.k_left},
+                {"k_right", shaw->rel_pos_emb_k.k_right},
+                {"E_K", packed(shaw->rel_pos_emb_k.table())},
+                {"E_V", shaw->value_term ? packed(shaw->rel_pos_emb_v.table()) : json()}};
+    }
+    if (const auto* rotary = dynamic_cast<const RotaryMultiHeadAttention*>(&layer)) {
+        std::vector<double> frequencies;  // theta_t = base^(-2t/Dh), radians per position
+        for (int64_t t = 0; t < rotary->head_dim / 2; ++t)
+            frequencies.push_back(std::pow(rotary->base, -2.0 * static_cast<double>(t) / rotary->head_dim));
+        return {{"kind", "rope"}, {"base", rotary->base}, {"frequencies", frequencies}};
+    }
+    if (const auto* alibi = dynamic_cast<const AlibiAttention*>(&layer)) {
+        return {{"kind", "alibi"}, {"slopes", alibi->slopes}};
+    }
+    if (const auto* t5 = dynamic_cast<const T5BiasAttention*>(&layer)) {
+        // b_h(d) = W[bucket(d), h] over the distances d = j - i up to twice max_distance (at most 256)
+        const int64_t reach = std::min<int64_t>(2 * t5->max_distance, 256);
+        std::vector<int64_t> distances;
+        std::vector<double> bias;
+        const std::vector<double> table = t5->table().weight.to_vector();  // [buckets, H]
+        for (int64_t d = -reach; d <= reach; ++d) distances.push_back(d);
+        for (int64_t h = 0; h < t5->heads; ++h)
+            for (int64_t d : distances)
+                bias.push_back(
+                    table[t5_bucket(d, t5->bidirectional, t5->num_buckets, t5->max_distance) * t5->heads + h]);
+        return {{"kind", "t5"},
+                {"buckets", t5->num_buckets},
+                {"max_distance", t5->max_distance},
+                {"bidirectional", t5->bidirectional},
+                {"distances", distances},
+                {"bias", packed_values<float>(bias, {t5->heads, static_cast<int64_t>(distances.size())}, "float32")}};
+    }
+    return {{"kind", "none"}};
+}
+
+// The absolute positions added to the embeddings, as the similarity of their vectors [P, P]
+// (P at most 128), or null for a model without them.
+json absolute_positions(const LoadedRun& run) {
+    NoGradGuard no_grad;
+    const TransformerOptions& o = run.config.model.transformer;
+    const int64_t shown = std::min<int64_t>(o.max_positions, 128);
+    if (o.position == PositionMode::sinusoidal) {
+        return {{"kind", "sinusoidal"},
+                {"similarity",
+                 packed(row_similarity(SinusoidalPositionalEncoding(o.dim).encoding(shown, DType::float64)))}};
+    }
+    if (o.position == PositionMode::learned) {
+        // TokenEmbedding's table "positions" (the encoder's, "embed." or "source_embed.", comes first)
+        const std::string table = "embed.positions.weight";
+        for (const auto& [name, weight] : run.task->model().named_parameters()) {
+            if (name.size() >= table.size() && name.compare(name.size() - table.size(), table.size(), table) == 0) {
+                return {{"kind", "learned"},
+                        {"table", name},
+                        {"similarity", packed(row_similarity(weight.narrow(0, 0, shown)))}};
+            }
+        }
+    }
+    return json();
+}
+
+// A tensor [1, ...] without its batch dimension, expanded to `shape`.
+Tensor one_example(const Tensor& t, const Shape& shape) {
+    return t.expand(broadcast_shapes(t.shape(), shape, "explorer")).squeeze(0);
+}
+
+// A mask broadcastable to [1, H, L, L] (the same for every head of one input) as [L, L], or
+// undefined when it masks nothing
+Tensor pair_mask(Tensor mask, int64_t L) {
+    if (!mask.defined()) return mask;
+    while (mask.dim() < 4) mask = mask.unsqueeze(0);
+    mask = mask.narrow(0, 0, 1).narrow(1, 0, 1).expand({1, 1, L, L}).reshape({L, L});
+    const std::vector<double> allowed = mask.to_vector();
+    return std::find(allowed.begin(), allowed.end(), 0.0) == allowed.end() ? Tensor() : mask;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the runs
+
+struct Explorer::Run {
+    std::string dir, name;
+    LoadedRun loaded;
+    json config, summary;
+};
+
+Explorer::Explorer(const std::vector<std::string>& run_dirs, ExplorerLimits limits, Device device) : limits_(limits) {
+    if (run_dirs.empty()) throw std::invalid_argument("explore: name at least one run directory");
+    for (const std::string& dir : run_dirs) {
+        auto run = std::make_unique<Run>();
+        run->dir = dir;
+        run->name = fs::path(dir).lexically_normal().filename().string();
+        if (run->name.empty()) run->name = fs::path(dir).lexically_normal().parent_path().filename().string();
+        try {
+            run->loaded = load_run(dir, "", /*weights_kept=*/true, device);
+            run->config = read_json_file(fs::path(dir) / "config.json");
+            if (fs::exists(fs::path(dir) / "summary.json"))
+                run->summary = read_json_file(fs::path(dir) / "summary.json");
+        } catch (const std::invalid_argument& e) {
+            const std::string message = e.what();
+            // load_run's own errors name the directory already
+            throw std::invalid_argument(message.rfind(dir, 0) == 0 ? message : dir + ": " + message);
+        }
+        runs_.push_back(std::move(run));
+    }
+}
+
+Explorer::~Explorer() = default;
+
+Explorer::Run& Explorer::run_at(int64_t run) const {
+    if (run < 0 || run >= run_count()) {
+        throw ApiError(404, "no run " + std::to_string(run) + ": the runs are 0.." + std::to_string(run_count() - 1));
+    }
+    return *runs_[static_cast<std::size_t>(run)];
+}
+
+json Explorer::runs() const {
+    json out = json::array();
+    for (int64_t id = 0; id < run_count(); ++id) {
+        const Run& run = *runs_[static_cast<std::size_t>(id)];
+        const Config& c = run.loaded.config;
+        out.push_back({{"id", id},
+                       {"name", run.name},
+                       {"dir", run.dir},
+                       {"task", task_kind_name(c.task.kind)},
+                       {"position", position_mode_name(c.model.transformer.position)},
+                       {"precision", dtype_name(c.training.precision)},
+                       {"parameters", run.loaded.task->model().parameter_count()},
+                       {"metric", run.loaded.task->metric()},
+                       {"max_tokens", c.model.transformer.max_positions},
+                       {"config", run.config},
+                       {"summary", run.summary}});
+    }
+    return out;
+}
+
+json Explorer::metrics(int64_t id) const {
+    const Run& run = run_at(id);
+    json lines = json::array();
+    std::ifstream file(fs::path(run.dir) / "metrics.jsonl");
+    for (std::string line; std::getline(file, line);) {
+        // a line being written while we read is left for the next request
+        json entry = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (!entry.is_discarded()) lines.push_back(std::move(entry));
+    }
+    return lines;
+}
+
+class Explorer::ModelTurn {
+public:
+    explicit ModelTurn(Explorer& explorer) : explorer_(explorer) {
+        if (++explorer_.waiting_ > explorer_.limits_.max_waiting) {
+            --explorer_.waiting_;
+            throw ApiError(503, "busy: " + std::to_string(explorer_.limits_.max_waiting) +
+                                    " model requests are in flight or waiting; try again");
+        }
+        lock_ = std::unique_lock<std::mutex>(explorer_.model_work_);
+    }
+    ~ModelTurn() {
+        lock_.unlock();
+        --explorer_.waiting_;
+    }
+    ModelTurn(const ModelTurn&) = delete;
+    ModelTurn& operator=(const ModelTurn&) = delete;
+
+private:
+    Explorer& explorer_;
+    std::unique_lock<std::mutex> lock_;
+};
+
+json Explorer::parameters(int64_t id) {
+    Run& run = run_at(id);
+    ModelTurn turn(*this);
+    json layers = json::array();
+    for (const MultiHeadAttention* layer : run.loaded.task->attention_layers())
+        layers.push_back(layer_parameters(*layer));
+    return {{"position", position_mode_name(run.loaded.config.model.transformer.position)},
+            {"layers", layers},
+            {"absolute", absolute_positions(run.loaded)}};
+}
+
+json Explorer::look(int64_t id, const std::string& prompt) {
+    Run& run = run_at(id);
+    ModelTurn turn(*this);
+    LoadedRun& loaded = run.loaded;
+    std::vector<int64_t> ids;
+    try {
+        ids = prompt_ids(loaded, prompt, "prompt");
+    } catch (const std::invalid_argument& e) {
+        throw ApiError(400, e.what());
+    }
+    const int64_t tokens = static_cast<int64_t>(ids.size());
+    const TransformerOptions& model = loaded.config.model.transformer;
+    if (model.position == PositionMode::learned && tokens > model.max_positions) {
+        throw ApiError(413, "the prompt has " + std::to_string(tokens) +
+                                " tokens; this run's learned positions end at " + std::to_string(model.max_positions) +
+                                " (model.max_positions)");
+    }
+    if (tokens > limits_.max_prompt_tokens) {
+        throw ApiError(413, "the prompt has " + std::to_string(tokens) + " tokens; the explorer shows at most " +
+                                std::to_string(limits_.max_prompt_tokens));
+    }
+    const std::vector<MultiHeadAttention*> layers = loaded.task->attention_layers();
+    // the layers keep their score parts for this forward alone
+    struct KeepParts {
+        const std::vector<MultiHeadAttention*>& layers;
+        explicit KeepParts(const std::vector<MultiHeadAttention*>& l) : layers(l) {
+            for (MultiHeadAttention* layer : layers) layer->keep_score_parts = true;
+        }
+        ~KeepParts() {
+            for (MultiHeadAttention* layer : layers) {
+                layer->keep_score_parts = false;
+                layer->last_score_parts = {};
+            }
+        }
+    };
+    json out{{"run", id}, {"prompt", prompt}, {"layers", json::array()}};
+    {
+        KeepParts keep(layers);
+        NoGradGuard no_grad;
+        const std::vector<Tensor> weights = loaded.task->attention(ids);
+        for (std::size_t l = 0; l < layers.size(); ++l) {
+            const MultiHeadAttention::ScoreParts& parts = layers[l]->last_score_parts;
+            const int64_t H = layers[l]->heads, L = static_cast<int64_t>(ids.size());
+            out["layers"].push_back(
+                {{"weights", packed(weights[l])},
+                 {"content", packed(parts.content.squeeze(0))},
+                 {"position", packed(parts.position.squeeze(0))},
+                 {"allowed", packed_or_null(pair_mask(parts.mask, L))},
+                 {"value_share", packed_or_null(parts.value_share.defined() ? parts.value_share.squeeze(0) : Tensor())},
+                 {"gate", packed_or_null(parts.gate.defined() ? one_example(parts.gate, {1, H, L, 1}).squeeze(-1)
+                                                              : Tensor())}});
+        }
+    }
+    json token_texts = json::array();
+    for (int64_t token : ids) token_texts.push_back(output_text(loaded, {token}));
+    out["tokens"] = token_texts;
+    const TaskKind kind = loaded.config.task.kind;
+    if (kind == TaskKind::language_model || is_pair_task(kind)) {
+        NoGradGuard no_grad;
+        const std::vector<int64_t> answer = loaded.task->generate(ids, limits_.max_answer_tokens);
+        out["answer"] = {{"kind", kind == TaskKind::language_model ? "continuation" : "target"},
+                         {"text", output_text(loaded, answer)}};
+    } else {
+        const std::vector<double> p = loaded.task->class_probabilities(ids);
+        out["answer"] = {
+            {"kind", "class"}, {"class", std::max_element(p.begin(), p.end()) - p.begin()}, {"probabilities", p}};
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------- the page
+
+std::string explorer_page(const json& data) {
+    // the data inside a <script> element: "</" and "<!" occur only in JSON strings, where "\/" and
+    // "\u0021" spell the same characters, so the HTML parser never sees an end tag or a comment
+    std::string text = data.dump();
+    std::string safe;
+    safe.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '<' && i + 1 < text.size() && (text[i + 1] == '/' || text[i + 1] == '!')) {
+            safe += text[i + 1] == '/' ? "<\\/" : "<\\u0021";
+            ++i;
+        } else {
+            safe += text[i];
+        }
+    }
+    std::string page = explorer_assets::page_html;
+    const auto put = [&page](const std::string& mark, const std::string& what) {
+        const std::size_t at = page.find(mark);
+        if (at == std::string::npos) throw std::logic_error("explorer page: no " + mark);
+        page.replace(at, mark.size(), what);
+    };
+    put("/*relgrad:style*/", explorer_assets::style_css);
+    put("/*relgrad:script*/", explorer_assets::explorer_js);
+    put("/*relgrad:data*/", safe);
+    return page;
+}
+
+std::string export_page(Explorer& explorer, const std::vector<std::string>& prompts) {
+    if (prompts.empty()) throw std::invalid_argument("--export: give at least one --prompt to show");
+    json data{{"runs", explorer.runs()},
+              {"metrics", json::object()},
+              {"parameters", json::object()},
+              {"looks", json::object()}};
+    for (int64_t id = 0; id < explorer.run_count(); ++id) {
+        const std::string key = std::to_string(id);
+        data["metrics"][key] = explorer.metrics(id);
+        data["parameters"][key] = explorer.parameters(id);
+        data["looks"][key] = json::array();
+        for (const std::string& prompt : prompts) {
+            try {
+                data["looks"][key].push_back(explorer.look(id, prompt));
+            } catch (const ApiError& e) {
+                throw std::invalid_argument("--prompt '" + prompt + "' for " +
+                                            explorer.runs()[id]["dir"].get<std::string>() + ": " + e.what());
+            }
+        }
+    }
+    return explorer_page(data);
+}
+
+// ---------------------------------------------------------------- the server
+
+namespace {
+
+void send_json(httplib::Response& response, const json& body, int status = 200) {
+    response.status = status;
+    response.set_content(body.dump(), "application/json");
+}
+
+int64_t run_id(const httplib::Request& request) {
+    return std::stoll(request.matches[1].str());  // (\d{1,9}): always a number that fits
+}
+
+}  // namespace
+
+void serve(Explorer& explorer, const std::string& host, int port,
+           const std::function<void(const std::string&)>& listening, const std::function<bool()>& stop) {
+    httplib::Server server;
+    // SO_REUSEADDR alone: a port another server listens on is refused (httplib's default,
+    // SO_REUSEPORT, would share it with that server)
+    server.set_socket_options([](socket_t socket) {
+        int yes = 1;
+        setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    server.set_payload_max_length(static_cast<std::size_t>(explorer.limits().max_request_bytes));
+    server.new_task_queue = [] { return new httplib::ThreadPool(8); };
+
+    const std::string page = explorer_page(json());
+    server.Get("/", [&page](const httplib::Request&, httplib::Response& response) {
+        response.set_content(page, "text/html; charset=utf-8");
+    });
+    server.Get("/api/runs", [&explorer](const httplib::Request&, httplib::Response& response) {
+        send_json(response, explorer.runs());
+    });
+    server.Get(R"(/api/runs/(\d{1,9})/metrics)",
+               [&explorer](const httplib::Request& request, httplib::Response& response) {
+                   send_json(response, explorer.metrics(run_id(request)));
+               });
+    server.Get(R"(/api/runs/(\d{1,9})/parameters)",
+               [&explorer](const httplib::Request& request, httplib::Response& response) {
+                   send_json(response, explorer.parameters(run_id(request)));
+               });
+    server.Post(R"(/api/runs/(\d{1,9})/attention)",
+                [&explorer](const httplib::Request& request, httplib::Response& response) {
+                    const json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+                    if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
+                        throw ApiError(400, "the body must be a JSON object {\"prompt\": TEXT}");
+                    }
+                    send_json(response, explorer.look(run_id(request), body["prompt"].get<std::string>()));
+                });
+    server.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+        try {
+            std::rethrow_exception(error);
+        } catch (const ApiError& e) {
+            send_json(response, {{"error", e.what()}}, e.status);
+        } catch (const std::invalid_argument& e) {
+            send_json(response, {{"error", e.what()}}, 400);
+        } catch (const std::exception& e) {
+            send_json(response, {{"error", std::string("internal error: ") + e.what()}}, 500);
+        } catch (...) {
+            send_json(response, {{"error", "internal error"}}, 500);
+        }
+    });
+    // what httplib answers by itself (no such path 404, a body past the limit 413, ...) as JSON too
+    server.set_error_handler([](const httplib::Request&, httplib::Response& response) {
+        if (!response.body.empty()) return;
+        std::string message = "HTTP error " + std::to_string(response.status);
+        if (response.status == 400) message = "a malformed request";
+        if (response.status == 404) message = "no such page or API path";
+        if (response.status == 413) message = "the request is larger than this server accepts";
+        if (response.status == 414) message = "the request's address is longer than this server accepts";
+        send_json(response, {{"error", message}}, response.status);
+    });
+
+    const bool bound = port == 0 ? (port = server.bind_to_any_port(host)) > 0 : server.bind_to_port(host, port);
+    if (!bound) {
+        throw std::invalid_argument(
+            "explore: cannot listen on " + host + ":" + std::to_string(port) +
+            " (in use, or not an address of this machine); choose another with --port or --host");
+    }
+    listening("http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port) +
+              "/");
+    std::thread listener([&server] { server.listen_after_bind(); });
+    while (!stop()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.stop();
+    listener.join();
+}
+
+}  // namespace relgrad
