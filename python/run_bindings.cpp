@@ -15,6 +15,7 @@
 #include "python/bindings.hpp"
 #include "train/config.hpp"
 #include "train/json_reader.hpp"
+#include "commands/explorer.hpp"
 #include "commands/run_commands.hpp"
 #include "train/run_directory.hpp"
 #include "train/trainer.hpp"
@@ -196,6 +197,14 @@ void bind_run(py::module_& m) {
             },
             py::arg("prompt"), "As `relgrad attention`: per layer, the weights [H, L, L] for the prompt");
     m.attr("load_run") = m.attr("Run");  // relgrad.load_run(dir) reads as what it does
+    m.def(
+        "_explorer_page",
+        [](const std::vector<std::string>& run_dirs, const std::vector<std::string>& prompts) {
+            Explorer explorer(run_dirs);
+            return export_page(explorer, prompts);
+        },
+        py::arg("run_dirs"), py::arg("prompts"), py::call_guard<py::gil_scoped_release>(),
+        "As `relgrad explore RUN_DIR... --export FILE --prompt TEXT...`: the page's HTML (relgrad.explore shows it)");
 }
 
 }  // namespace relgrad::python

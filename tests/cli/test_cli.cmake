@@ -97,7 +97,7 @@ expect_one_line_error("^relgrad: error: no registered op is named 'no_such_op'")
 run_relgrad(2 gradcheck --filter)
 expect_one_line_error("^relgrad: .*--filter")
 run_relgrad(2 no_such_command)
-expect_one_line_error("^relgrad: error: unknown command 'no_such_command' \\(expected train, validate, eval, generate, attention, data, gradcheck or layer\\)")
+expect_one_line_error("^relgrad: error: unknown command 'no_such_command' \\(expected train, validate, eval, generate, attention, explore, data, gradcheck or layer\\)")
 # --set and --out on a config whose root is not an object, and text that is not UTF-8
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/array_config.json "[1, 2]")
 run_relgrad(2 validate ${CMAKE_CURRENT_BINARY_DIR}/array_config.json --set training.steps=3)

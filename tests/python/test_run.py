@@ -1,7 +1,10 @@
 """Training from Python: relgrad.train with the command line's keys, defaults and errors, and
 the commands on a trained run."""
+import base64
+import html
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -85,6 +88,26 @@ def test_loaded_run(run_dir):
     # the loaded model gives the run's own predictions
     logits = run.model(relgrad.tensor([[4, 5, 6, 7]]))
     assert logits.shape == (1, 2)
+
+
+def test_explore_shows_the_exported_view_inline(run_dir, tmp_path):
+    view = relgrad.explore(str(run_dir), prompt="4 5 6 7", prompts=["8 9"])
+    marker = '<script id="relgrad-data" type="application/json">'
+    start = view.html.index(marker) + len(marker)
+    data = json.loads(view.html[start:view.html.index("</script>", start)])
+    assert [look["prompt"] for look in data["looks"]["0"]] == ["4 5 6 7", "8 9"]
+    weights = relgrad.load_run(str(run_dir)).attention("4 5 6 7")[0]
+    shown = np.frombuffer(base64.b64decode(data["looks"]["0"][0]["layers"][0]["weights"]["data"]), np.float32)
+    assert np.array_equal(shown.reshape(weights.shape), weights)
+    # inline: the page in an iframe of its own, every quote of it escaped
+    inline = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="[^"]*"></iframe>', view._repr_html_())
+    assert inline and html.unescape(inline.group(1)) == view.html
+    view.save(str(tmp_path / "view.html"))
+    assert (tmp_path / "view.html").read_text() == view.html
+    with pytest.raises(ValueError, match="not a symbol id"):
+        relgrad.explore(str(run_dir), prompt="4 banana")
+    with pytest.raises(ValueError, match="give a prompt to show"):
+        relgrad.explore([str(run_dir)])
 
 
 def test_train_in_a_precision(tmp_path):
