@@ -1,5 +1,6 @@
 #include "commands/explorer.hpp"
 
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -26,37 +27,118 @@ using nlohmann::json;
 
 namespace {
 
-std::string base64(const unsigned char* bytes, std::size_t size) {
+// Appends the base64 text of `size` bytes to `out`: each 3 bytes as 4 characters of 6 bits, the
+// last 1 or 2 bytes as 2 or 3 characters and '=' padding.
+void append_base64(const unsigned char* bytes, std::size_t size, std::string& out) {
     static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    out.reserve((size + 2) / 3 * 4);
-    for (std::size_t i = 0; i < size; i += 3) {
-        const uint32_t chunk = uint32_t{bytes[i]} << 16 | (i + 1 < size ? uint32_t{bytes[i + 1]} << 8 : 0) |
-                               (i + 2 < size ? uint32_t{bytes[i + 2]} : 0);
-        out += alphabet[chunk >> 18 & 63];
-        out += alphabet[chunk >> 12 & 63];
-        out += i + 1 < size ? alphabet[chunk >> 6 & 63] : '=';
-        out += i + 2 < size ? alphabet[chunk & 63] : '=';
+    const std::size_t start = out.size();
+    out.resize(start + (size + 2) / 3 * 4, '=');
+    char* const text = out.data() + start;
+    const int64_t whole = static_cast<int64_t>(size / 3);
+    // the arrays of an answer are megabytes: the threads share them
+#pragma omp parallel for schedule(static) if (whole > (int64_t{1} << 16))
+    for (int64_t n = 0; n < whole; ++n) {
+        const unsigned char* b = bytes + 3 * n;
+        char* o = text + 4 * n;
+        const uint32_t chunk = uint32_t{b[0]} << 16 | uint32_t{b[1]} << 8 | b[2];
+        o[0] = alphabet[chunk >> 18 & 63];
+        o[1] = alphabet[chunk >> 12 & 63];
+        o[2] = alphabet[chunk >> 6 & 63];
+        o[3] = alphabet[chunk & 63];
     }
-    return out;
+    const std::size_t i = 3 * static_cast<std::size_t>(whole);
+    char* o = text + 4 * whole;
+    if (i < size) {
+        const uint32_t chunk = uint32_t{bytes[i]} << 16 | (i + 1 < size ? uint32_t{bytes[i + 1]} << 8 : 0);
+        o[0] = alphabet[chunk >> 18 & 63];
+        o[1] = alphabet[chunk >> 12 & 63];
+        if (i + 1 < size) o[2] = alphabet[chunk >> 6 & 63];
+    }
 }
 
-// values as {"dtype", "shape", "data": base64, little-endian (this machine's order: x86-64)}
+// The values' bytes as a JSON binary value, which json_text writes as a base64 string
 template <class T>
-json packed_values(const std::vector<double>& values, const Shape& shape, const char* dtype) {
-    std::vector<T> narrow(values.begin(), values.end());
+json packed_bytes(const T* values, const Shape& shape, const char* dtype) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(values);
     return {{"dtype", dtype},
             {"shape", shape},
-            {"data", base64(reinterpret_cast<const unsigned char*>(narrow.data()), narrow.size() * sizeof(T))}};
+            {"data", json::binary(std::vector<uint8_t>(bytes, bytes + shape_numel(shape) * sizeof(T)))}};
 }
 
-// A tensor's exact values: float64 as float64, booleans as uint8, every other dtype as float32
-// (which holds float32, bfloat16 and float16 values exactly).
+// A tensor's exact values, {"dtype", "shape", "data": base64 of the values in C order, in this
+// machine's byte order (little-endian: x86-64)}: float64 as float64, booleans as uint8, every
+// other dtype as float32 (which holds float32, bfloat16 and float16 values exactly).
 json packed(const Tensor& t) {
-    const std::vector<double> values = t.to_vector();
-    if (t.dtype() == DType::float64) return packed_values<double>(values, t.shape(), "float64");
-    if (t.dtype() == DType::boolean) return packed_values<uint8_t>(values, t.shape(), "uint8");
-    return packed_values<float>(values, t.shape(), "float32");
+    const Tensor host = t.to(Device::cpu);
+    if (t.dtype() == DType::float64) return packed_bytes(host.contiguous().data<double>(), t.shape(), "float64");
+    if (t.dtype() == DType::boolean) {
+        const std::vector<double> values = host.to_vector();
+        const std::vector<uint8_t> bytes(values.begin(), values.end());
+        return packed_bytes(bytes.data(), t.shape(), "uint8");
+    }
+    return packed_bytes(host.to(DType::float32).contiguous().data<float>(), t.shape(), "float32");
+}
+
+// JSON text of an answer: the arrays' bytes (binary values) as base64 strings, written straight
+// into the text (they are most of an answer: 8 MB for the larger bench model at L = 128); plain
+// strings copied as they are; the rest written by nlohmann's dump (any invalid UTF-8 replaced,
+// never thrown).
+void write_json(const json& value, std::string& out) {
+    const auto write_string = [&out](const std::string& text) {
+        const bool plain = std::all_of(text.begin(), text.end(),
+                                       [](unsigned char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; });
+        if (plain) {
+            out += '"';
+            out += text;
+            out += '"';
+        } else {
+            out += json(text).dump(-1, ' ', false, json::error_handler_t::replace);
+        }
+    };
+    if (value.is_object()) {
+        out += '{';
+        for (auto item = value.begin(); item != value.end(); ++item) {
+            if (item != value.begin()) out += ',';
+            write_string(item.key());
+            out += ':';
+            write_json(item.value(), out);
+        }
+        out += '}';
+    } else if (value.is_array()) {
+        out += '[';
+        for (std::size_t i = 0; i < value.size(); ++i) {
+            if (i > 0) out += ',';
+            write_json(value[i], out);
+        }
+        out += ']';
+    } else if (value.is_string()) {
+        write_string(value.get_ref<const std::string&>());
+    } else if (value.is_binary()) {
+        const json::binary_t& bytes = value.get_binary();
+        out += '"';
+        append_base64(bytes.data(), bytes.size(), out);
+        out += '"';
+    } else {
+        out += value.dump();
+    }
+}
+
+// At least the length of value's text when its strings are plain: written into memory taken once
+std::size_t text_size(const json& value) {
+    if (value.is_string()) return value.get_ref<const std::string&>().size() + 2;
+    if (value.is_binary()) return (value.get_binary().size() + 2) / 3 * 4 + 2;
+    if (!value.is_structured()) return 24;
+    std::size_t size = 2;
+    for (auto item = value.begin(); item != value.end(); ++item)
+        size += text_size(item.value()) + (value.is_object() ? item.key().size() + 4 : 1);
+    return size;
+}
+
+std::string json_text(const json& value) {
+    std::string out;
+    out.reserve(text_size(value));
+    write_json(value, out);
+    return out;
 }
 
 json packed_or_null(const Tensor& t) { return t.defined() ? packed(t) : json(); }
@@ -107,12 +189,13 @@ json layer_parameters(const MultiHeadAttention& layer) {
             for (int64_t d : distances)
                 bias.push_back(
                     table[t5_bucket(d, t5->bidirectional, t5->num_buckets, t5->max_distance) * t5->heads + h]);
-        return {{"kind", "t5"},
-                {"buckets", t5->num_buckets},
-                {"max_distance", t5->max_distance},
-                {"bidirectional", t5->bidirectional},
-                {"distances", distances},
-                {"bias", packed_values<float>(bias, {t5->heads, static_cast<int64_t>(distances.size())}, "float32")}};
+        return {
+            {"kind", "t5"},
+            {"buckets", t5->num_buckets},
+            {"max_distance", t5->max_distance},
+            {"bidirectional", t5->bidirectional},
+            {"distances", distances},
+            {"bias", packed(from_vector(bias, {t5->heads, static_cast<int64_t>(distances.size())}, DType::float32))}};
     }
     return {{"kind", "none"}};
 }
@@ -165,6 +248,7 @@ struct Explorer::Run {
     std::string dir, name;
     LoadedRun loaded;
     json config, summary;
+    json parameters;  // they never change: taken once, at loading
 };
 
 Explorer::Explorer(const std::vector<std::string>& run_dirs, ExplorerLimits limits, Device device) : limits_(limits) {
@@ -179,6 +263,12 @@ Explorer::Explorer(const std::vector<std::string>& run_dirs, ExplorerLimits limi
             run->config = read_json_file(fs::path(dir) / "config.json");
             if (fs::exists(fs::path(dir) / "summary.json"))
                 run->summary = read_json_file(fs::path(dir) / "summary.json");
+            json layers = json::array();
+            for (const MultiHeadAttention* layer : run->loaded.task->attention_layers())
+                layers.push_back(layer_parameters(*layer));
+            run->parameters = {{"position", position_mode_name(run->loaded.config.model.transformer.position)},
+                               {"layers", layers},
+                               {"absolute", absolute_positions(run->loaded)}};
         } catch (const std::invalid_argument& e) {
             const std::string message = e.what();
             // load_run's own errors name the directory already
@@ -251,16 +341,7 @@ private:
     std::unique_lock<std::mutex> lock_;
 };
 
-json Explorer::parameters(int64_t id) {
-    Run& run = run_at(id);
-    ModelTurn turn(*this);
-    json layers = json::array();
-    for (const MultiHeadAttention* layer : run.loaded.task->attention_layers())
-        layers.push_back(layer_parameters(*layer));
-    return {{"position", position_mode_name(run.loaded.config.model.transformer.position)},
-            {"layers", layers},
-            {"absolute", absolute_positions(run.loaded)}};
-}
+json Explorer::parameters(int64_t id) const { return run_at(id).parameters; }
 
 json Explorer::look(int64_t id, const std::string& prompt) {
     Run& run = run_at(id);
@@ -337,7 +418,7 @@ json Explorer::look(int64_t id, const std::string& prompt) {
 std::string explorer_page(const json& data) {
     // the data inside a <script> element: "</" and "<!" occur only in JSON strings, where "\/" and
     // "\u0021" spell the same characters, so the HTML parser never sees an end tag or a comment
-    std::string text = data.dump();
+    const std::string text = json_text(data);
     std::string safe;
     safe.reserve(text.size());
     for (std::size_t i = 0; i < text.size(); ++i) {
@@ -389,7 +470,10 @@ namespace {
 
 void send_json(httplib::Response& response, const json& body, int status = 200) {
     response.status = status;
-    response.set_content(body.dump(), "application/json");
+    response.body = json_text(body);  // moved in: set_content would copy it
+    // with a charset, httplib does not compress it for a browser that accepts brotli or gzip:
+    // brotli took 15 s for the 8 MB of an attention answer, which is on its way in 10 ms uncompressed
+    response.set_header("Content-Type", "application/json; charset=utf-8");
 }
 
 int64_t run_id(const httplib::Request& request) {
@@ -400,6 +484,10 @@ int64_t run_id(const httplib::Request& request) {
 
 void serve(Explorer& explorer, const std::string& host, int port,
            const std::function<void(const std::string&)>& listening, const std::function<bool()>& stop) {
+    // One malloc arena for every thread: each answer's megabytes then reuse the memory of the
+    // last one, where an arena per server thread maps fresh pages for every answer (the larger
+    // bench model's attention at L = 128: 100 ms a request with arenas per thread, 60 ms with one)
+    mallopt(M_ARENA_MAX, 1);
     httplib::Server server;
     // SO_REUSEADDR alone: a port another server listens on is refused (httplib's default,
     // SO_REUSEPORT, would share it with that server)

@@ -9,7 +9,8 @@
 //
 // Arrays travel as {"dtype": "float32" | "float64" | "uint8", "shape": [...], "data": base64 of
 // the values in C order, little-endian}: the exact values the model computed, a quarter of the
-// size of decimal text.
+// size of decimal text. In the JSON values below, "data" is a binary value (the bytes themselves);
+// the server and explorer_page write it as base64.
 #pragma once
 
 #include <atomic>
@@ -60,8 +61,8 @@ public:
     // GET /api/runs/ID/metrics: the lines of metrics.jsonl as they were written
     nlohmann::json metrics(int64_t run) const;
     // GET /api/runs/ID/parameters: the position parameters of each self-attention layer and the
-    // absolute positions' similarity (docs/explorer.md lists the keys per scheme)
-    nlohmann::json parameters(int64_t run);
+    // absolute positions' similarity (docs/explorer.md lists the keys per scheme), taken at loading
+    nlohmann::json parameters(int64_t run) const;
     // POST /api/runs/ID/attention {"prompt": TEXT}: the prompt's tokens, the model's answer and
     // per layer the weights [H, L, L] (the same as `relgrad attention`), the score's content and
     // position parts [H, L, L], the masked pairs [L, L], the value share [H, L] (Shaw's value

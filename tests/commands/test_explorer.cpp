@@ -1,6 +1,7 @@
 // The explorer's API in-process (commands/explorer.hpp): what the HTTP tests of tests/explorer/
 // cannot reach from outside: a server too busy to take more work, a fused run looked at through
 // the weights-keeping form, and the page's data that no prompt can close the <script> holding it.
+#include <cstring>
 #include <filesystem>
 
 #include "../train/trainer_check.hpp"
@@ -23,6 +24,16 @@ TEST_CASE("the explorer: a look is relgrad attention's weights; a busy server an
     const std::vector<Tensor> weights = attention_weights(run, "4 5 6 7");
     REQUIRE(look["layers"].size() == weights.size());
     CHECK(look["layers"][0]["weights"]["shape"] == Shape{2, 4, 4});
+    for (std::size_t layer = 0; layer < weights.size(); ++layer) {  // the bytes of relgrad attention's floats
+        const std::vector<uint8_t>& bytes = look["layers"][layer]["weights"]["data"].get_binary();
+        const std::vector<double> expected = weights[layer].to_vector();
+        REQUIRE(bytes.size() == expected.size() * sizeof(float));
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+            float shown;
+            std::memcpy(&shown, bytes.data() + i * sizeof(float), sizeof(float));
+            CHECK(shown == static_cast<float>(expected[i]));
+        }
+    }
     CHECK(look["tokens"] == nlohmann::json{"4", "5", "6", "7"});
     CHECK_THROWS_WITH_AS(explorer.look(1, "4"), "no run 1: the runs are 0..0", ApiError);
 

@@ -180,6 +180,16 @@ def test_bad_requests_get_their_status_and_a_message_and_the_server_goes_on(serv
     assert server.look(ID["relative"], "4 5")["tokens"] == ["4", "5"]  # still serving
 
 
+def test_answers_are_not_compressed_for_a_browser(server):
+    """A browser accepts brotli and gzip; compressing megabytes of arrays would take seconds."""
+    request = urllib.request.Request(server.url + "api/runs/0/attention", data=json.dumps({"prompt": PROMPT}).encode(),
+                                     headers={"Accept-Encoding": "gzip, deflate, br"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.headers.get("Content-Encoding") is None
+        assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+        assert json.loads(response.read())["tokens"] == PROMPT.split()
+
+
 def test_an_address_longer_than_the_server_reads_is_refused(server):
     status, answer = server.request("api/runs/0/" + "x" * 10000)
     assert status == 414 and "address is longer" in answer["error"]
