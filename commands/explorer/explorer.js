@@ -296,6 +296,15 @@ function runsTable() {
         cells.forEach((text, k) => row.appendChild(element('td', k === 4 ? {class: 'number'} : {}, String(text))));
         table.appendChild(row);
     }
+    // each run's config and summary, as written in its directory
+    const files = $('run-files');
+    files.replaceChildren();
+    for (const run of state.runs) {
+        const details = element('details', {'data-run': run.id});
+        details.appendChild(element('summary', {}, run.name + ': config.json and summary.json (' + run.dir + ')'));
+        details.appendChild(element('pre', {}, JSON.stringify({config: run.config, summary: run.summary}, null, 1)));
+        files.appendChild(details);
+    }
 }
 
 // Training curves of every run: loss, learning rate, the loss scale (float16), the headline metric
@@ -457,10 +466,23 @@ function drawHeatmaps() {
             hover,
             legend: 'rows: queries i, columns: keys j; grey: masked',
         });
+        if (s.gate) {  // the gated layer's gate for each query of the prompt, a curve per head
+            const series = [...Array(s.gate.shape[0]).keys()].map(
+                (h) =>
+                    ({name: 'head ' + h, points: [...Array(s.L).keys()].map((i) => [i, s.gate.values[h * s.L + i]])}));
+            const gates = figure(
+                s.run.name + ': gates g per token, layer ' + layer + ' (1 = relative)',
+                lineChart({series, xLabel: 'query position i', yLabel: 'g'}),
+                s.run.name + '_layer' + layer + '_gates_per_token');
+            gates.setAttribute('data-run', s.id);
+            gates.setAttribute('data-kind', 'gates');
+            box.appendChild(gates);
+        }
         const name = s.run.name + '_layer' + layer + '_head' + head + '_' + view;
         const box_ = figure(
             s.run.name + ': layer ' + layer + ', head ' + head + ', ' + $('view').selectedOptions[0].text, svg, name);
         box_.setAttribute('data-run', s.id);
+        box_.setAttribute('data-kind', 'attention');
         box.appendChild(box_);
     }
 }

@@ -2,6 +2,7 @@
 prompt typed redraws the heatmaps whose hover shows the API's values (which are `relgrad
 attention`'s), layer, head and a second run switch, charts export as valid PNG and SVG, and the
 exported file draws its charts from file:// with the network off."""
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +37,7 @@ def console_errors(browser):
 
 
 def heatmaps(browser):
-    return browser.find_elements(By.CSS_SELECTOR, "#heatmaps figure")
+    return browser.find_elements(By.CSS_SELECTOR, '#heatmaps figure[data-kind="attention"]')
 
 
 def hover_cell(browser, chart, i, j):
@@ -135,6 +136,25 @@ def test_layer_head_and_a_second_run_switch(browser, server):
     browser.find_element(By.ID, "prompt").send_keys(" x")
     WebDriverWait(browser, 10).until(lambda b: "'x' is not a symbol id" in b.find_element(By.ID, "error").text)
     assert [entry for entry in console_errors(browser) if "400 (Bad Request)" not in entry["message"]] == []
+
+
+def test_a_gated_run_shows_its_gate_per_token_and_the_runs_files(browser, server, runs):
+    browser.get(server.url)
+    wait_until_ready(browser)
+    Select(browser.find_element(By.ID, "run-a")).select_by_value(str(ID["gated"]))
+    type_prompt(browser, "4 5 6 7 8")
+    gates = browser.find_element(By.CSS_SELECTOR, '#heatmaps figure[data-kind="gates"]')
+    assert "gates g per token, layer 0" in gates.text
+    assert len(gates.find_elements(By.CSS_SELECTOR, "svg > path[stroke]")) == 2  # a curve per head
+    shown, text = hover_cell(browser, heatmaps(browser)[0], 2, 3)
+    gate = unpack(server.look(ID["gated"], "4 5 6 7 8")["layers"][0]["gate"])
+    assert f"gate g (1 = relative): {float(gate[0, 2]):.4g}" in text  # head 0, query 2
+    # each run's config.json and summary.json, behind a click
+    details = browser.find_element(By.CSS_SELECTOR, f'#run-files details[data-run="{ID["gated"]}"]')
+    details.click()
+    with open(os.path.join(runs["gated"], "config.json")) as f:
+        assert json.loads(details.find_element(By.TAG_NAME, "pre").text)["config"] == json.load(f)
+    assert console_errors(browser) == []
 
 
 def wait_for_file(directory, suffix):
