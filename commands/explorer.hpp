@@ -39,7 +39,7 @@ public:
 struct ExplorerLimits {
     int64_t max_request_bytes = 64 * 1024;  // a request's body (413 past it)
     int64_t max_waiting = 32;               // model requests in flight or waiting (503 past it)
-    int64_t max_answer_tokens = 32;         // a continuation or target shown beside the prompt
+    int64_t max_answer_tokens = 64;         // a continuation or target shown beside the prompt
     // a prompt's tokens (413 past it; and past the table of learned positions): an answer holds
     // 3 L^2 values per head and layer, 25 MB for 4 layers of 8 heads at L = 256
     int64_t max_prompt_tokens = 256;

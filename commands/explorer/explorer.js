@@ -71,7 +71,8 @@ function element(tag, attributes, text) {
 function format(value) {
     if (!Number.isFinite(value)) return String(value);
     const size = Math.abs(value);
-    return size !== 0 && (size < 1e-3 || size >= 1e5) ? value.toExponential(3) : String(Number(value.toPrecision(4)));
+    const rounded = Number(value.toPrecision(4));  // four significant digits, trailing zeros dropped
+    return size !== 0 && (size < 1e-3 || size >= 1e5) ? rounded.toExponential() : String(rounded);
 }
 
 // A chart in a <figure> with its title and two export buttons; `name` names the files.
@@ -181,7 +182,7 @@ function heatmap({rows, columns, rowLabels, columnLabels, value, colour, range, 
 
 // A line chart: series [{name, points: [[x, y], ...]}], a log y axis when asked.
 function lineChart({series, xLabel, yLabel, logY}) {
-    const width = 440, height = 260, left = 56, right = 110, top = 12, bottom = 36;
+    const width = 450, height = 260, left = 66, right = 110, top = 12, bottom = 36;
     const svg = svgElement('svg', {xmlns: SVG, width: width, height: height, viewBox: '0 0 ' + width + ' ' + height});
     svgElement('rect', {width: width, height: height, fill: '#fff'}, svg);
     const points = series.flatMap((s) => s.points).filter(([, y]) => Number.isFinite(y) && (!logY || y > 0));
@@ -204,12 +205,15 @@ function lineChart({series, xLabel, yLabel, logY}) {
     const py = (y) => top + (1 - (ty(y) - y0) / (y1 - y0)) * (height - top - bottom);
     const axes = svgElement('g', {stroke: '#999', fill: 'none'}, svg);
     svgElement('path', {d: 'M' + left + ',' + top + 'V' + (height - bottom) + 'H' + (width - right)}, axes);
-    for (let k = 0; k <= 4; ++k) {
-        const yt = y0 + (y1 - y0) * k / 4, xt = x0 + (x1 - x0) * k / 4;
-        svgElement('text', {x: left - 4, y: py(logY ? 10 ** yt : yt) + 3, 'text-anchor': 'end', 'font-size': 10}, svg)
-            .textContent = format(logY ? 10 ** yt : yt);
+    // ticks at round numbers: 1, 2 or 5 times a power of ten apart (on a log axis, at powers of ten)
+    for (const xt of roundTicks(x0, x1)) {
         svgElement('text', {x: px(xt), y: height - bottom + 13, 'text-anchor': 'middle', 'font-size': 10}, svg)
             .textContent = format(xt);
+    }
+    const yTicks = logY ? roundTicks(y0, y1, true).map((e) => 10 ** e) : roundTicks(y0, y1);
+    for (const yt of yTicks) {
+        svgElement('text', {x: left - 4, y: py(yt) + 3, 'text-anchor': 'end', 'font-size': 10}, svg).textContent =
+            format(yt);
     }
     svgElement('text', {x: (left + width - right) / 2, y: height - 4, 'text-anchor': 'middle', 'font-size': 11}, svg)
         .textContent = xLabel;
@@ -242,6 +246,15 @@ function lineChart({series, xLabel, yLabel, logY}) {
             .textContent = s.name;
     });
     return svg;
+}
+// About five round values between lo and hi: multiples of 1, 2 or 5 times a power of ten (whole
+// powers only, when `whole`).
+function roundTicks(lo, hi, whole) {
+    const raw = (hi - lo) / 5, power = 10 ** Math.floor(Math.log10(raw));
+    const step = whole ? Math.max(1, Math.round(raw)) : [1, 2, 5, 10].map((m) => m * power).find((v) => v >= raw);
+    const ticks = [];
+    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(Number(t.toPrecision(12)));
+    return ticks;
 }
 const palette = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b', '#e377c2'];
 

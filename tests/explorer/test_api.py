@@ -94,7 +94,7 @@ def test_the_answer_is_the_models(server, runs):
     for name, kind in [("lm", "continuation"), ("copy", "target")]:
         prompt = "the cat" if name == "lm" else "4 5 6"
         answer = server.look(ID[name], prompt)["answer"]
-        done = subprocess.run([RELGRAD, "generate", runs[name], "--prompt", prompt, "--max-tokens", "32"],
+        done = subprocess.run([RELGRAD, "generate", runs[name], "--prompt", prompt, "--max-tokens", "64"],
                               capture_output=True, text=True)
         assert answer == {"kind": kind, "text": done.stdout.rstrip("\n")}
     answer = server.look(ID["relative"], PROMPT)["answer"]
