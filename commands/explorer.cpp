@@ -545,17 +545,26 @@ void serve(Explorer& explorer, const std::string& host, int port,
         send_json(response, {{"error", message}}, response.status);
     });
 
+    const int asked = port;
     const bool bound = port == 0 ? (port = server.bind_to_any_port(host)) > 0 : server.bind_to_port(host, port);
     if (!bound) {
         throw std::invalid_argument(
-            "explore: cannot listen on " + host + ":" + std::to_string(port) +
+            "explore: cannot listen on " + host + ":" + std::to_string(asked) +
             " (in use, or not an address of this machine); choose another with --port or --host");
     }
     listening("http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port) +
               "/");
-    std::thread listener([&server] { server.listen_after_bind(); });
+    std::atomic<bool> stopped{false};
+    std::thread listener([&server, &stopped] {
+        server.listen_after_bind();
+        stopped = true;
+    });
     while (!stop()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    server.stop();
+    // httplib's stop() does nothing before the listener runs: asked until the listener has ended
+    while (!stopped) {
+        server.stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     listener.join();
 }
 

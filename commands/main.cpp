@@ -168,7 +168,13 @@ int run_explore(const std::vector<std::string>& runs, const std::string& host, i
     std::signal(SIGTERM, on_interrupt);
     relgrad::serve(
         explorer, host, port,
-        [](const std::string& address) {
+        [&host](const std::string& address) {
+            if (host != "127.0.0.1" && host != "localhost" && host != "::1") {
+                std::fprintf(stderr,
+                             "relgrad: warning: whoever reaches %s reads these runs, unauthenticated "
+                             "(docs/explorer.md: an SSH tunnel instead)\n",
+                             address.c_str());
+            }
             std::printf("explorer at %s (Ctrl-C stops it)\n", address.c_str());
             std::fflush(stdout);
         },

@@ -3,9 +3,9 @@ files and the other commands, every refusal, and concurrent clients."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import urllib.request
 
@@ -276,6 +276,16 @@ def test_command_line_refusals(runs, tmp_path):
     one_line_exit_2(explore(runs["relative"], "--export", str(tmp_path / "x.html"), "--prompt", "4 x"),
                     "'x' is not a symbol id")
     one_line_exit_2(explore(runs["relative"], "--port", "70000"), "70000")
+    one_line_exit_2(explore(runs["relative"], "--host", "192.0.2.1", "--port", "0"),  # not this machine's
+                    "cannot listen on 192.0.2.1:0")
+    one_line_exit_2(explore(runs["relative"], "--host", "not an address"), "cannot listen on not an address:8000")
+    # every address: served, with a warning
+    everywhere = subprocess.Popen([RELGRAD, "explore", runs["relative"], "--host", "0.0.0.0", "--port", "0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert everywhere.stdout.readline().startswith("explorer at http://0.0.0.0:")
+    everywhere.send_signal(signal.SIGINT)
+    _, err = everywhere.communicate(timeout=30)
+    assert everywhere.returncode == 0 and "relgrad: warning: whoever reaches http://0.0.0.0:" in err
     one_line_exit_2(explore(), "runs is required")
     assert not (tmp_path / "x.html").exists()
 
