@@ -40,7 +40,8 @@ def request(url, body=None):
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=120) as response:
+        headers = {} if data is None else {"Content-Type": "application/json"}
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=120) as response:
             status, text = response.status, response.read()
     except urllib.error.HTTPError as error:
         status, text = error.code, error.read()

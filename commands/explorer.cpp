@@ -353,6 +353,7 @@ json Explorer::look(int64_t id, const std::string& prompt) {
     } catch (const std::invalid_argument& e) {
         throw ApiError(400, e.what());
     }
+    if (ids.empty()) throw ApiError(400, "prompt: the prompt has no tokens");
     const int64_t tokens = static_cast<int64_t>(ids.size());
     const TransformerOptions& model = loaded.config.model.transformer;
     if (model.position == PositionMode::learned && tokens > model.max_positions) {
@@ -402,9 +403,20 @@ json Explorer::look(int64_t id, const std::string& prompt) {
     const TaskKind kind = loaded.config.task.kind;
     if (kind == TaskKind::language_model || is_pair_task(kind)) {
         NoGradGuard no_grad;
-        const std::vector<int64_t> answer = loaded.task->generate(ids, limits_.max_answer_tokens);
-        out["answer"] = {{"kind", kind == TaskKind::language_model ? "continuation" : "target"},
-                         {"text", output_text(loaded, answer)}};
+        out["answer"] = {{"kind", kind == TaskKind::language_model ? "continuation" : "target"}};
+        try {
+            // learned positions: the answer must fit the table, after the prompt (and a separator)
+            // in a decoder-only model, after the start token in an encoder-decoder's decoder
+            const bool decoder_only = kind == TaskKind::language_model || loaded.config.task.decoder_only;
+            const int64_t first = decoder_only ? tokens + 1 : 1;
+            const int64_t room =
+                model.position == PositionMode::learned ? model.max_positions - first : limits_.max_answer_tokens;
+            if (room < 1) throw std::invalid_argument("no room is left in the table of learned positions");
+            const std::vector<int64_t> answer = loaded.task->generate(ids, std::min(room, limits_.max_answer_tokens));
+            out["answer"]["text"] = output_text(loaded, answer);
+        } catch (const std::invalid_argument& e) {  // the weights are shown all the same
+            out["answer"]["error"] = e.what();
+        }
     } else {
         const std::vector<double> p = loaded.task->class_probabilities(ids);
         out["answer"] = {
@@ -496,7 +508,32 @@ void serve(Explorer& explorer, const std::string& host, int port,
         setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     });
     server.set_payload_max_length(static_cast<std::size_t>(explorer.limits().max_request_bytes));
-    server.new_task_queue = [] { return new httplib::ThreadPool(8); };
+    // threads for every model request allowed to wait, and 8 more for the rest meanwhile; an idle
+    // connection kept open gives its thread back within 2 s
+    const auto threads = static_cast<std::size_t>(explorer.limits().max_waiting + 8);
+    server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server.set_keep_alive_timeout(2);
+    // A page on another site could make a browser here send requests: it cannot set a Host header
+    // other than its own name, nor POST JSON without asking first (a CORS preflight, which no
+    // answer here allows). So on loopback only loopback names are served, and a POST must be JSON.
+    const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "::1";
+    server.set_pre_routing_handler([loopback](const httplib::Request& request, httplib::Response& response) {
+        const std::string host_header = request.get_header_value("Host");
+        const std::string name = host_header.rfind('[', 0) == 0 ? host_header.substr(0, host_header.find(']') + 1)
+                                                                : host_header.substr(0, host_header.find(':'));
+        if (loopback && name != "127.0.0.1" && name != "localhost" && name != "[::1]") {
+            send_json(response,
+                      {{"error", "the Host header '" + host_header +
+                                     "' names another machine: this server answers 127.0.0.1 and localhost only"}},
+                      403);
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        if (request.method == "POST" && request.get_header_value("Content-Type").rfind("application/json", 0) != 0) {
+            send_json(response, {{"error", "a POST's body must be JSON, sent as Content-Type: application/json"}}, 415);
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
 
     const std::string page = explorer_page(json());
     server.Get("/", [&page](const httplib::Request&, httplib::Response& response) {

@@ -278,7 +278,8 @@ const state = {
     runs: [],
     looks: {},
     parameters: {},
-    prompt: null
+    prompt: null,
+    asked: 0,  // looks asked for so far: only the latest one's answers are drawn
 };
 const $ = (id) => document.getElementById(id);
 
@@ -344,7 +345,7 @@ function trainingCharts(metrics) {
     box.appendChild(figure(
         'test ' + metricNames, lineChart({series: metricSeries, xLabel: 'step', yLabel: metricNames}), 'test_metric'));
     // by length: the buckets' names ("1-8", "9-16", ">48") in order of their first length
-    const bucketStart = (name) => Number(name.replace('>', '').split('-')[0]) + (name[0] === '>' ? 0.5 : 0);
+    const bucketStart = (name) => Number(name.replace('>', '').split('-')[0]) + (name[0] === '>' ? 1 : 0);
     const byLength = perRun((run) => {
         const last = evals(run.id).pop();
         if (!last || !last.eval.by_length) return [];
@@ -395,7 +396,9 @@ function drawHeatmaps() {
         const run = state.runs[id];
         if (!look) continue;
         const answer = look.answer;
-        const text = answer.kind === 'class' ?
+        const text = answer.error ?
+            'no ' + answer.kind + ': ' + answer.error :
+            answer.kind === 'class' ?
             'class ' + answer.class + ' (p = ' + format(answer.probabilities[answer.class]) + ')' :
             answer.kind + ': ' + answer.text;
         answers.appendChild(element('p', {class: 'answer', 'data-run': id}, run.name + ' answers ' + text));
@@ -508,7 +511,9 @@ function drawParameters() {
     for (const id of selectedRuns()) {
         const run = state.runs[id], p = state.parameters[id];
         if (!p) continue;
+        let shown = 0;  // this run's charts
         const add = (title, svg, name) => {
+            ++shown;
             const f = figure(run.name + ': ' + title, svg, run.name + '_' + name);
             f.setAttribute('data-run', id);
             box.appendChild(f);
@@ -587,8 +592,7 @@ function drawParameters() {
                 }),
                 'position_similarity');
         }
-        if (box.children.length === 0)
-            box.appendChild(element('p', {class: 'note'}, run.name + ': no position parameters'));
+        if (shown === 0) box.appendChild(element('p', {class: 'note'}, run.name + ': no position parameters'));
     }
 }
 
@@ -596,10 +600,11 @@ function drawParameters() {
 async function lookAtPrompt(prompt) {
     showError(null);
     state.prompt = prompt;
+    const asked = ++state.asked;
     const runs = selectedRuns();
     try {
         const looks = await Promise.all(runs.map((id) => state.source.look(id, prompt)));
-        if (state.prompt !== prompt) return;  // a later prompt was asked meanwhile
+        if (asked !== state.asked) return;  // a later prompt or choice of runs was asked meanwhile
         state.looks = {};
         runs.forEach((id, k) => {
             state.looks[id] = looks[k];
@@ -608,7 +613,7 @@ async function lookAtPrompt(prompt) {
         drawHeatmaps();
         drawParameters();
     } catch (error) {
-        showError(error);
+        if (asked === state.asked) showError(error);
     }
 }
 

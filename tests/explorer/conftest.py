@@ -41,7 +41,7 @@ def train(work, name, config):
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    """name -> run directory: one per scheme ("relative", "alibi", ...), "lm" and "copy"."""
+    """name -> run directory: one per scheme ("relative", "alibi", ...), "lm", "copy" and "copy-learned"."""
     work = str(tmp_path_factory.mktemp("runs"))
     made = {}
     for scheme in SCHEMES:
@@ -64,6 +64,10 @@ def runs(tmp_path_factory):
     copy["task"] = {"kind": "copy", "train_examples": 64, "test_examples": 8, "train_lengths": [4, 8],
                     "test_lengths": [4, 8]}
     made["copy"] = train(work, "copy", copy)
+    # decoder-only with learned positions: prompt, separator and answer share the table
+    copy["task"]["decoder_only"] = True
+    copy["model"]["position"] = "learned"
+    made["copy-learned"] = train(work, "copy-learned", copy)
     return made
 
 
@@ -109,7 +113,7 @@ def server(runs):
     s.stop()
 
 
-ORDER = SCHEMES + ["lm", "copy"]
+ORDER = SCHEMES + ["lm", "copy", "copy-learned"]
 
 
 def unpack(array):

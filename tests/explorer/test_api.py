@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -60,7 +61,7 @@ def test_runs_and_metrics_are_the_run_files(server, runs):
 
 
 @pytest.mark.parametrize("name", SCHEMES + ["lm", "copy"])
-def test_attention_is_relgrad_attention_exactly_and_the_parts_add_up(server, runs, name, tmp_path):
+def test_attention_is_relgrad_attention_exactly_and_softmax_of_the_parts_is_the_weights(server, runs, name, tmp_path):
     prompt = "the cat sat" if name == "lm" else PROMPT
     look = server.look(ID[name], prompt)
     expected = npy_weights(runs[name], prompt, str(tmp_path))
@@ -163,6 +164,7 @@ BAD_REQUESTS = [
     ("POST", "api/runs/0/attention", b'{"prompt": 45}', 400, "JSON object"),
     ("POST", "api/runs/0/attention", b'["4 5"]', 400, "JSON object"),
     ("POST", "api/runs/0/attention", b'{"prompt": "   "}', 400, "the prompt is empty"),
+    ("POST", "api/runs/0/attention", b'{"prompt": "\\u000b\\f"}', 400, "the prompt has no tokens"),
     ("POST", "api/runs/0/attention", b'{"prompt": "4 x 5"}', 400, "'x' is not a symbol id"),
     ("POST", "api/runs/0/attention", b'{"prompt": "4 5 99999999999999999999"}', 400, "is not a symbol id"),
     ("POST", "api/runs/0/attention", json.dumps({"prompt": " ".join(["5"] * 600)}).encode(), 413,
@@ -180,10 +182,43 @@ def test_bad_requests_get_their_status_and_a_message_and_the_server_goes_on(serv
     assert server.look(ID["relative"], "4 5")["tokens"] == ["4", "5"]  # still serving
 
 
+def test_another_sites_requests_are_refused(server):
+    """A page elsewhere cannot name this server in its Host (DNS rebinding), nor POST anything but a
+    form or text without a CORS preflight, which no answer here allows."""
+    request = urllib.request.Request(server.url + "api/runs", headers={"Host": "attacker.example:8000"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 403 and "names another machine" in json.loads(refused.value.read())["error"]
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        request = urllib.request.Request(server.url + "api/runs/0/attention", data=b'{"prompt": "4 5"}')
+        if content_type:
+            request.add_header("Content-Type", content_type)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 415 and "Content-Type: application/json" in json.loads(refused.value.read())["error"]
+    for name in ("localhost", "127.0.0.1"):  # this machine's names are served
+        port = server.url.rsplit(":", 1)[1].strip("/")
+        request = urllib.request.Request(server.url + "api/runs", headers={"Host": f"{name}:{port}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+
+
+def test_learned_positions_answer_within_their_table(server):
+    """A decoder-only model with learned positions answers in what is left of its table; with none
+    left, the look still shows the weights and says why there is no answer."""
+    status, runs_answer = server.request("api/runs")
+    table = runs_answer[ID["copy-learned"]]["max_tokens"]
+    look = server.look(ID["copy-learned"], " ".join(["5"] * (table - 4)))
+    assert "error" not in look["answer"] and len(look["answer"]["text"].split()) <= 3
+    look = server.look(ID["copy-learned"], " ".join(["5"] * (table - 1)))
+    assert look["answer"] == {"kind": "target", "error": "no room is left in the table of learned positions"}
+    assert len(look["layers"]) == 2 and unpack(look["layers"][0]["weights"]).shape == (2, table - 1, table - 1)
+
+
 def test_answers_are_not_compressed_for_a_browser(server):
     """A browser accepts brotli and gzip; compressing megabytes of arrays would take seconds."""
     request = urllib.request.Request(server.url + "api/runs/0/attention", data=json.dumps({"prompt": PROMPT}).encode(),
-                                     headers={"Accept-Encoding": "gzip, deflate, br"})
+                                     headers={"Accept-Encoding": "gzip, deflate, br", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         assert response.headers.get("Content-Encoding") is None
         assert response.headers["Content-Type"] == "application/json; charset=utf-8"

@@ -40,6 +40,12 @@ def heatmaps(browser):
     return browser.find_elements(By.CSS_SELECTOR, '#heatmaps figure[data-kind="attention"]')
 
 
+def cells(browser):
+    """The cells of each attention heatmap shown, read in one step (the page may redraw meanwhile)."""
+    return browser.execute_script("return [...document.querySelectorAll('#heatmaps figure[data-kind=\"attention\"]')]"
+                                  ".map((f) => f.querySelectorAll('svg > g.cells > rect').length)")
+
+
 def hover_cell(browser, chart, i, j):
     """The tooltip's data after moving the mouse onto cell (i, j) of a heatmap <figure>."""
     cells = chart.find_elements(By.CSS_SELECTOR, "svg > g.cells > rect")
@@ -59,8 +65,7 @@ def type_prompt(browser, prompt, length=None):
     field.send_keys(prompt)
     # typing redraws after the keys rest: wait for heatmaps of this prompt's length
     length = length or len(prompt.split())
-    WebDriverWait(browser, 20).until(lambda b: heatmaps(b) and len(
-        heatmaps(b)[0].find_elements(By.CSS_SELECTOR, "svg > g.cells > rect")) == length * length)
+    WebDriverWait(browser, 20).until(lambda b: cells(b)[:1] == [length * length])
 
 
 def test_the_page_loads_with_no_console_error_and_shows_every_run(browser, server):
@@ -119,10 +124,10 @@ def test_layer_head_and_a_second_run_switch(browser, server):
     # a prompt both kinds of run read (characters here, symbol ids there), then another run
     type_prompt(browser, "4 5 6", length=5)
     Select(browser.find_element(By.ID, "run-a")).select_by_value(str(ID["relative"]))
-    WebDriverWait(browser, 20).until(lambda b: len(heatmaps(b)[0].find_elements(By.CSS_SELECTOR, "svg > g.cells > rect")) == 9)
+    WebDriverWait(browser, 20).until(lambda b: cells(b) == [9])
     # and a second run beside it, each hover its own run's
     Select(browser.find_element(By.ID, "run-b")).select_by_value(str(ID["alibi"]))
-    WebDriverWait(browser, 20).until(lambda b: len(heatmaps(b)) == 2)
+    WebDriverWait(browser, 20).until(lambda b: cells(b) == [9, 9])
     for chart, name in zip(heatmaps(browser), ["relative", "alibi"]):
         shown, text = hover_cell(browser, chart, 1, 2)
         assert shown["run"] == str(ID[name])
@@ -214,9 +219,8 @@ def test_the_exported_file_draws_from_disk_with_the_network_off(browser, runs, t
         assert coloured(heatmap_chart, str(tmp_path / "heatmap.png")) > 0.05
         assert coloured(loss_chart, str(tmp_path / "loss.png")) > 0.003
         Select(browser.find_element(By.ID, "prompt-choice")).select_by_value("8 9")
-        WebDriverWait(browser, 10).until(lambda b: len(
-            heatmaps(b)[0].find_elements(By.CSS_SELECTOR, "svg > g.cells > rect")) == 4)
+        WebDriverWait(browser, 10).until(lambda b: cells(b) == [4])
         Select(browser.find_element(By.ID, "run-b")).select_by_value("1")
-        WebDriverWait(browser, 10).until(lambda b: len(heatmaps(b)) == 2)
+        WebDriverWait(browser, 10).until(lambda b: cells(b) == [4, 4])
     finally:
         browser.delete_network_conditions()

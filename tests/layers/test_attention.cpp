@@ -1,4 +1,6 @@
 // Masks, multi-head attention, relative attention (reference = bucketed = fused), gated mixing.
+#include <algorithm>
+
 #include "engine/autograd.hpp"
 #include "layer_check.hpp"
 #include "layers/attention.hpp"
@@ -489,6 +491,9 @@ TEST_CASE("score parts: content + position is the layer's own score, in every sc
     for (Family f : {Family::rope, Family::alibi, Family::t5, Family::t5_causal})
         layers.emplace_back(family_name(f), family_layer(f, D, H, AttentionImpl::bucketed, gen));
 
+    // the token gate from random weights, so that it differs from token to token
+    auto& gated_layer = dynamic_cast<GatedPositionAttention&>(*layers[4].second);
+    gated_layer.w_gate->assign_parameters({mul(randn({H, D}, gen, DType::float64), scalar(0.5, DType::float64))});
     for (auto& [name, layer] : layers) {
         CAPTURE(name);
         layer->eval();
@@ -516,6 +521,24 @@ TEST_CASE("score parts: content + position is the layer's own score, in every sc
             CHECK(max_difference(add(parts.content, parts.position), mul(rotated, scalar(scale, DType::float64))) <=
                   1e-12);
         }
+        const auto* relative = dynamic_cast<RelativeMultiHeadAttention*>(layer.get());
+        if (relative && name != "gated") {  // Shaw's q_i . E_K[r(i, j)] / sqrt(Dh), from the [H, L, L, Dh] lookup
+            const Tensor table = relative->rel_pos_emb_k.lookup(L, L);
+            const Tensor expected =
+                mul(sum(mul(q0.unsqueeze(3), table.unsqueeze(0)), {-1}), scalar(scale, DType::float64));
+            CHECK(max_difference(parts.position, expected) <= 1e-12);
+        }
+        if (name == "t5" || name == "t5 causal") {  // W[bucket(j - i), h]
+            const auto& t5 = dynamic_cast<T5BiasAttention&>(*layer);
+            const std::vector<double> table = t5.table().weight.to_vector(), position = parts.position.to_vector();
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t i = 0; i < L; ++i)
+                    for (int64_t j = 0; j < L; ++j)
+                        CHECK(position[(h * L + i) * L + j] ==
+                              doctest::Approx(
+                                  table[t5_bucket(j - i, t5.bidirectional, t5.num_buckets, t5.max_distance) * H + h])
+                                  .epsilon(1e-12));
+        }
         if (name == "alibi") {
             const std::vector<double> slopes = alibi_slopes(H), position = parts.position.to_vector();
             for (int64_t h = 0; h < H; ++h)
@@ -524,23 +547,29 @@ TEST_CASE("score parts: content + position is the layer's own score, in every sc
                         CHECK(position[(h * L + i) * L + j] ==
                               doctest::Approx(-slopes[h] * std::abs(j - i)).epsilon(1e-12));
         }
-        // the value share: |sum_j a_ij E_V[r]| / (|sum_j a_ij v_j| + |sum_j a_ij E_V[r]|), Shaw's and the gated layer's
-        const auto* relative = dynamic_cast<RelativeMultiHeadAttention*>(layer.get());
+        // the token gate: sigmoid(lambda_h + x_i W_g^T), defined for the gated layer alone
+        REQUIRE(parts.gate.defined() == (name == "gated"));
+        Tensor gate;
+        if (name == "gated") {
+            gate = sigmoid(add(gated_layer.gate.reshape({1, H, 1, 1}),
+                               matmul(x, gated_layer.w_gate->weight.transpose(0, 1)).transpose(1, 2).unsqueeze(-1)));
+            CHECK(parts.gate.shape() == Shape{B, H, L, 1});
+            CHECK(max_difference(parts.gate, gate) <= 1e-15);
+            const std::vector<double> g = gate.to_vector();
+            CHECK(*std::max_element(g.begin(), g.end()) - *std::min_element(g.begin(), g.end()) > 0.1);
+        }
+        // the value share: |g sum_j a_ij E_V[r]| / (|sum_j a_ij v_j| + |g sum_j a_ij E_V[r]|), g = 1 but
+        // in the gated layer
         const bool has_values = relative && relative->value_term;
         REQUIRE(parts.value_share.defined() == has_values);
-        if (has_values && name != "gated") {
+        if (has_values) {
             const Tensor a = layer->last_weights, v = heads_of(layer->w_v.forward(x));
             const Tensor table = relative->rel_pos_emb_v.lookup(L, L);  // [H, L, L, Dh]
-            const Tensor position_z = sum(mul(a.unsqueeze(-1), table.unsqueeze(0)), {3});
+            Tensor position_z = sum(mul(a.unsqueeze(-1), table.unsqueeze(0)), {3});
+            if (gate.defined()) position_z = mul(gate, position_z);
             const auto norm = [](const Tensor& z) { return sqrt(sum(mul(z, z), {-1})); };
             const Tensor expected = div(norm(position_z), add(norm(matmul(a, v)), norm(position_z)));
             CHECK(max_difference(parts.value_share, expected) <= 1e-12);
-        }
-        // the gate: defined for the gated layer alone, per token there (its token gate starts at 0.5)
-        REQUIRE(parts.gate.defined() == (name == "gated"));
-        if (name == "gated") {
-            CHECK(parts.gate.shape() == Shape{B, H, L, 1});
-            for (double g : parts.gate.to_vector()) CHECK(g == 0.5);  // sigmoid(0 + x 0)
         }
         layer->keep_score_parts = false;
     }
