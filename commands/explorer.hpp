@@ -13,11 +13,9 @@
 // the server and explorer_page write it as base64.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -72,13 +70,14 @@ public:
 private:
     struct Run;
     Run& run_at(int64_t run) const;  // ApiError 404 for an id that names no run
-    // Holds the one model lock for the caller: ApiError 503 when max_waiting are already waiting.
-    class ModelTurn;
+    // look()'s work on the model thread, for the prompt's tokens `ids`
+    nlohmann::json look_here(int64_t run, const std::string& prompt, const std::vector<int64_t>& ids);
+    // The thread the models compute on, one request at a time (ApiError 503 past max_waiting)
+    class ModelThread;
 
     ExplorerLimits limits_;
     std::vector<std::unique_ptr<Run>> runs_;
-    std::mutex model_work_;  // one model computes at a time: the layers keep their last forward
-    std::atomic<int64_t> waiting_{0};
+    std::unique_ptr<ModelThread> model_thread_;
 };
 
 // The explorer's page: server mode (data null: it asks the API) or with `data` inside, as
