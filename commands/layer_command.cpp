@@ -141,7 +141,7 @@ LayerRun build_layer(Spec& spec, Generator& gen) {
         run = run_of(std::make_unique<Linear>(in, out, init, spec.flag("bias", true)), -1, in);
     } else if (type == "layer_norm") {
         const int64_t dim = spec.size("dim");
-        const double eps = r.number("eps", 0, 1, 1e-5, true);
+        const double eps = r.number("eps", 0, 1, layer_norm_eps, true);
         run = run_of(std::make_unique<LayerNorm>(dim, init, eps), -1, dim);
     } else if (type == "feed_forward") {
         const int64_t dim = spec.size("dim"), ff_dim = spec.size("ff_dim");

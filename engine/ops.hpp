@@ -85,7 +85,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // Normalise over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (weight, bias [D])
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// the default eps, PyTorch's (LayerNorm, `relgrad layer` and Python default to it too)
+inline constexpr double layer_norm_eps = 1e-5;
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = layer_norm_eps);
 // Zero each element with probability p and scale the rest by 1/(1-p); identity when !training.
 // The mask takes ceil(numel / 4) of gen's blocks (engine/random.hpp), and only when it is drawn.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);

@@ -6,6 +6,7 @@
 //   FeedForward  fc2(dropout(gelu(fc1(x))))  D -> F -> D
 #pragma once
 
+#include "engine/ops.hpp"
 #include "layers/module.hpp"
 
 namespace relgrad {
@@ -30,7 +31,7 @@ public:
 
 class LayerNorm : public Module {
 public:
-    LayerNorm(int64_t dim, const Init& init, double eps = 1e-5);
+    LayerNorm(int64_t dim, const Init& init, double eps = layer_norm_eps);
     Tensor forward(const Tensor& x) const;
 
     int64_t dim;

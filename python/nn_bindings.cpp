@@ -143,7 +143,7 @@ void bind_nn(py::module_& m) {
         .def(py::init([](int64_t dim, double eps, const py::kwargs& kwargs) {
                  return std::make_unique<LayerNorm>(dim, seed_and_dtype(kwargs).init(), eps);
              }),
-             py::arg("dim"), py::arg("eps") = 1e-5)
+             py::arg("dim"), py::arg("eps") = layer_norm_eps)
         .def("__call__", &LayerNorm::forward, py::arg("x"));
     tensor_attribute(layer_norm_layer, "weight", &LayerNorm::weight);
     tensor_attribute(layer_norm_layer, "bias", &LayerNorm::bias);

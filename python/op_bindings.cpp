@@ -58,7 +58,7 @@ void bind_ops(py::module_& m) {
     m.def("embedding", &embedding, py::arg("weight"), py::arg("ids"));
     m.def("softmax", &softmax, py::arg("x"), py::arg("dim"));
     m.def("log_softmax", &log_softmax, py::arg("x"), py::arg("dim"));
-    m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5);
+    m.def("layer_norm", &layer_norm, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = layer_norm_eps);
     m.def(
         "dropout",
         [](const Tensor& x, double p, bool training, uint64_t seed) {

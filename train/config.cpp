@@ -11,6 +11,7 @@
 #include "engine/enum_names.hpp"
 #include "engine/system.hpp"
 #include "train/datasets.hpp"
+#include "train/quickstart.hpp"
 #include "train/json_reader.hpp"
 #include "train/option_fields.hpp"
 
@@ -310,29 +311,8 @@ std::vector<ParameterGroup> without_names(const std::vector<MatchedGroup>& group
     return out;
 }
 
-nlohmann::json quickstart_config() {
-    return {
-        {"model",
-         {{"layers", 2},
-          {"dim", 64},
-          {"heads", 4},
-          {"ff_dim", 128},
-          {"dropout", 0.0},
-          {"position", "relative"},
-          {"k", 8}}},
-        {"task",
-         {{"kind", "relative_order"},
-          {"vocab", 16},
-          {"train_lengths", {8, 24}},
-          {"test_lengths", {8, 48}},
-          {"distance", 3},
-          {"train_examples", 4000},
-          {"test_examples", 500}}},
-        {"training", {{"steps", 400}, {"batch_size", 32}, {"learning_rate", 2e-3}, {"warmup_steps", 40}, {"seed", 1}}},
-        {"evaluation", {{"every", 100}, {"length_buckets", {8, 16, 24, 32, 48}}}},
-        {"output", {{"dir", "runs/quickstart"}}},
-    };
-}
+// configs/quickstart.json, embedded at build time: the one copy of the quickstart
+nlohmann::json quickstart_config() { return parse_json(embedded::quickstart_json, "configs/quickstart.json"); }
 
 nlohmann::json read_config_file(const std::string& path) {
     return parse_json(read_file(path, "a config file"), path);  // errors: syntax, duplicate keys, numbers beyond double
