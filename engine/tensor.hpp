@@ -11,7 +11,8 @@
 // (grad_fn, empty for leaves) and, for leaves, the accumulated gradient. See autograd.hpp.
 //
 // Dimension legend used across relgrad: B batch, L length, D model width, H heads, Dh head width,
-// K = 2k+1 relative buckets. In the engine, M x K times K x N is the matmul convention.
+// K = k_left + k_right + 1 relative buckets (2k + 1 for one clipping distance k). In the engine,
+// M x K times K x N is the matmul convention.
 #pragma once
 
 #include <cstddef>

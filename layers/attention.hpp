@@ -1,6 +1,7 @@
 // relgrad: masks and multi-head attention, plain, relative (Shaw et al. 2018) and gated.
 //
-// Shapes: B batch, Lq/Lk query/key lengths, D model width, H heads, Dh = D / H, K = 2k+1 buckets.
+// Shapes: B batch, Lq/Lk query/key lengths, D model width, H heads, Dh = D / H, K = k_left +
+// k_right + 1 buckets.
 //
 //   q, k, v = split_heads(x W_q^T + b_q), ...              [B, H, L, Dh]
 //   e_ij    = (q_i . k_j [+ position terms]) / sqrt(Dh)     [B, H, Lq, Lk]

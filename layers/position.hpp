@@ -129,9 +129,9 @@ public:
     bool shared;
     int64_t rank;  // 0: the table is `weight` itself; else weight_a weight_b
     // The table, [K, Dh] when shared, else [K, H * Dh] (row r holds every head's vector for
-    // bucket r); initialised as an embedding table (truncated normal, std 0.02). Low rank: weight
-    // is undefined and the table is weight_a [K, rank] times weight_b [rank, Dh or H * Dh], both
-    // drawn so that their product has entries of std 0.02 too.
+    // bucket r); initialised as an embedding table (truncated normal, std init_std of the
+    // options). Low rank: weight is undefined and the table is weight_a [K, rank] times
+    // weight_b [rank, Dh or H * Dh], both drawn so that their product has entries of std init_std too.
     Tensor weight, weight_a, weight_b;
     Tensor full_weight() const;  // weight, or weight_a weight_b
 };

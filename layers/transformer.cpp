@@ -10,10 +10,6 @@
 
 namespace relgrad {
 
-PositionMode parse_position_mode(const std::string& name) {
-    return parse_named(position_mode_names, name, "position mode");
-}
-
 const char* position_mode_name(PositionMode mode) { return name_of(position_mode_names, mode); }
 
 // The self-attention a position mode calls for.

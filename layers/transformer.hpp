@@ -25,7 +25,6 @@ inline constexpr EnumName<PositionMode> position_mode_names[] = {
     {PositionMode::learned, "learned"}, {PositionMode::relative, "relative"},
     {PositionMode::gated, "gated"},     {PositionMode::rope, "rope"},
     {PositionMode::alibi, "alibi"},     {PositionMode::t5, "t5"}};
-PositionMode parse_position_mode(const std::string& name);
 const char* position_mode_name(PositionMode mode);
 
 // A Transformer's options; the descriptions below give each one's range and default.

@@ -124,8 +124,9 @@ public:
     nlohmann::json document = nlohmann::json::object();
 };
 
-// Every key of a config, once: its section, range and default, the member it sets and the checks
-// that involve it, in the order they are read. parse() walks it with a FieldReader, resolved()
+// Every key of a config: its section, range and default, the member it sets and the checks that
+// involve it, in the order they are read (the section structs of config.hpp also initialise their
+// members). parse() walks it with a FieldReader, resolved()
 // with a FieldWriter.
 template <class Fields>
 void config_fields(Fields& f, Config& c) {

@@ -165,7 +165,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 //
 // The same math as `attention`, with the weights never stored: the kernels (the CPU's in
 // engine/backend/cpu/fused_attention.cpp) visit the keys in tiles with an online softmax, keep
-// per query row a running max m, a running sum l, the output accumulator and the 2k+1 bucket sums
+// per query row a running max m, a running sum l, the output accumulator and the K = k_left + k_right + 1 bucket sums
 // of the weights (for the E_V term), and save only lse = m + log l. The backward recomputes the
 // weights tile by tile as exp(s - lse). A distance bias b_h(j - i) is read per pair from its row
 // of Lq + Lk - 1 entries, and its gradient is the sum of ds_ij over the pairs at each distance.

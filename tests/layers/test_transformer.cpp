@@ -38,8 +38,10 @@ Tensor ids(const std::vector<double>& values, const Shape& shape) { return from_
 }  // namespace
 
 TEST_CASE("position modes by name") {
-    for (PositionMode mode : all_modes) CHECK(parse_position_mode(position_mode_name(mode)) == mode);
-    CHECK_THROWS_WITH_AS(parse_position_mode("kerple"),
+    // the table a config, a layer spec and Python read the names with
+    const auto parse = [](const std::string& name) { return parse_named(position_mode_names, name, "position mode"); };
+    for (PositionMode mode : all_modes) CHECK(parse(position_mode_name(mode)) == mode);
+    CHECK_THROWS_WITH_AS(parse("kerple"),
                          "unknown position mode 'kerple' (expected none, sinusoidal, learned, relative, gated, rope, "
                          "alibi or t5)",
                          std::invalid_argument);
