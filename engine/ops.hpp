@@ -139,7 +139,8 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // base^(-2t/Dh):
 //   y_2t = x_2t cos(p theta_t) - x_2t+1 sin(p theta_t),  y_2t+1 = x_2t sin(p theta_t) + x_2t+1 cos(p theta_t)
 // so that rope(q)_i . rope(k)_j depends on j - i only. Backward: the rotation by -p theta_t.
-Tensor rope(const Tensor& x, int64_t first_position, double base = 10000);
+inline constexpr double rope_default_base = 10000;  // RoFormer's (Su et al. 2021); rope_base's default too
+Tensor rope(const Tensor& x, int64_t first_position, double base = rope_default_base);
 // The cos and sin of those angles, [L, Dh / 2] each, in `dtype` (computed in float64)
 struct RopeTables {
     Tensor cos, sin;

@@ -86,7 +86,8 @@ struct RelativeFamilyOptions {
 };
 template <class Fields>
 void rope_option_fields(Fields& f, RelativeFamilyOptions& o) {
-    f.number("rope_base", o.rope_base, 0, 1e12, true, 10000, "RoPE: the base of the angles theta_t = base^(-2t/Dh)");
+    f.number("rope_base", o.rope_base, 0, 1e12, true, rope_default_base,
+             "RoPE: the base of the angles theta_t = base^(-2t/Dh)");
 }
 template <class Fields>
 void t5_option_fields(Fields& f, RelativeFamilyOptions& o) {

@@ -110,7 +110,7 @@ void bind_ops(py::module_& m) {
             py::gil_scoped_release release;
             return rope(x, first_position, base);
         },
-        py::arg("x"), py::arg("first_position") = 0, py::arg("base") = 10000.0,
+        py::arg("x"), py::arg("first_position") = 0, py::arg("base") = rope_default_base,
         "RoPE: the pairs of x [..., L, Dh] rotated by their positions first_position.. (engine/ops.hpp)");
 
     m.def(
