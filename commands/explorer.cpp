@@ -183,23 +183,17 @@ json layer_parameters(const MultiHeadAttention& layer) {
         return {{"kind", "alibi"}, {"slopes", alibi->slopes}};
     }
     if (const auto* t5 = dynamic_cast<const T5BiasAttention*>(&layer)) {
-        // b_h(d) = W[bucket(d), h] over the distances d = j - i up to twice max_distance (at most 256)
+        // b_h(d) = W[bucket(d), h] over the distances d = j - i up to twice max_distance (at most
+        // 256): the layer's own row of biases by distance, as its fused form reads it
         const int64_t reach = std::min<int64_t>(2 * t5->max_distance, 256);
         std::vector<int64_t> distances;
-        std::vector<double> bias;
-        const std::vector<double> table = t5->table().weight.to_vector();  // [buckets, H]
         for (int64_t d = -reach; d <= reach; ++d) distances.push_back(d);
-        for (int64_t h = 0; h < t5->heads; ++h)
-            for (int64_t d : distances)
-                bias.push_back(
-                    table[t5_bucket(d, t5->bidirectional, t5->num_buckets, t5->max_distance) * t5->heads + h]);
-        return {
-            {"kind", "t5"},
-            {"buckets", t5->num_buckets},
-            {"max_distance", t5->max_distance},
-            {"bidirectional", t5->bidirectional},
-            {"distances", distances},
-            {"bias", packed(from_vector(bias, {t5->heads, static_cast<int64_t>(distances.size())}, DType::float32))}};
+        return {{"kind", "t5"},
+                {"buckets", t5->num_buckets},
+                {"max_distance", t5->max_distance},
+                {"bidirectional", t5->bidirectional},
+                {"distances", distances},
+                {"bias", packed(t5->distance_bias(reach + 1, reach + 1, 0))}};
     }
     return {{"kind", "none"}};
 }
@@ -448,7 +442,7 @@ json Explorer::look_here(int64_t id, const std::string& prompt, const std::vecto
         }
         for (std::size_t l = 0; l < layers.size(); ++l) {
             const MultiHeadAttention::ScoreParts& parts = layers[l]->last_score_parts;
-            const int64_t H = layers[l]->heads, L = static_cast<int64_t>(ids.size());
+            const int64_t H = layers[l]->heads, L = tokens;
             out["layers"].push_back(
                 {{"weights", packed(weights[l])},
                  {"content", packed(parts.content.squeeze(0))},
@@ -535,6 +529,8 @@ std::string export_page(Explorer& explorer, const std::vector<std::string>& prom
 
 // ---------------------------------------------------------------- the server
 
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
 namespace {
 
 void send_json(httplib::Response& response, const json& body, int status = 200) {
@@ -573,7 +569,7 @@ void serve(Explorer& explorer, const std::string& host, int port,
     // A page on another site could make a browser here send requests: it cannot set a Host header
     // other than its own name, nor POST JSON without asking first (a CORS preflight, which no
     // answer here allows). So on loopback only loopback names are served, and a POST must be JSON.
-    const bool loopback = host == "127.0.0.1" || host == "localhost" || host == "::1";
+    const bool loopback = is_loopback(host);
     server.set_pre_routing_handler([loopback](const httplib::Request& request, httplib::Response& response) {
         const std::string host_header = request.get_header_value("Host");
         const std::string name = host_header.rfind('[', 0) == 0 ? host_header.substr(0, host_header.find(']') + 1)

@@ -87,6 +87,10 @@ std::string explorer_page(const nlohmann::json& data);
 // The whole view of every run for each prompt, one self-contained HTML file's text.
 std::string export_page(Explorer& explorer, const std::vector<std::string>& prompts);
 
+// Whether `host` is this machine's loopback address (127.0.0.1, localhost, ::1): the only one
+// that no other machine reaches.
+bool is_loopback(const std::string& host);
+
 // Serves the page and the API on host:port (port 0: a free one) until `stop` returns true (asked
 // every 100 ms). `listening` is told the address once the port is bound. std::invalid_argument
 // when the address cannot be bound.

@@ -169,7 +169,7 @@ int run_explore(const std::vector<std::string>& runs, const std::string& host, i
     relgrad::serve(
         explorer, host, port,
         [&host](const std::string& address) {
-            if (host != "127.0.0.1" && host != "localhost" && host != "::1") {
+            if (!relgrad::is_loopback(host)) {
                 std::fprintf(stderr,
                              "relgrad: warning: whoever reaches %s reads these runs, unauthenticated "
                              "(docs/explorer.md: an SSH tunnel instead)\n",

@@ -215,6 +215,9 @@ protected:
 class DistanceBiasAttention : public MultiHeadAttention {
 public:
     AttentionImpl impl;
+    // [H, Lq + Lk - 1], entry distance_entry(i, j, Lq) for the pair (i, j): with Lq = Lk = n + 1
+    // and no offset, b_h(d) for d = -n..n (the explorer's curves)
+    virtual Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
 
 protected:
     DistanceBiasAttention(int64_t dim, int64_t heads, AttentionImpl impl, const Init& init);
@@ -222,8 +225,6 @@ protected:
     virtual Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
     // the bias per bucket [H, K] with the bucket index [Lq, Lk] (RelativeTerms' index and bias)
     virtual RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
-    // [H, Lq + Lk - 1], entry distance_entry(i, j, Lq) for the pair (i, j)
-    virtual Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const = 0;
     // the distances d of the entries of a distance_bias row
     static std::vector<int64_t> entry_distances(int64_t query_len, int64_t key_len, int64_t query_offset);
     // the distance d of every pair (i, j), row by row: [Lq, Lk] flattened
@@ -239,11 +240,11 @@ class AlibiAttention : public DistanceBiasAttention {
 public:
     AlibiAttention(int64_t dim, int64_t heads, AttentionImpl impl, const Init& init);
     std::vector<double> slopes;
+    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
 
 protected:
     Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
     RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
-    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
 };
 
 // T5's bias (Raffel et al. 2020): b_h(d) = W[t5_bucket(d), h], W = relative_attention_bias.weight
@@ -257,11 +258,11 @@ public:
 
     int64_t num_buckets, max_distance;
     bool bidirectional;  // false: causal buckets (T5's decoder)
+    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
 
 protected:
     Tensor bias_matrix(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
     RelativeTerms bucketed_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
-    Tensor distance_bias(int64_t query_len, int64_t key_len, int64_t query_offset) const override;
 
 private:
     // the buckets of distances, int64 on the table's device
