@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/check.hpp"
 #include "train/tokenizer.hpp"
 #include "train/json_reader.hpp"
 
@@ -103,9 +104,8 @@ std::string ding_first_alternative(const std::string& side) {
 
 std::string brown_word(const std::string& token) {
     const size_t slash = token.rfind('/');  // the word may hold '/' itself: "1/2/cd", "//in"
-    if (slash == std::string::npos || slash == 0 || slash + 1 == token.size()) {
-        throw std::runtime_error("Brown token '" + token + "' is not word/tag");
-    }
+    RELGRAD_CHECK_RUNTIME(slash != std::string::npos && slash > 0 && slash + 1 < token.size(), "Brown token '", token,
+                          "' is not word/tag");
     const std::string word = token.substr(0, slash);
     return word == "``" || word == "''" ? "\"" : word;
 }
@@ -141,24 +141,22 @@ std::vector<std::pair<int, std::string>> convert_sentiment_json(const std::strin
     } catch (const std::invalid_argument& e) {
         throw std::runtime_error(e.what());
     }
-    if (!document.is_array()) throw std::runtime_error(source + ": expected a JSON list of {\"text\", \"class\"}");
+    RELGRAD_CHECK_RUNTIME(document.is_array(), source, ": expected a JSON list of {\"text\", \"class\"}");
     std::vector<std::pair<int, std::string>> examples;
     std::set<std::pair<int, std::string>> seen;
     size_t duplicates = 0;
     for (size_t i = 0; i < document.size(); ++i) {
         const nlohmann::json& item = document[i];
         const std::string where = source + ": item " + std::to_string(i) + ": ";
-        if (!item.is_object() || !item.contains("text") || !item["text"].is_string()) {
-            throw std::runtime_error(where + "expected an object with a string \"text\"");
-        }
+        RELGRAD_CHECK_RUNTIME(item.is_object() && item.contains("text") && item["text"].is_string(), where,
+                              "expected an object with a string \"text\"");
         const std::string text = clean_sentiment_text(item["text"].get<std::string>());
         const bool last = i + 1 == document.size();
         if (text.empty() && last) continue;  // the file's empty last item, {"text":"","class":null}
-        if (text.empty()) throw std::runtime_error(where + "empty text (only the last item may be empty)");
+        RELGRAD_CHECK_RUNTIME(!text.empty(), where, "empty text (only the last item may be empty)");
         const nlohmann::json& label = item.contains("class") ? item["class"] : nlohmann::json();
-        if (!is_int64(label) || (label.get<int64_t>() != 0 && label.get<int64_t>() != 1)) {
-            throw std::runtime_error(where + "\"class\" must be 0 or 1, got " + json_excerpt(label));
-        }
+        RELGRAD_CHECK_RUNTIME(is_int64(label) && (label.get<int64_t>() == 0 || label.get<int64_t>() == 1), where,
+                              "\"class\" must be 0 or 1, got ", json_excerpt(label));
         std::pair<int, std::string> example{static_cast<int>(label.get<int64_t>()), text};
         if (seen.insert(example).second) {
             examples.push_back(std::move(example));
@@ -175,9 +173,8 @@ std::vector<std::pair<std::string, std::string>> convert_ding_line(const std::st
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line[0] == '#' || collapse_spaces(line).empty()) return {};
     const size_t separator = line.find(" :: ");
-    if (separator == std::string::npos || line.find(" :: ", separator + 4) != std::string::npos) {
-        throw std::runtime_error("expected 'German :: English' with one ' :: ', got '" + line.substr(0, 120) + "'");
-    }
+    RELGRAD_CHECK_RUNTIME(separator != std::string::npos && line.find(" :: ", separator + 4) == std::string::npos,
+                          "expected 'German :: English' with one ' :: ', got '", line.substr(0, 120), "'");
     const std::vector<std::string> german = split_top_level(std::string_view(line).substr(0, separator), " | ");
     const std::vector<std::string> english = split_top_level(std::string_view(line).substr(separator + 4), " | ");
     if (german.size() != english.size()) return {};  // sub-entries that do not align

@@ -20,6 +20,7 @@
 
 #include "commands/explorer_assets.hpp"
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/run_directory.hpp"
@@ -312,7 +313,7 @@ private:
 
 Explorer::Explorer(const std::vector<std::string>& run_dirs, ExplorerLimits limits, Device device)
     : limits_(limits), model_thread_(std::make_unique<ModelThread>(limits.max_waiting)) {
-    if (run_dirs.empty()) throw std::invalid_argument("explore: name at least one run directory");
+    RELGRAD_CHECK(!run_dirs.empty(), "explore: name at least one run directory");
     for (const std::string& dir : run_dirs) {
         auto run = std::make_unique<Run>();
         run->dir = dir;
@@ -466,7 +467,7 @@ json Explorer::look_here(int64_t id, const std::string& prompt, const std::vecto
             const int64_t first = decoder_only ? tokens + 1 : 1;
             const int64_t room =
                 model.position == PositionMode::learned ? model.max_positions - first : limits_.max_answer_tokens;
-            if (room < 1) throw std::invalid_argument("no room is left in the table of learned positions");
+            RELGRAD_CHECK(room >= 1, "no room is left in the table of learned positions");
             const std::vector<int64_t> answer = loaded.task->generate(ids, std::min(room, limits_.max_answer_tokens));
             out["answer"]["text"] = output_text(loaded, answer);
         } catch (const std::invalid_argument& e) {  // the weights are shown all the same
@@ -495,7 +496,7 @@ std::string explorer_page(const json& data) {
     std::string page = explorer_assets::page_html;
     const auto put = [&page](const std::string& mark, const std::string& what) {
         const std::size_t at = page.find(mark);
-        if (at == std::string::npos) throw std::logic_error("explorer page: no " + mark);
+        RELGRAD_INTERNAL_ASSERT(at != std::string::npos, "explorer page: no ", mark);
         page.replace(at, mark.size(), what);
     };
     put("/*relgrad:style*/", explorer_assets::style_css);
@@ -505,7 +506,7 @@ std::string explorer_page(const json& data) {
 }
 
 std::string export_page(Explorer& explorer, const std::vector<std::string>& prompts) {
-    if (prompts.empty()) throw std::invalid_argument("--export: give at least one --prompt to show");
+    RELGRAD_CHECK(!prompts.empty(), "--export: give at least one --prompt to show");
     json data{{"runs", explorer.runs()},
               {"metrics", json::object()},
               {"parameters", json::object()},
@@ -637,11 +638,8 @@ void serve(Explorer& explorer, const std::string& host, int port,
 
     const int asked = port;
     const bool bound = port == 0 ? (port = server.bind_to_any_port(host)) > 0 : server.bind_to_port(host, port);
-    if (!bound) {
-        throw std::invalid_argument(
-            "explore: cannot listen on " + host + ":" + std::to_string(asked) +
-            " (in use, or not an address of this machine); choose another with --port or --host");
-    }
+    RELGRAD_CHECK(bound, "explore: cannot listen on ", host, ":", asked,
+                  " (in use, or not an address of this machine); choose another with --port or --host");
     listening("http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port) +
               "/");
     std::atomic<bool> stopped{false};

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/check.hpp"
 #include "engine/system.hpp"
 #include "commands/converters.hpp"
 #include "train/datasets.hpp"
@@ -66,35 +67,28 @@ std::optional<CommandResult> run_command(const std::string& line) {
 void run_step(const std::string& step, const std::string& command, const fs::path& dir, std::ostream& log) {
     log << "  " << step << ": " << command << std::endl;
     const auto result = run_command("cd " + shell_quote(dir.string()) + " && " + command + " 2>&1");
-    if (!result) throw std::runtime_error("step '" + step + "' failed: cannot start a shell");
-    if (!result->succeeded()) {
-        const int status = result->status;
-        const std::string how =
-            status != -1 && WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "did not exit normally";
-        throw std::runtime_error("step '" + step + "' failed (`" + command + "`, " + how +
-                                 "): " + tail_of(result->output));
-    }
+    RELGRAD_CHECK_RUNTIME(result, "step '", step, "' failed: cannot start a shell");
+    const int status = result->status;
+    const std::string how =
+        status != -1 && WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "did not exit normally";
+    RELGRAD_CHECK_RUNTIME(result->succeeded(), "step '", step, "' failed (`", command, "`, ", how,
+                          "): ", tail_of(result->output));
 }
 
 // sha256sum's answer for `file`.
 std::string sha256_of(const fs::path& file) {
     const auto result = run_command("sha256sum " + shell_quote(file.string()) + " 2>&1");
-    if (!result) throw std::runtime_error("step 'checksum' failed: cannot start sha256sum");
-    if (!result->succeeded() || result->output.size() < 64) {
-        throw std::runtime_error("step 'checksum' failed (sha256sum " + file.string() +
-                                 "): " + tail_of(result->output));
-    }
+    RELGRAD_CHECK_RUNTIME(result, "step 'checksum' failed: cannot start sha256sum");
+    RELGRAD_CHECK_RUNTIME(result->succeeded() && result->output.size() >= 64, "step 'checksum' failed (sha256sum ",
+                          file.string(), "): ", tail_of(result->output));
     return result->output.substr(0, 64);
 }
 
 void verify_sha256(const fs::path& file, const std::string& expected, std::ostream& log) {
-    if (!fs::exists(file))
-        throw std::runtime_error("step 'download' failed: " + file.filename().string() + " was not written");
+    RELGRAD_CHECK_RUNTIME(fs::exists(file), "step 'download' failed: ", file.filename().string(), " was not written");
     const std::string actual = sha256_of(file);
-    if (actual != expected) {
-        throw std::runtime_error("step 'checksum' failed: " + file.filename().string() + " has SHA-256 " + actual +
-                                 ", expected " + expected + " (not the pinned package?)");
-    }
+    RELGRAD_CHECK_RUNTIME(actual == expected, "step 'checksum' failed: ", file.filename().string(), " has SHA-256 ",
+                          actual, ", expected ", expected, " (not the pinned package?)");
     log << "  checksum: " << file.filename().string() << " sha256 " << actual << " as pinned" << std::endl;
 }
 
@@ -103,8 +97,8 @@ struct TemporaryDirectory {
     fs::path path;
     TemporaryDirectory() {
         std::string pattern = (fs::temp_directory_path() / "relgrad-fetch-XXXXXX").string();
-        if (!mkdtemp(pattern.data()))
-            throw std::runtime_error("step 'temporary directory' failed: cannot create " + pattern);
+        const bool created = mkdtemp(pattern.data()) != nullptr;
+        RELGRAD_CHECK_RUNTIME(created, "step 'temporary directory' failed: cannot create ", pattern);
         path = pattern;
     }
     ~TemporaryDirectory() {
@@ -129,11 +123,8 @@ auto in_step(const std::string& step, F&& what) {
 }
 
 void check_count(const std::string& step, const std::string& what, size_t count, size_t low, size_t high) {
-    if (count < low || count > high) {
-        throw std::runtime_error(
-            "step '" + step + "' failed: " + std::to_string(count) + " " + what + ", expected " +
-            (low == high ? std::to_string(low) : std::to_string(low) + " to " + std::to_string(high)));
-    }
+    RELGRAD_CHECK_RUNTIME(count >= low && count <= high, "step '", step, "' failed: ", count, " ", what, ", expected ",
+                          low, low == high ? std::string() : " to " + std::to_string(high));
 }
 
 // ---- the data sets -----------------------------------------------------------------------------
@@ -218,7 +209,7 @@ std::string write_de_en(const fs::path& download, const fs::path& out, std::ostr
     std::string version = "unknown";
     in_step("convert usr/share/trans/de-en", [&] {
         std::ifstream in(dictionary, std::ios::binary);
-        if (!in) throw std::runtime_error(dictionary.string() + ": not in the package");
+        RELGRAD_CHECK_RUNTIME(in, dictionary.string(), ": not in the package");
         std::string line;
         for (size_t number = 1; std::getline(in, line); ++number) {
             if (line.rfind("# Version :: ", 0) == 0) version = collapse_spaces(line.substr(13));  // "devel 2023-01-30"
@@ -274,7 +265,7 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
         for (std::string line; std::getline(cats, line);) {
             const std::vector<std::string> fields = split_words(line);
             if (fields.empty()) continue;
-            if (fields.size() != 2) throw std::runtime_error("cats.txt: expected 'file genre', got '" + line + "'");
+            RELGRAD_CHECK_RUNTIME(fields.size() == 2, "cats.txt: expected 'file genre', got '", line, "'");
             genre_of[fields[0]] = fields[1];
         }
     });
@@ -293,8 +284,7 @@ std::string write_brown(const fs::path& download, const fs::path& out, std::ostr
     size_t sentences = 0, words = 0;
     for (const std::string& file : files) {
         const auto genre = genre_of.find(file);
-        if (genre == genre_of.end())
-            throw std::runtime_error("step 'verify brown' failed: " + file + " is not in cats.txt");
+        RELGRAD_CHECK_RUNTIME(genre != genre_of.end(), "step 'verify brown' failed: ", file, " is not in cats.txt");
         genre_names.insert(genre->second);
         const auto converted =
             in_step("convert " + file, [&] { return convert_brown_file(read_file(package / file, "a corpus file")); });
@@ -350,9 +340,8 @@ std::vector<std::string> dataset_names() {
 std::string fetch_dataset(const std::string& name, const std::string& cache_dir, std::ostream& log) {
     const auto dataset =
         std::find_if(datasets().begin(), datasets().end(), [&](const Dataset& d) { return d.name == name; });
-    if (dataset == datasets().end()) {
-        throw std::invalid_argument("unknown data set '" + name + "', expected one of: " + join(dataset_names(), ", "));
-    }
+    RELGRAD_CHECK(dataset != datasets().end(), "unknown data set '", name,
+                  "', expected one of: ", join(dataset_names(), ", "));
     const fs::path target = fs::path(cache_dir) / name, partial = fs::path(cache_dir) / (name + ".partial");
     std::vector<std::string> missing;
     for (const std::string& file : dataset->files) {

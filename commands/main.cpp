@@ -34,6 +34,7 @@
 #include <omp.h>
 
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/op_checks.hpp"
 #include "engine/system.hpp"
 #include "train/config.hpp"
@@ -50,7 +51,7 @@ namespace {
 
 int run_gradcheck(const std::string& filter, relgrad::Device on) {
     const std::vector<relgrad::OpCheck> checks = relgrad::op_checks_for(filter);
-    if (checks.empty()) throw std::invalid_argument("no registered op is named '" + filter + "'");
+    RELGRAD_CHECK(!checks.empty(), "no registered op is named '", filter, "'");
     relgrad::backend_for(on);  // no usable device: the one-line error before the table
     std::printf("%-32s %12s %12s  %s\n", "op", "max abs err", "max rel err", "pass");
     int failed = 0;
@@ -75,7 +76,7 @@ relgrad::Config load_config(const std::string& path, const std::vector<std::stri
     for (const std::string& assignment : overrides) relgrad::apply_override(document, assignment);
     if (!out.empty()) {
         relgrad::require_utf8(out, "--out");
-        if (!document.is_object()) throw std::invalid_argument("--out: the config is not a JSON object {...}");
+        RELGRAD_CHECK(document.is_object(), "--out: the config is not a JSON object {...}");
         document["output"]["dir"] = out;  // as given, not re-read as JSON
     }
     return relgrad::Config::parse(document, path.empty() ? "quickstart" : path);
@@ -155,9 +156,8 @@ void print_parameter_groups(const relgrad::Config& config) {
 // relgrad explore: serve until Ctrl-C (or SIGTERM), or write the export
 int run_explore(const std::vector<std::string>& runs, const std::string& host, int port, const std::string& export_file,
                 const std::vector<std::string>& prompts, relgrad::Device device) {
-    if (export_file.empty() && !prompts.empty()) {
-        throw std::invalid_argument("explore: --prompt is for --export; in the browser, type the prompt on the page");
-    }
+    RELGRAD_CHECK(!export_file.empty() || prompts.empty(),
+                  "explore: --prompt is for --export; in the browser, type the prompt on the page");
     relgrad::Explorer explorer(runs, {}, device);
     if (!export_file.empty()) {
         relgrad::write_file(export_file, relgrad::export_page(explorer, prompts));
@@ -216,7 +216,7 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
             if (commands[n]->get_name() == arg) return;
             known += (n == 0 ? "" : n + 1 == commands.size() ? " or " : ", ") + commands[n]->get_name();
         }
-        throw std::invalid_argument("unknown command '" + arg + "' (expected " + known + ")");
+        RELGRAD_CHECK(false, "unknown command '", arg, "' (expected ", known, ")");
     }
 }
 
@@ -224,7 +224,7 @@ void require_known_command(const CLI::App& app, int argc, char** argv) {
 void refuse_empty_values(const CLI::App& app) {
     for (const CLI::Option* option : app.get_options()) {
         for (const std::string& value : option->results()) {
-            if (value.empty()) throw std::invalid_argument(option->get_name() + ": the value is empty");
+            RELGRAD_CHECK(!value.empty(), option->get_name(), ": the value is empty");
         }
     }
     for (const CLI::App* command : app.get_subcommands()) refuse_empty_values(*command);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"
 #include "train/config.hpp"
@@ -25,10 +26,7 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     json document = read_json_file(dir / "config.json");
     if (!test_file.empty()) {
         const TaskKind kind = parse_task_kind(document);
-        if (!reads_files(kind)) {
-            throw std::invalid_argument(std::string("--data: a ") + task_kind_name(kind) +
-                                        " run generates its own test data");
-        }
+        RELGRAD_CHECK(reads_files(kind), "--data: a ", task_kind_name(kind), " run generates its own test data");
         document["data"]["test"] = test_file;
     }
     run.config = Config::parse(document, (dir / "config.json").string());
@@ -47,9 +45,7 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
 }
 
 std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
-    if (prompt.find_first_not_of(" \t\r\n") == std::string::npos) {
-        throw std::invalid_argument(std::string(command) + ": the prompt is empty");
-    }
+    RELGRAD_CHECK(prompt.find_first_not_of(" \t\r\n") != std::string::npos, command, ": the prompt is empty");
     if (run.tokenizer) return run.tokenizer->encode(prompt);
     std::vector<int64_t> ids;
     std::istringstream words(prompt);
@@ -60,10 +56,8 @@ std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt,
             id = std::stoll(word, &used);
         } catch (const std::exception&) {
         }
-        if (used != word.size() || id < 4 || id >= run.config.task.vocab) {
-            throw std::invalid_argument(std::string(command) + ": '" + word + "' is not a symbol id in [4, " +
-                                        std::to_string(run.config.task.vocab) + ") of this synthetic task");
-        }
+        RELGRAD_CHECK(used == word.size() && id >= 4 && id < run.config.task.vocab, command, ": '", word,
+                      "' is not a symbol id in [4, ", run.config.task.vocab, ") of this synthetic task");
         ids.push_back(id);
     }
     return ids;
@@ -86,7 +80,7 @@ json evaluate_run(const std::string& run_dir, const std::string& test_file, Devi
 
 std::string generate(const std::string& run_dir, const std::string& prompt, int64_t max_tokens, Device device,
                      const DecodeProgress& progress) {
-    if (max_tokens < 1) throw std::invalid_argument("generate: --max-tokens must be positive");
+    RELGRAD_CHECK(max_tokens >= 1, "generate: --max-tokens must be positive");
     LoadedRun run = load_run(run_dir, "", false, device);
     return output_text(run, run.task->generate(prompt_ids(run, prompt, "generate"), max_tokens, progress));
 }

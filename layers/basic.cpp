@@ -1,29 +1,20 @@
 #include "layers/basic.hpp"
 
-#include <stdexcept>
 #include <string>
 
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
 
-static void check_positive(int64_t value, const char* layer, const char* what) {
-    if (value <= 0) {
-        throw std::invalid_argument(std::string(layer) + ": " + what + " must be positive, got " +
-                                    std::to_string(value));
-    }
-}
-
 static void check_last_dim(const Tensor& x, int64_t expected, const char* layer) {
-    if (x.dim() == 0 || x.size(-1) != expected) {
-        throw std::invalid_argument(std::string(layer) + ": input of shape " + shape_str(x.shape()) +
-                                    " must end in dim " + std::to_string(expected));
-    }
+    RELGRAD_CHECK(x.dim() > 0 && x.size(-1) == expected, layer, ": input of shape ", shape_str(x.shape()),
+                  " must end in dim ", expected);
 }
 
 Linear::Linear(int64_t in, int64_t out, const Init& init, bool with_bias) : in_features(in), out_features(out) {
-    check_positive(in, "Linear", "in_features");
-    check_positive(out, "Linear", "out_features");
+    RELGRAD_CHECK(in > 0, "Linear: in_features must be positive, got ", in);
+    RELGRAD_CHECK(out > 0, "Linear: out_features must be positive, got ", out);
     register_parameter("weight", weight, xavier_uniform({out, in}, init));
     if (with_bias) register_parameter("bias", bias, zeros({out}, init.dtype));
 }
@@ -41,15 +32,15 @@ Tensor Linear::forward(const Tensor& x) const {
 }
 
 Embedding::Embedding(int64_t n, int64_t d, const Init& init, double init_std) : num_embeddings(n), dim(d) {
-    check_positive(n, "Embedding", "num_embeddings");
-    check_positive(d, "Embedding", "dim");
+    RELGRAD_CHECK(n > 0, "Embedding: num_embeddings must be positive, got ", n);
+    RELGRAD_CHECK(d > 0, "Embedding: dim must be positive, got ", d);
     register_parameter("weight", weight, truncated_normal({n, d}, init_std, init));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
 
 LayerNorm::LayerNorm(int64_t d, const Init& init, double eps_) : dim(d), eps(eps_) {
-    check_positive(d, "LayerNorm", "dim");
+    RELGRAD_CHECK(d > 0, "LayerNorm: dim must be positive, got ", d);
     register_parameter("weight", weight, ones({d}, init.dtype));
     register_parameter("bias", bias, zeros({d}, init.dtype));
 }
@@ -60,7 +51,7 @@ Tensor LayerNorm::forward(const Tensor& x) const {
 }
 
 Dropout::Dropout(double p_, uint64_t seed) : p(p_), gen_(seed) {
-    if (!(p >= 0 && p < 1)) throw std::invalid_argument("Dropout: p must be in [0, 1), got " + std::to_string(p));
+    RELGRAD_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", std::to_string(p));
 }
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training(), gen_); }

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"
 
@@ -29,7 +30,7 @@ Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
 }
 
 Tensor xavier_uniform(const Shape& shape, const Init& init) {
-    if (shape.size() != 2) throw std::invalid_argument("xavier_uniform: needs a [fan_out, fan_in] shape");
+    RELGRAD_CHECK(shape.size() == 2, "xavier_uniform: needs a [fan_out, fan_in] shape");
     const double bound = std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1]));
     std::vector<double> values = host_values(shape, init.dtype);
     for (double& v : values) v = (2 * init.gen.next_uniform() - 1) * bound;
@@ -90,10 +91,8 @@ std::vector<Generator> Module::random_state() {
 void Module::set_random_state(const std::vector<Generator>& state) {
     std::vector<Generator*> generators;
     collect_generators(generators);
-    if (generators.size() != state.size()) {
-        throw std::invalid_argument("set_random_state: " + std::to_string(state.size()) +
-                                    " streams for a module with " + std::to_string(generators.size()));
-    }
+    RELGRAD_CHECK(generators.size() == state.size(), "set_random_state: ", state.size(), " streams for a module with ",
+                  generators.size());
     for (std::size_t i = 0; i < state.size(); ++i) *generators[i] = state[i];
 }
 
@@ -109,15 +108,11 @@ void Module::zero_grad() {
 void Module::assign_parameters(const std::vector<Tensor>& values) {
     std::vector<std::pair<std::string, Tensor*>> slots;
     collect("", slots);
-    if (values.size() != slots.size()) {
-        throw std::invalid_argument("assign_parameters: " + std::to_string(values.size()) + " tensors given for " +
-                                    std::to_string(slots.size()) + " parameters");
-    }
+    RELGRAD_CHECK(values.size() == slots.size(), "assign_parameters: ", values.size(), " tensors given for ",
+                  slots.size(), " parameters");
     for (std::size_t i = 0; i < slots.size(); ++i) {
-        if (values[i].shape() != slots[i].second->shape()) {
-            throw std::invalid_argument("assign_parameters: " + slots[i].first + " needs shape " +
-                                        shape_str(slots[i].second->shape()) + ", got " + shape_str(values[i].shape()));
-        }
+        RELGRAD_CHECK(values[i].shape() == slots[i].second->shape(), "assign_parameters: ", slots[i].first,
+                      " needs shape ", shape_str(slots[i].second->shape()), ", got ", shape_str(values[i].shape()));
         *slots[i].second = values[i];
     }
 }
@@ -176,8 +171,7 @@ void Module::save(const std::string& dir) const {
     std::ofstream manifest_file(partial / "manifest.json");
     manifest_file << manifest.dump(2) << "\n";
     manifest_file.close();
-    if (!manifest_file)
-        throw std::runtime_error("Module::save: could not write " + (partial / "manifest.json").string());
+    RELGRAD_CHECK_RUNTIME(manifest_file, "Module::save: could not write ", (partial / "manifest.json").string());
     finish_replacing(target);  // the old directory is removed only once the new one is in place
 }
 
@@ -192,13 +186,12 @@ void Module::load(const std::string& dir) {
         throw std::invalid_argument(where + ": not valid JSON: " + e.what());
     }
     // what save() writes, and nothing else: a field that is written is checked
-    const auto refuse = [&where](const std::string& what) { throw std::invalid_argument(where + ": " + what); };
-    if (!manifest.is_object() || manifest.size() != 3 ||
-        manifest.value("format", nlohmann::json()) != "relgrad-state" || !manifest.contains("version") ||
-        !manifest.contains("parameters") || !manifest["parameters"].is_array()) {
-        refuse("expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
-    }
-    if (manifest["version"] != 1) refuse("version " + manifest["version"].dump() + ", this relgrad reads version 1");
+    RELGRAD_CHECK(manifest.is_object() && manifest.size() == 3 &&
+                      manifest.value("format", nlohmann::json()) == "relgrad-state" && manifest.contains("version") &&
+                      manifest.contains("parameters") && manifest["parameters"].is_array(),
+                  where, ": expected {\"format\": \"relgrad-state\", \"version\": 1, \"parameters\": [...]}");
+    RELGRAD_CHECK(manifest["version"] == 1, where, ": version ", manifest["version"].dump(),
+                  ", this relgrad reads version 1");
     struct Listed {
         Shape shape;
         DType dtype;
@@ -209,28 +202,23 @@ void Module::load(const std::string& dir) {
             return entry.contains(key) && entry[key].is_string() ? entry[key].get<std::string>() : std::string();
         };
         const std::string name = text("name");
-        if (!entry.is_object() || entry.size() != 4 || name.empty() || !entry.contains("shape")) {
-            refuse("a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got " + entry.dump());
-        }
+        RELGRAD_CHECK(entry.is_object() && entry.size() == 4 && !name.empty() && entry.contains("shape"), where,
+                      ": a parameter is {\"name\", \"file\", \"shape\", \"dtype\"}, got ", entry.dump());
         // the file is the one save() names after the parameter: nothing else is read
-        if (text("file") != name + ".npy") refuse("parameter '" + name + "': file must be '" + name + ".npy'");
+        RELGRAD_CHECK(text("file") == name + ".npy", where, ": parameter '", name, "': file must be '", name, ".npy'");
         // sizes are whole numbers that int64_t holds (converting 1e30 or 2^64 to one is undefined);
         // parsed JSON keeps every integer >= 0 as an unsigned one
         const auto is_size = [](const nlohmann::json& n) {
             return n.is_number_unsigned() && n.get<std::uint64_t>() <= std::uint64_t{INT64_MAX};
         };
         const nlohmann::json& shape = entry["shape"];
-        if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), is_size)) {
-            refuse("parameter '" + name + "': shape must be a list of sizes (whole numbers >= 0)");
-        }
+        RELGRAD_CHECK(shape.is_array() && std::all_of(shape.begin(), shape.end(), is_size), where, ": parameter '",
+                      name, "': shape must be a list of sizes (whole numbers >= 0)");
         const std::optional<DType> dtype = value_named(floating_dtype_names, text("dtype"));
-        if (!dtype) {
-            refuse("parameter '" + name + "': dtype must be one of " + names_in_words(floating_dtype_names) + ", got " +
-                   entry.value("dtype", nlohmann::json()).dump());
-        }
-        if (!listed.emplace(name, Listed{shape.get<Shape>(), *dtype}).second) {
-            refuse("parameter '" + name + "' is listed twice");
-        }
+        RELGRAD_CHECK(dtype, where, ": parameter '", name, "': dtype must be one of ",
+                      names_in_words(floating_dtype_names), ", got ", entry.value("dtype", nlohmann::json()).dump());
+        const bool first_listing = listed.emplace(name, Listed{shape.get<Shape>(), *dtype}).second;
+        RELGRAD_CHECK(first_listing, where, ": parameter '", name, "' is listed twice");
     }
     std::vector<std::pair<std::string, Tensor*>> slots;
     collect("", slots);
@@ -238,12 +226,10 @@ void Module::load(const std::string& dir) {
     std::vector<Tensor> loaded;
     for (const auto& [name, slot] : slots) {
         const auto found = listed.find(name);
-        if (found == listed.end()) refuse("no saved value for the model's parameter '" + name + "'");
+        RELGRAD_CHECK(found != listed.end(), where, ": no saved value for the model's parameter '", name, "'");
         const Listed& entry = found->second;
-        if (entry.shape != slot->shape()) {
-            refuse("parameter '" + name + "' has shape " + shape_str(entry.shape) + ", the model's is " +
-                   shape_str(slot->shape()));
-        }
+        RELGRAD_CHECK(entry.shape == slot->shape(), where, ": parameter '", name, "' has shape ",
+                      shape_str(entry.shape), ", the model's is ", shape_str(slot->shape()));
         const fs::path file = fs::path(dir) / (name + ".npy");
         Tensor value;
         try {
@@ -253,15 +239,13 @@ void Module::load(const std::string& dir) {
         }
         // bfloat16 is saved as float32 (NumPy has no bfloat16), exactly
         const DType stored = entry.dtype == DType::bfloat16 ? DType::float32 : entry.dtype;
-        if (value.shape() != entry.shape || value.dtype() != stored) {
-            throw std::invalid_argument(file.string() + ": holds " + shape_str(value.shape()) + " " +
-                                        dtype_name(value.dtype()) + ", " + where + " lists " + shape_str(entry.shape) +
-                                        " " + dtype_name(entry.dtype));
-        }
+        RELGRAD_CHECK(value.shape() == entry.shape && value.dtype() == stored, file.string(), ": holds ",
+                      shape_str(value.shape()), " ", dtype_name(value.dtype()), ", ", where, " lists ",
+                      shape_str(entry.shape), " ", dtype_name(entry.dtype));
         loaded.push_back(value);
         listed.erase(found);
     }
-    if (!listed.empty()) refuse("saved parameter '" + listed.begin()->first + "' is not in the model");
+    RELGRAD_CHECK(listed.empty(), where, ": saved parameter '", listed.begin()->first, "' is not in the model");
     NoGradGuard no_grad;
     for (std::size_t i = 0; i < slots.size(); ++i) {
         Tensor& slot = *slots[i].second;

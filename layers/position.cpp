@@ -2,30 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/attention_pattern.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
 
 static void check_sequence(const Tensor& x, int64_t dim, const char* layer) {
-    if (x.dim() != 3 || x.size(2) != dim) {
-        throw std::invalid_argument(std::string(layer) + ": input of shape " + shape_str(x.shape()) +
-                                    " must be [B, L, D] with D = " + std::to_string(dim));
-    }
+    RELGRAD_CHECK(x.dim() == 3 && x.size(2) == dim, layer, ": input of shape ", shape_str(x.shape()),
+                  " must be [B, L, D] with D = ", dim);
 }
 
 SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t d) : dim(d) {
-    if (d <= 0) throw std::invalid_argument("SinusoidalPositionalEncoding: dim must be positive");
+    RELGRAD_CHECK(d > 0, "SinusoidalPositionalEncoding: dim must be positive");
 }
 
 Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype, Device device) const {
-    if (length < 0) {
-        throw std::invalid_argument("SinusoidalPositionalEncoding: length must be >= 0, got " + std::to_string(length));
-    }
+    RELGRAD_CHECK(length >= 0, "SinusoidalPositionalEncoding: length must be >= 0, got ", length);
     std::vector<double> values(length * dim);
     for (int64_t p = 0; p < length; ++p) {
         for (int64_t c = 0; c < dim; ++c) {
@@ -39,35 +35,32 @@ Tensor SinusoidalPositionalEncoding::encoding(int64_t length, DType dtype, Devic
 
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "SinusoidalPositionalEncoding");
-    if (offset < 0) throw std::invalid_argument("SinusoidalPositionalEncoding: negative offset");
+    RELGRAD_CHECK(offset >= 0, "SinusoidalPositionalEncoding: negative offset");
     return add(x, encoding(offset + x.size(1), x.dtype(), x.device()).narrow(0, offset, x.size(1)));
 }
 
 LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_positions_, int64_t d, const Init& init)
     : max_positions(max_positions_), dim(d) {
-    if (max_positions <= 0 || d <= 0)
-        throw std::invalid_argument("LearnedPositionalEmbedding: max_positions and dim must be positive");
+    RELGRAD_CHECK(max_positions > 0 && d > 0, "LearnedPositionalEmbedding: max_positions and dim must be positive");
     register_parameter("weight", weight, truncated_normal({max_positions, dim}, 0.02, init));
 }
 
 Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) const {
     check_sequence(x, dim, "LearnedPositionalEmbedding");
-    if (offset < 0 || offset + x.size(1) > max_positions) {
-        throw std::invalid_argument("LearnedPositionalEmbedding: length " + std::to_string(offset + x.size(1)) +
-                                    " exceeds max_positions " + std::to_string(max_positions) +
-                                    " (it has no vector for later positions)");
-    }
+    RELGRAD_CHECK(offset >= 0 && offset + x.size(1) <= max_positions, "LearnedPositionalEmbedding: length ",
+                  offset + x.size(1), " exceeds max_positions ", max_positions,
+                  " (it has no vector for later positions)");
     return add(x, weight.narrow(0, offset, x.size(1)));
 }
 
 static RelativeOptions checked(const RelativeOptions& o) {
-    if (o.k_left < 0 || o.k_right < 0 || o.k_left > kMaxClippingDistance || o.k_right > kMaxClippingDistance) {
-        throw std::invalid_argument("RelativePositionEmbedding: clipping distances must be in [0, 2^40], got k_left " +
-                                    std::to_string(o.k_left) + " and k_right " + std::to_string(o.k_right));
-    }
-    if (o.rank < 0) throw std::invalid_argument("RelativePositionEmbedding: rank must be >= 0 (0: full rank)");
-    if (!(o.init_std > 0) || !std::isfinite(o.init_std))
-        throw std::invalid_argument("RelativePositionEmbedding: init_std must be finite and > 0");
+    RELGRAD_CHECK(
+        o.k_left >= 0 && o.k_right >= 0 && o.k_left <= kMaxClippingDistance && o.k_right <= kMaxClippingDistance,
+        "RelativePositionEmbedding: clipping distances must be in [0, 2^40], got k_left ", o.k_left, " and k_right ",
+        o.k_right);
+    RELGRAD_CHECK(o.rank >= 0, "RelativePositionEmbedding: rank must be >= 0 (0: full rank)");
+    RELGRAD_CHECK(o.init_std > 0 && std::isfinite(o.init_std),
+                  "RelativePositionEmbedding: init_std must be finite and > 0");
     return o;
 }
 
@@ -79,8 +72,7 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
       k_right(options.k_right),
       shared(options.share_across_heads),
       rank(options.rank) {
-    if (head_dim <= 0 || heads <= 0)
-        throw std::invalid_argument("RelativePositionEmbedding: head_dim and heads must be positive");
+    RELGRAD_CHECK(head_dim > 0 && heads > 0, "RelativePositionEmbedding: head_dim and heads must be positive");
     const int64_t width = shared ? head_dim : head_dim * heads;
     if (rank == 0) {
         register_parameter("weight", weight, truncated_normal({buckets(), width}, options.init_std, init));
@@ -122,7 +114,7 @@ Tensor RelativePositionEmbedding::lookup(int64_t query_len, int64_t key_len, int
 // ---------------------------------------------------------------- the relative family
 
 std::vector<double> alibi_slopes(int64_t heads) {
-    if (heads <= 0) throw std::invalid_argument("alibi_slopes: heads must be positive, got " + std::to_string(heads));
+    RELGRAD_CHECK(heads > 0, "alibi_slopes: heads must be positive, got ", heads);
     // the n slopes of n heads, a power of two: 2^(-8h/n), h = 1..n
     auto power_of_two_slopes = [](int64_t n) {
         std::vector<double> slopes(n);

@@ -1,7 +1,6 @@
 // relgrad's Python module: autograd (Node, no_grad, is_grad_enabled, topological_order) and
 // gradcheck.
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -9,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/gradcheck.hpp"
 #include "python/bindings.hpp"
 
@@ -39,15 +39,13 @@ void bind_autograd(py::module_& m) {
         .def(
             "backward",
             [](const Node& n, const Tensor& grad_output) {
-                if (n.released) throw std::invalid_argument("Node.backward: a backward pass already freed this node");
-                if (grad_output.shape() != n.output_shape || grad_output.dtype() != n.output_dtype ||
-                    grad_output.device() != n.output_device) {
-                    throw std::invalid_argument(
-                        "Node.backward: " + n.op_name + " made a tensor of shape " + shape_str(n.output_shape) + " (" +
-                        dtype_name(n.output_dtype) + ", " + device_name(n.output_device) + "); grad_output is " +
-                        shape_str(grad_output.shape()) + " (" + dtype_name(grad_output.dtype()) + ", " +
-                        device_name(grad_output.device()) + ")");
-                }
+                RELGRAD_CHECK(!n.released, "Node.backward: a backward pass already freed this node");
+                RELGRAD_CHECK(grad_output.shape() == n.output_shape && grad_output.dtype() == n.output_dtype &&
+                                  grad_output.device() == n.output_device,
+                              "Node.backward: ", n.op_name, " made a tensor of shape ", shape_str(n.output_shape), " (",
+                              dtype_name(n.output_dtype), ", ", device_name(n.output_device), "); grad_output is ",
+                              shape_str(grad_output.shape()), " (", dtype_name(grad_output.dtype()), ", ",
+                              device_name(grad_output.device()), ")");
                 NoGradGuard no_grad;  // as in backward(): the gradient computation is not recorded
                 py::list grads;
                 for (const Tensor& g : n.backward(grad_output)) grads.append(tensor_or_none(g));

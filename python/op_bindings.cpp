@@ -2,7 +2,6 @@
 // they run with.
 #include <cmath>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,6 +9,7 @@
 
 #include <omp.h>
 
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
 #include "engine/system.hpp"
@@ -116,10 +116,9 @@ void bind_ops(py::module_& m) {
     m.def(
         "set_threads",
         [](int threads) {
-            if (threads < 1 || threads > 1024) {  // the bounds of training.threads
-                throw std::invalid_argument("set_threads: the thread count must be in [1, 1024], got " +
-                                            std::to_string(threads));
-            }
+            // the bounds of training.threads
+            RELGRAD_CHECK(threads >= 1 && threads <= 1024, "set_threads: the thread count must be in [1, 1024], got ",
+                          threads);
             set_thread_count(threads, "set_threads");
         },
         py::arg("threads"), "The threads the ops use from now on, as --threads (training sets training.threads)");

@@ -3,13 +3,13 @@
 #include <cmath>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <pybind11/stl.h>
 
+#include "engine/check.hpp"
 #include "engine/optim.hpp"
 #include "python/bindings.hpp"
 
@@ -45,10 +45,8 @@ double finite_non_negative(const py::handle& value, const std::string& what) {
         throw py::type_error(what + " must be a number, got " + std::string(py::str(py::type::of(value))));
     }
     const double number = py::float_(py::reinterpret_borrow<py::object>(value));
-    if (!(number >= 0) || !std::isfinite(number)) {
-        throw std::invalid_argument(what + " must be a finite number >= 0, got " +
-                                    py::repr(py::float_(number)).cast<std::string>());
-    }
+    RELGRAD_CHECK(number >= 0 && std::isfinite(number), what, " must be a finite number >= 0, got ",
+                  py::repr(py::float_(number)).cast<std::string>());
     return number;
 }
 
@@ -77,18 +75,18 @@ py::list parameter_groups(const py::handle& parameters, double lr, double weight
         bool has_params = false;
         for (const auto& [key_handle, value] : item.cast<py::dict>()) {
             const std::string key = py::str(key_handle);
+            RELGRAD_CHECK(key == "params" || key == "lr" || key == "weight_decay", name, " has an unknown key '", key,
+                          "' (params, lr, weight_decay)");
             if (key == "params") {
                 // one tensor alone is a group of one here, as in PyTorch
                 group["params"] = py::isinstance<Tensor>(value) ? std::vector<Tensor>{value.cast<Tensor>()}
                                                                 : tensor_list(value, name + "'s params");
                 has_params = true;
-            } else if (key == "lr" || key == "weight_decay") {
-                group[key.c_str()] = finite_non_negative(value, name + "'s " + key);
             } else {
-                throw std::invalid_argument(name + " has an unknown key '" + key + "' (params, lr, weight_decay)");
+                group[key.c_str()] = finite_non_negative(value, name + "'s " + key);
             }
         }
-        if (!has_params) throw std::invalid_argument(name + " has no 'params'");
+        RELGRAD_CHECK(has_params, name, " has no 'params'");
         groups.append(group);
     }
     return groups;
@@ -128,20 +126,15 @@ bool same_tensors(const py::handle& params, const std::vector<Tensor>& tensors) 
 // group whose params or weight_decay changed, are refused, not ignored.
 std::vector<double> step_learning_rates(const PythonAdamW& optimizer) {
     const std::vector<ParameterGroup>& groups = optimizer.adamw.groups();
-    if (py::len(optimizer.param_groups) != groups.size()) {
-        throw std::invalid_argument("AdamW.step: param_groups has " + std::to_string(py::len(optimizer.param_groups)) +
-                                    " groups, the optimizer was built with " + std::to_string(groups.size()));
-    }
+    RELGRAD_CHECK(py::len(optimizer.param_groups) == groups.size(), "AdamW.step: param_groups has ",
+                  py::len(optimizer.param_groups), " groups, the optimizer was built with ", groups.size());
     std::vector<double> lrs;
     for (std::size_t g = 0; g < groups.size(); ++g) {
         const std::string at = "AdamW.step: param_groups[" + std::to_string(g) + "]";
         const py::object group = optimizer.param_groups[g];
-        if (!same_tensors(group["params"], groups[g].parameters) ||
-            finite_non_negative(group["weight_decay"], at + "['weight_decay']") != groups[g].weight_decay) {
-            throw std::invalid_argument(at +
-                                        ": its params and weight_decay are fixed when AdamW is built (its lr "
-                                        "may change)");
-        }
+        RELGRAD_CHECK(same_tensors(group["params"], groups[g].parameters) &&
+                          finite_non_negative(group["weight_decay"], at + "['weight_decay']") == groups[g].weight_decay,
+                      at, ": its params and weight_decay are fixed when AdamW is built (its lr may change)");
         lrs.push_back(finite_non_negative(group["lr"], at + "['lr']"));
     }
     return lrs;
@@ -163,11 +156,8 @@ struct LRScheduler {
     // Each group's lr for `step`.
     void set_learning_rates(int64_t step) {
         const py::list groups = optimizer.attr("param_groups");
-        if (py::len(groups) != base_lrs.size()) {
-            throw std::invalid_argument("LRScheduler: the optimizer has " + std::to_string(py::len(groups)) +
-                                        " parameter groups, " + std::to_string(base_lrs.size()) +
-                                        " when the scheduler was built");
-        }
+        RELGRAD_CHECK(py::len(groups) == base_lrs.size(), "LRScheduler: the optimizer has ", py::len(groups),
+                      " parameter groups, ", base_lrs.size(), " when the scheduler was built");
         last_lrs.clear();
         for (std::size_t g = 0; g < base_lrs.size(); ++g) {
             last_lrs.push_back(learning_rate(schedule, base_lrs[g], step, warmup_steps, total_steps));
@@ -180,16 +170,10 @@ struct LRScheduler {
 std::unique_ptr<LRScheduler> make_scheduler(const py::object& optimizer, const std::string& name, int64_t warmup_steps,
                                             const std::optional<int64_t>& total_steps) {
     const Schedule schedule = parse_schedule(name);
-    if (warmup_steps < 0) {
-        throw std::invalid_argument("LRScheduler: warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
-    }
-    if (total_steps && *total_steps < 1) {
-        throw std::invalid_argument("LRScheduler: total_steps must be >= 1, got " + std::to_string(*total_steps));
-    }
-    if (schedule != Schedule::constant && !total_steps) {
-        throw std::invalid_argument("LRScheduler: the " + name +
-                                    " schedule needs total_steps, the step where it reaches 0");
-    }
+    RELGRAD_CHECK(warmup_steps >= 0, "LRScheduler: warmup_steps must be >= 0, got ", warmup_steps);
+    RELGRAD_CHECK(!total_steps || *total_steps >= 1, "LRScheduler: total_steps must be >= 1, got ", *total_steps);
+    RELGRAD_CHECK(schedule == Schedule::constant || total_steps, "LRScheduler: the ", name,
+                  " schedule needs total_steps, the step where it reaches 0");
     auto scheduler = std::make_unique<LRScheduler>(
         LRScheduler{optimizer, schedule, warmup_steps, total_steps.value_or(0), {}, {}, 0});
     const py::list groups = optimizer.attr("param_groups");

@@ -10,6 +10,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "engine/check.hpp"
 #include "engine/system.hpp"
 #include "layers/module.hpp"
 #include "python/bindings.hpp"
@@ -59,9 +60,7 @@ nlohmann::json config_document(const py::object& config, const std::vector<std::
     } else if (py::isinstance<py::dict>(config)) {
         name = "config";
         const std::string not_json = non_json_number(config.cast<py::dict>());
-        if (!not_json.empty()) {
-            throw std::invalid_argument("config: " + not_json + " is NaN or infinite, a number JSON cannot hold");
-        }
+        RELGRAD_CHECK(not_json.empty(), "config: ", not_json, " is NaN or infinite, a number JSON cannot hold");
         const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
         document = parse_json(text, name);
     } else if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__")) {
@@ -101,7 +100,7 @@ void bind_run(py::module_& m) {
             std::string name;
             nlohmann::json document = config_document(config, set, name);
             if (out) {
-                if (!document.is_object()) throw std::invalid_argument("out: the config is not a JSON object {...}");
+                RELGRAD_CHECK(document.is_object(), "out: the config is not a JSON object {...}");
                 document["output"]["dir"] = *out;
             }
             const Config parsed = Config::parse(document, name);

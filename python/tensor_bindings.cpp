@@ -5,7 +5,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "python/bindings.hpp"
 
@@ -30,19 +30,17 @@ DType dtype_of_numpy(const py::dtype& dtype, bool from_python_values) {
         case 'u': return DType::int64;
         case 'b': return DType::boolean;
         default:
-            throw std::invalid_argument("relgrad.tensor: NumPy dtype " + dtype.attr("name").cast<std::string>() +
-                                        " has no relgrad dtype (" + names_in_words(dtype_names) + ")");
+            RELGRAD_CHECK(false, "relgrad.tensor: NumPy dtype ", dtype.attr("name").cast<std::string>(),
+                          " has no relgrad dtype (", names_in_words(dtype_names), ")");
     }
 }
 
 // A Python number as a 0-d tensor of t's dtype and device, for t + 2 and the like: scalar_like,
 // refusing a number with a fraction for an integer tensor.
 Tensor checked_scalar_like(const Tensor& t, double value) {
-    if (!is_floating(t.dtype()) && value != static_cast<double>(static_cast<int64_t>(value))) {
-        throw std::invalid_argument(std::string("a ") + dtype_name(t.dtype()) + " tensor and the number " +
-                                    py::repr(py::float_(value)).cast<std::string>() +
-                                    ": convert the tensor with .to('float32') first");
-    }
+    RELGRAD_CHECK(is_floating(t.dtype()) || value == static_cast<double>(static_cast<int64_t>(value)), "a ",
+                  dtype_name(t.dtype()), " tensor and the number ", py::repr(py::float_(value)).cast<std::string>(),
+                  ": convert the tensor with .to('float32') first");
     return scalar_like(t, value);
 }
 
@@ -90,7 +88,7 @@ Tensor index_tensor(const Tensor& t, const py::object& key) {
             if (!item.cast<py::slice>().compute(result.size(d), &start, &stop, &step, &length)) {
                 throw py::error_already_set();
             }
-            if (step <= 0) throw std::invalid_argument("slicing with a negative step is not supported");
+            RELGRAD_CHECK(step > 0, "slicing with a negative step is not supported");
             result = result.slice(d, start, length == 0 ? start : start + (length - 1) * step + 1, step);
             ++d;
         } else if (item.is_none()) {
@@ -123,10 +121,8 @@ int64_t size_from(const py::handle& item) {
     }
     int overflow = 0;
     const long long value = PyLong_AsLongLongAndOverflow(item.ptr(), &overflow);
-    if (overflow != 0) {
-        throw std::invalid_argument("size " + py::str(item).cast<std::string>() +
-                                    " does not fit int64 (sizes are at most 2^63 - 1)");
-    }
+    RELGRAD_CHECK(overflow == 0, "size ", py::str(item).cast<std::string>(),
+                  " does not fit int64 (sizes are at most 2^63 - 1)");
     return value;
 }
 
@@ -160,23 +156,20 @@ DType dtype_from(const py::handle& value) {
     } else if (py::isinstance<py::dtype>(value) || py::hasattr(value, "dtype") || py::isinstance<py::type>(value)) {
         name = py::dtype::from_args(py::reinterpret_borrow<py::object>(value)).attr("name").cast<std::string>();
     } else {
-        throw std::invalid_argument("a dtype is a relgrad.dtype or its name (" + names_in_words(dtype_names) +
-                                    "), not " + py::repr(value).cast<std::string>());
+        RELGRAD_CHECK(false, "a dtype is a relgrad.dtype or its name (", names_in_words(dtype_names), "), not ",
+                      py::repr(value).cast<std::string>());
     }
     return parse_named(dtype_names, name, "dtype");
 }
 
 Device device_from(const py::handle& value) {
-    if (!py::isinstance<py::str>(value)) {
-        throw std::invalid_argument("a device is named by a string: " + names_in_words(device_names));
-    }
+    RELGRAD_CHECK(py::isinstance<py::str>(value), "a device is named by a string: ", names_in_words(device_names));
     return parse_device(value.cast<std::string>());
 }
 
 Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool requires_grad, const py::handle& device) {
-    if (py::isinstance<Tensor>(data)) {
-        throw std::invalid_argument("relgrad.tensor: the data is a Tensor already; use .clone() or .detach()");
-    }
+    RELGRAD_CHECK(!py::isinstance<Tensor>(data),
+                  "relgrad.tensor: the data is a Tensor already; use .clone() or .detach()");
     const bool from_python_values = !py::isinstance<py::array>(data);
     py::module_ numpy = py::module_::import("numpy");
     py::array values = numpy.attr("asarray")(data);
@@ -185,18 +178,14 @@ Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool require
     const DType target = dtype.is_none() ? natural : dtype_from(dtype);
     if (!is_floating(target) && values.dtype().kind() == 'f') {
         const bool whole = numpy.attr("all")(numpy.attr("equal")(numpy.attr("floor")(values), values)).cast<bool>();
-        if (!whole) {
-            throw std::invalid_argument(std::string("relgrad.tensor: values with a fractional part cannot become ") +
-                                        dtype_name(target));
-        }
+        RELGRAD_CHECK(whole, "relgrad.tensor: values with a fractional part cannot become ", dtype_name(target));
     }
     // uint64 values past int64's range would wrap around (2^64 - 1 to -1) in the conversion below
     if (target == DType::int64 && values.dtype().kind() == 'u' && values.dtype().itemsize() == 8 && values.size() > 0) {
         const py::object largest = numpy.attr("max")(values);
-        if (largest.cast<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-            throw std::invalid_argument("relgrad.tensor: " + py::str(largest).cast<std::string>() +
-                                        " does not fit int64, relgrad's integer dtype (at most 2^63 - 1)");
-        }
+        RELGRAD_CHECK(largest.cast<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+                      "relgrad.tensor: ", py::str(largest).cast<std::string>(),
+                      " does not fit int64, relgrad's integer dtype (at most 2^63 - 1)");
     }
     // NumPy has no bfloat16: its values come as float64 and are rounded by relgrad (engine/half.hpp)
     const DType packed_dtype = target == DType::bfloat16 ? DType::float64 : target;
@@ -214,15 +203,11 @@ Tensor tensor_from(const py::handle& data, const py::handle& dtype, bool require
 }
 
 py::array to_numpy(const Tensor& t) {
-    if (!host_can_read(t.device())) {
-        throw std::invalid_argument(std::string("numpy(): the tensor is on the ") + device_name(t.device()) +
-                                    " device, which the host cannot read; copy it with .to('cpu') first");
-    }
-    if (t.dtype() == DType::bfloat16) {
-        throw std::invalid_argument(
-            "numpy(): NumPy has no bfloat16, so no array can share a bfloat16 tensor's memory; "
-            ".to('float32').numpy() is a float32 copy that holds its values exactly");
-    }
+    RELGRAD_CHECK(host_can_read(t.device()), "numpy(): the tensor is on the ", device_name(t.device()),
+                  " device, which the host cannot read; copy it with .to('cpu') first");
+    RELGRAD_CHECK(t.dtype() != DType::bfloat16,
+                  "numpy(): NumPy has no bfloat16, so no array can share a bfloat16 tensor's memory; "
+                  ".to('float32').numpy() is a float32 copy that holds its values exactly");
     const auto itemsize = static_cast<py::ssize_t>(dtype_size(t.dtype()));
     std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
     bool broadcast = false;
@@ -253,35 +238,26 @@ Tensor tensor_over_numpy(const py::array& array) {
     const std::string byte_order = py::str(array.dtype().attr("byteorder")).cast<std::string>();
     // relgrad names its dtypes as NumPy does; NumPy has no bfloat16
     const std::optional<DType> same_bytes = value_named(dtype_names, numpy_name);
-    if (!same_bytes || *same_bytes == DType::bfloat16) {
-        throw std::invalid_argument("from_numpy: NumPy dtype " + numpy_name +
-                                    " has no relgrad dtype of the same bytes (float32, float64, float16, int64 or "
-                                    "bool); relgrad.tensor(a) converts it into a copy");
-    }
+    RELGRAD_CHECK(same_bytes && *same_bytes != DType::bfloat16, "from_numpy: NumPy dtype ", numpy_name,
+                  " has no relgrad dtype of the same bytes (float32, float64, float16, int64 or bool); "
+                  "relgrad.tensor(a) converts it into a copy");
     const DType dtype = *same_bytes;
-    if (byte_order == ">") {
-        throw std::invalid_argument("from_numpy: the array is big-endian; relgrad.tensor(a) converts it into a copy");
-    }
-    if (!array.writeable()) {
-        throw std::invalid_argument(
-            "from_numpy: the array is read-only, and relgrad writes into a tensor's memory in place (an "
-            "optimizer's step, load_state_dict); relgrad.tensor(a) makes a copy");
-    }
+    RELGRAD_CHECK(byte_order != ">", "from_numpy: the array is big-endian; relgrad.tensor(a) converts it into a copy");
+    RELGRAD_CHECK(array.writeable(),
+                  "from_numpy: the array is read-only, and relgrad writes into a tensor's memory in place (an "
+                  "optimizer's step, load_state_dict); relgrad.tensor(a) makes a copy");
     const auto itemsize = static_cast<py::ssize_t>(dtype_size(dtype));
-    if (reinterpret_cast<std::uintptr_t>(array.data()) % static_cast<std::uintptr_t>(itemsize) != 0) {
-        throw std::invalid_argument("from_numpy: the array's elements are not aligned to their size; "
-                                    "relgrad.tensor(a) makes an aligned copy");
-    }
+    RELGRAD_CHECK(reinterpret_cast<std::uintptr_t>(array.data()) % static_cast<std::uintptr_t>(itemsize) == 0,
+                  "from_numpy: the array's elements are not aligned to their size; "
+                  "relgrad.tensor(a) makes an aligned copy");
     Shape shape, strides;
     std::size_t span = array.size() == 0 ? 0 : static_cast<std::size_t>(itemsize);  // bytes from the first element
     for (py::ssize_t d = 0; d < array.ndim(); ++d) {
         const py::ssize_t stride = array.strides(d);
-        if (array.shape(d) > 1 && (stride <= 0 || stride % itemsize != 0)) {
-            throw std::invalid_argument(
-                "from_numpy: dim " + std::to_string(d) + " has a stride of " + std::to_string(stride) +
-                " bytes; relgrad shares arrays whose strides are positive multiples of the element size (" +
-                std::to_string(itemsize) + "), so a reversed or broadcast array needs relgrad.tensor(a), a copy");
-        }
+        RELGRAD_CHECK(array.shape(d) <= 1 || (stride > 0 && stride % itemsize == 0), "from_numpy: dim ", d,
+                      " has a stride of ", stride,
+                      " bytes; relgrad shares arrays whose strides are positive multiples of the element size (",
+                      itemsize, "), so a reversed or broadcast array needs relgrad.tensor(a), a copy");
         shape.push_back(array.shape(d));
         strides.push_back(stride / itemsize);  // a size-1 dim's stride is never used: set below
         if (array.size() > 0) span += static_cast<std::size_t>((array.shape(d) - 1) * stride);
@@ -359,10 +335,7 @@ void bind_tensor(py::module_& m) {
         .def("__float__", &Tensor::item)
         .def("__bool__",
              [](const Tensor& t) {
-                 if (t.numel() != 1) {
-                     throw std::invalid_argument("the truth value of a tensor of " + std::to_string(t.numel()) +
-                                                 " elements is ambiguous");
-                 }
+                 RELGRAD_CHECK(t.numel() == 1, "the truth value of a tensor of ", t.numel(), " elements is ambiguous");
                  return t.item() != 0;
              })
         .def("tolist", [](const Tensor& t) { return numpy_copy(t).attr("tolist")(); })
@@ -425,12 +398,11 @@ void bind_tensor(py::module_& m) {
         .def("expand", [](const Tensor& t, const py::args& shape) { return t.expand(shape_from_args(shape)); })
         .def("permute", [](const Tensor& t, const py::args& dims) { return t.permute(shape_from_args(dims)); })
         .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
-        .def_property_readonly(
-            "T",
-            [](const Tensor& t) {
-                if (t.dim() != 2) throw std::invalid_argument(".T: a 2-d tensor's transpose; use transpose(d0, d1)");
-                return t.transpose(0, 1);
-            })
+        .def_property_readonly("T",
+                               [](const Tensor& t) {
+                                   RELGRAD_CHECK(t.dim() == 2, ".T: a 2-d tensor's transpose; use transpose(d0, d1)");
+                                   return t.transpose(0, 1);
+                               })
         .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
         .def("unsqueeze", &Tensor::unsqueeze, py::arg("dim"))
         .def("squeeze", &Tensor::squeeze, py::arg("dim"))

@@ -9,10 +9,10 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 #include <string_view>
 
+#include "engine/check.hpp"
 #include "engine/tensor.hpp"
 #include "train/tokenizer.hpp"
 #include "train/json_reader.hpp"
@@ -40,14 +40,13 @@ struct Line {
     int64_t number;  // from 1
     std::string text;
 
-    [[noreturn]] void fail(const std::string& what) const { throw std::runtime_error(where() + ": " + what); }
     std::string where() const { return path + ":line " + std::to_string(number); }
 };
 
 void check_utf8(const Line& line) {
-    if (const auto error = find_utf8_error(line.text)) {
-        line.fail("invalid UTF-8 at byte offset " + std::to_string(error->offset) + " of the line: " + error->reason);
-    }
+    const auto error = find_utf8_error(line.text);
+    RELGRAD_CHECK_RUNTIME(!error, line.where(), ": invalid UTF-8 at byte offset ", error->offset,
+                          " of the line: ", error->reason);
 }
 
 // The most bytes a line of a data file may hold: one example, whose tokens past data.max_length
@@ -66,7 +65,8 @@ void for_each_line(const std::string& path, Each each) {
         line.text.clear();
         std::char_traits<char>::int_type byte;
         while ((byte = bytes.sbumpc()) != '\n' && byte != std::char_traits<char>::eof()) {
-            if (line.text.size() == kMaxLineBytes) line.fail("longer than the 1 MiB a line of a data file may hold");
+            RELGRAD_CHECK_RUNTIME(line.text.size() < kMaxLineBytes, line.where(),
+                                  ": longer than the 1 MiB a line of a data file may hold");
             line.text.push_back(static_cast<char>(byte));
         }
         more = byte == '\n';
@@ -84,7 +84,7 @@ Format format_of(const std::string& path) {
     const std::string extension = fs::path(path).extension().string();
     if (extension == ".tsv") return Format::tsv;
     if (extension == ".jsonl") return Format::jsonl;
-    throw std::runtime_error(path + ": the extension must be .tsv or .jsonl, got '" + extension + "'");
+    RELGRAD_CHECK_RUNTIME(false, path, ": the extension must be .tsv or .jsonl, got '", extension, "'");
 }
 
 // A field of an example: a text, or a classification label (which may also be a JSON integer).
@@ -98,10 +98,8 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
     std::array<std::string, 2> values;
     if (format == Format::tsv) {
         const auto tabs = std::count(line.text.begin(), line.text.end(), '\t');
-        if (tabs != 1) {
-            line.fail("expected " + fields[0].name + "<TAB>" + fields[1].name + " with exactly one tab, found " +
-                      std::to_string(tabs) + " tabs");
-        }
+        RELGRAD_CHECK_RUNTIME(tabs == 1, line.where(), ": expected ", fields[0].name, "<TAB>", fields[1].name,
+                              " with exactly one tab, found ", tabs, " tabs");
         const size_t tab = line.text.find('\t');
         values = {line.text.substr(0, tab), line.text.substr(tab + 1)};
     } else {
@@ -111,26 +109,20 @@ std::array<std::string, 2> parse_example(Format format, const Line& line, const 
         } catch (const std::invalid_argument& e) {  // a file error, as every other of this file
             throw std::runtime_error(e.what());
         }
-        if (!object.is_object()) {
-            line.fail("expected a JSON object {\"" + fields[0].name + "\": ..., \"" + fields[1].name +
-                      "\": ...}, got " + json_excerpt(object));
-        }
+        RELGRAD_CHECK_RUNTIME(object.is_object(), line.where(), ": expected a JSON object {\"", fields[0].name,
+                              "\": ..., \"", fields[1].name, "\": ...}, got ", json_excerpt(object));
         for (size_t i = 0; i < 2; ++i) {
             const Field& field = fields[i];
-            if (!object.contains(field.name)) line.fail("missing key '" + field.name + "'");
+            RELGRAD_CHECK_RUNTIME(object.contains(field.name), line.where(), ": missing key '", field.name, "'");
             const json& value = object[field.name];
-            if (value.is_string()) {
-                values[i] = value.get<std::string>();
-            } else if (field.is_label && value.is_number_integer()) {
-                values[i] = value.dump();  // 7 -> "7"
-            } else {
-                line.fail("'" + field.name + "' must be a string" + (field.is_label ? " or an integer" : "") +
-                          ", got " + json_excerpt(value));
-            }
+            RELGRAD_CHECK_RUNTIME(value.is_string() || (field.is_label && value.is_number_integer()), line.where(),
+                                  ": '", field.name, "' must be a string", field.is_label ? " or an integer" : "",
+                                  ", got ", json_excerpt(value));
+            values[i] = value.is_string() ? value.get<std::string>() : value.dump();  // 7 -> "7"
         }
     }
     for (size_t i = 0; i < 2; ++i) {
-        if (values[i].empty()) line.fail("'" + fields[i].name + "' is empty");
+        RELGRAD_CHECK_RUNTIME(!values[i].empty(), line.where(), ": '", fields[i].name, "' is empty");
     }
     return values;
 }
@@ -160,9 +152,7 @@ constexpr int64_t first_filler = marker_b + 1;                           // 6
 // "task: name must be >= bound, got value", where bound spells out low and why.
 void require_at_least(const std::string& task, const std::string& name, int64_t value, int64_t low,
                       const std::string& bound) {
-    if (value < low) {
-        throw std::invalid_argument(task + ": " + name + " must be >= " + bound + ", got " + std::to_string(value));
-    }
+    RELGRAD_CHECK(value >= low, task, ": ", name, " must be >= ", bound, ", got ", value);
 }
 
 // count >= 1 and shortest <= min_length <= max_length.
@@ -207,10 +197,6 @@ Format examples_format(const std::string& path) {
     return format_of(path);
 }
 
-[[noreturn]] void no_examples(const std::string& path) {
-    throw std::runtime_error(path + ": no examples (the file is empty or only blank lines)");
-}
-
 // The two fields of every example of the file, in the order of `fields`, each text handed to
 // keep(index, text) as its line is read.
 std::vector<std::array<std::string, 2>> read_examples(const std::string& path, const std::array<Field, 2>& fields,
@@ -224,7 +210,7 @@ std::vector<std::array<std::string, 2>> read_examples(const std::string& path, c
         }
         examples.push_back(std::move(example));
     });
-    if (examples.empty()) no_examples(path);
+    RELGRAD_CHECK_RUNTIME(!examples.empty(), path, ": no examples (the file is empty or only blank lines)");
     return examples;
 }
 
@@ -250,22 +236,22 @@ size_t count_examples(const std::string& path) {
     examples_format(path);
     size_t count = 0;
     for_each_line(path, [&count](const Line&) { ++count; });
-    if (count == 0) no_examples(path);
+    RELGRAD_CHECK_RUNTIME(count > 0, path, ": no examples (the file is empty or only blank lines)");
     return count;
 }
 
 std::string read_text(const std::string& path) {
     std::string text = read_file(path, "a data file");
     skip_byte_order_mark(text);
-    if (text.empty()) throw std::runtime_error(path + ": the file is empty, expected UTF-8 text");
+    RELGRAD_CHECK_RUNTIME(!text.empty(), path, ": the file is empty, expected UTF-8 text");
     if (const auto error = find_utf8_error(text)) {
         // Name the line as an editor would: lines counted from 1, bytes from the line's start.
         const size_t previous_newline = text.rfind('\n', error->offset);
         const size_t line_start = previous_newline == std::string::npos ? 0 : previous_newline + 1;
         const auto number =
             1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(error->offset), '\n');
-        Line{path, number, ""}.fail("invalid UTF-8 at byte offset " + std::to_string(error->offset - line_start) +
-                                    " of the line: " + error->reason);
+        RELGRAD_CHECK_RUNTIME(false, Line{path, number, ""}.where(), ": invalid UTF-8 at byte offset ",
+                              error->offset - line_start, " of the line: ", error->reason);
     }
     return text;
 }
@@ -281,18 +267,11 @@ std::vector<size_t> seeded_permutation(size_t n, uint64_t seed) {
 }
 
 size_t held_out_count(size_t n, double fraction) {
-    if (!(fraction > 0 && fraction < 1)) {  // also rejects NaN
-        std::ostringstream message;
-        message << "split_held_out: fraction must be in (0, 1), got " << fraction;
-        throw std::invalid_argument(message.str());
-    }
+    // a NaN fraction fails both comparisons, so it is refused too
+    RELGRAD_CHECK(fraction > 0 && fraction < 1, "split_held_out: fraction must be in (0, 1), got ", fraction);
     const auto held_out = static_cast<size_t>(std::llround(fraction * static_cast<double>(n)));
-    if (held_out == 0 || held_out == n) {
-        std::ostringstream message;
-        message << "split_held_out: a fraction of " << fraction << " of " << n << " examples holds out " << held_out
-                << "; both the training and the held-out part must be non-empty";
-        throw std::invalid_argument(message.str());
-    }
+    RELGRAD_CHECK(held_out > 0 && held_out < n, "split_held_out: a fraction of ", fraction, " of ", n,
+                  " examples holds out ", held_out, "; both the training and the held-out part must be non-empty");
     return held_out;
 }
 
@@ -444,7 +423,7 @@ std::string default_data_dir() {
         return (fs::path(cache) / "relgrad").string();
     if (const std::string home = variable("HOME"); !home.empty())
         return (fs::path(home) / ".cache" / "relgrad").string();
-    throw std::runtime_error("no data directory: set RELGRAD_DATA (or XDG_CACHE_HOME or HOME)");
+    RELGRAD_CHECK_RUNTIME(false, "no data directory: set RELGRAD_DATA (or XDG_CACHE_HOME or HOME)");
 }
 
 }  // namespace relgrad

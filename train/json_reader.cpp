@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/check.hpp"
 #include "layers/options.hpp"
 
 namespace relgrad {
@@ -49,12 +50,12 @@ public:
         switch (event) {
             case Event::object_start: frames_.push_back({true, {}, {}, 0}); break;
             case Event::array_start: frames_.push_back({false, {}, {}, 0}); break;
-            case Event::key:
+            case Event::key: {
                 frames_.back().key = parsed.get<std::string>();
-                if (!frames_.back().keys.insert(frames_.back().key).second) {
-                    throw std::invalid_argument(where_ + ": " + path() + ": the key is given twice");
-                }
+                const bool first_time = frames_.back().keys.insert(frames_.back().key).second;
+                RELGRAD_CHECK(first_time, where_, ": ", path(), ": the key is given twice");
                 break;
+            }
             case Event::object_end:
             case Event::array_end:
                 frames_.pop_back();
@@ -100,15 +101,13 @@ const nlohmann::json JsonReader::empty_object_ = nlohmann::json::object();
 
 JsonReader::JsonReader(const nlohmann::json& object, std::string path, std::string file)
     : object_(object), path_(std::move(path)), file_(std::move(file)) {
-    if (!object_.is_object()) {
-        throw std::invalid_argument(file_ + ": " + (path_.empty() ? "/" : path_) + ": got " + json_excerpt(object_) +
-                                    ", expected an object");
-    }
+    RELGRAD_CHECK(object_.is_object(), file_, ": ", path_.empty() ? "/" : path_, ": got ", json_excerpt(object_),
+                  ", expected an object");
 }
 
 void JsonReader::fail(const std::string& key, const std::string& expected) const {
     const std::string got = object_.contains(key) ? json_excerpt(object_.at(key)) : "nothing";
-    throw std::invalid_argument(file_ + ": " + path_of(key) + ": got " + got + ", expected " + expected);
+    RELGRAD_CHECK(false, file_, ": ", path_of(key), ": got ", got, ", expected ", expected);
 }
 
 const nlohmann::json* JsonReader::value(const std::string& key) {
@@ -203,12 +202,11 @@ std::optional<std::vector<JsonReader>> JsonReader::objects(const std::string& ke
 }
 
 void JsonReader::finish() const {
+    std::string known;
+    for (const std::string& key : read_) known += (known.empty() ? "" : ", ") + key;
     for (const auto& item : object_.items()) {
-        if (read_.count(item.key())) continue;
-        std::string known;
-        for (const std::string& key : read_) known += (known.empty() ? "" : ", ") + key;
-        throw std::invalid_argument(file_ + ": " + path_of(item.key()) + ": unknown key (expected one of: " + known +
-                                    ")");
+        RELGRAD_CHECK(read_.count(item.key()), file_, ": ", path_of(item.key()),
+                      ": unknown key (expected one of: ", known, ")");
     }
 }
 

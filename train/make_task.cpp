@@ -5,6 +5,8 @@
 #include <functional>
 #include <stdexcept>
 
+#include "engine/check.hpp"
+
 namespace relgrad {
 
 namespace {
@@ -23,16 +25,11 @@ std::string resolve_data_path(const std::string& path) {
     const std::filesystem::path inside(path.substr(5));
     bool within = !inside.empty() && inside.is_relative();
     for (const auto& part : inside) within = within && part != ".." && part != "." && !part.empty();
-    if (!within) {
-        throw std::invalid_argument(path + ": expected data:NAME/FILE, a file inside the data cache (" +
-                                    default_data_dir() + ")");
-    }
+    RELGRAD_CHECK(within, path, ": expected data:NAME/FILE, a file inside the data cache (", default_data_dir(), ")");
     const std::string resolved = default_data_dir() + "/" + path.substr(5);
-    if (!std::filesystem::exists(resolved)) {
-        const std::string name = path.substr(5, path.find('/', 5) - 5);
-        throw std::invalid_argument(path + ": " + resolved + " does not exist; run 'relgrad data fetch " + name +
-                                    "' first");
-    }
+    const std::string name = path.substr(5, path.find('/', 5) - 5);
+    RELGRAD_CHECK(std::filesystem::exists(resolved), path, ": ", resolved, " does not exist; run 'relgrad data fetch ",
+                  name, "' first");
     return resolved;
 }
 
@@ -96,10 +93,8 @@ std::pair<std::vector<T>, std::vector<T>> read_split(const DataConfig& d, uint64
     const std::vector<bool> training = training_part(d, count_examples(d.train), seed);
     std::vector<T> examples =
         read_cut(d.train, [&training](size_t index) { return index < training.size() && training[index]; });
-    if (examples.size() != training.size()) {
-        throw std::runtime_error(d.train + ": changed while it was read (" + std::to_string(training.size()) +
-                                 " examples, then " + std::to_string(examples.size()) + ")");
-    }
+    RELGRAD_CHECK_RUNTIME(examples.size() == training.size(), d.train, ": changed while it was read (", training.size(),
+                          " examples, then ", examples.size(), ")");
     return split_held_out(std::move(examples), d.held_out, seed);
 }
 
@@ -115,9 +110,7 @@ std::vector<T> short_enough(std::vector<T> examples, int64_t limit, const std::s
     std::vector<T> kept;
     for (T& example : examples)
         if (tokens(example) <= limit) kept.push_back(std::move(example));
-    if (kept.empty()) {
-        throw std::invalid_argument("data." + key + " = " + std::to_string(limit) + " leaves no example of " + file);
-    }
+    RELGRAD_CHECK(!kept.empty(), "data.", key, " = ", limit, " leaves no example of ", file);
     return kept;
 }
 
@@ -170,19 +163,16 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
     for (const auto& example : train) labels.push_back(example.label);
     std::sort(labels.begin(), labels.end());
     labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
-    if (labels.size() < 2) {  // one class: nothing to learn, and an accuracy of 1 that means nothing
-        throw std::invalid_argument(d.train + ": every training example has the label '" + labels.front() +
-                                    "'; classification needs at least two labels");
-    }
+    // one class: nothing to learn, and an accuracy of 1 that means nothing
+    RELGRAD_CHECK(labels.size() >= 2, d.train, ": every training example has the label '", labels.front(),
+                  "'; classification needs at least two labels");
     if (!tokenizer) tokenizer = tokenizer_for(d, *counts);
     auto encode = [&](const std::vector<LabeledText>& examples, const std::string& where) {
         std::vector<LabeledTokens> out;
         for (const auto& example : examples) {
             const auto found = std::lower_bound(labels.begin(), labels.end(), example.label);
-            if (found == labels.end() || *found != example.label) {
-                throw std::invalid_argument(where + ": label '" + example.label +
-                                            "' does not occur in the training data");
-            }
+            RELGRAD_CHECK(found != labels.end() && *found == example.label, where, ": label '", example.label,
+                          "' does not occur in the training data");
             out.push_back({at_least_one(tokenizer->encode(example.text)), found - labels.begin()});
         }
         return out;
@@ -250,8 +240,7 @@ std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig
     }
     auto chunks = [&](const std::string& text, const std::string& where) {
         const std::vector<int64_t> ids = tokenizer->encode(text);
-        if (ids.size() < 2)
-            throw std::invalid_argument(where + ": too little text for a language model (under 2 tokens)");
+        RELGRAD_CHECK(ids.size() >= 2, where, ": too little text for a language model (under 2 tokens)");
         std::vector<std::vector<int64_t>> out;
         for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
             const std::size_t end = std::min(ids.size(), start + d.max_length + 1);

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <sstream>
-#include <stdexcept>
+
+#include "engine/check.hpp"
 
 namespace relgrad {
 
@@ -21,29 +21,12 @@ NgramCounts count_ngrams(const std::vector<std::string>& sentence, size_t n) {
     return counts;
 }
 
-void require_total(const char* function, const char* name, double value) {
-    if (!(std::isfinite(value) && value >= 0)) {
-        std::ostringstream message;
-        message << function << ": " << name << " must be a finite number >= 0, got " << value;
-        throw std::invalid_argument(message.str());
-    }
-}
-
-void require_positive_count(const char* function, const char* name, int64_t value) {
-    if (value < 1) {
-        throw std::invalid_argument(std::string(function) + ": " + name + " must be >= 1, got " +
-                                    std::to_string(value));
-    }
-}
-
 }  // namespace
 
 double accuracy(const std::vector<int64_t>& predicted, const std::vector<int64_t>& expected) {
-    if (predicted.size() != expected.size()) {
-        throw std::invalid_argument("accuracy: " + std::to_string(predicted.size()) + " predictions for " +
-                                    std::to_string(expected.size()) + " expected labels");
-    }
-    if (predicted.empty()) throw std::invalid_argument("accuracy: no predictions");
+    RELGRAD_CHECK(predicted.size() == expected.size(), "accuracy: ", predicted.size(), " predictions for ",
+                  expected.size(), " expected labels");
+    RELGRAD_CHECK(!predicted.empty(), "accuracy: no predictions");
     int64_t correct = 0;
     for (size_t i = 0; i < predicted.size(); ++i) correct += predicted[i] == expected[i];
     return static_cast<double>(correct) / static_cast<double>(predicted.size());
@@ -51,11 +34,9 @@ double accuracy(const std::vector<int64_t>& predicted, const std::vector<int64_t
 
 double corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
                    const std::vector<std::vector<std::string>>& references) {
-    if (hypotheses.size() != references.size()) {
-        throw std::invalid_argument("corpus_bleu: " + std::to_string(hypotheses.size()) + " hypotheses for " +
-                                    std::to_string(references.size()) + " references");
-    }
-    if (hypotheses.empty()) throw std::invalid_argument("corpus_bleu: no hypotheses");
+    RELGRAD_CHECK(hypotheses.size() == references.size(), "corpus_bleu: ", hypotheses.size(), " hypotheses for ",
+                  references.size(), " references");
+    RELGRAD_CHECK(!hypotheses.empty(), "corpus_bleu: no hypotheses");
 
     constexpr size_t max_order = 4;
     double log_precision_sum = 0;
@@ -84,16 +65,14 @@ double corpus_bleu(const std::vector<std::vector<std::string>>& hypotheses,
 
 SequenceScores sequence_scores(const std::vector<std::vector<int64_t>>& outputs,
                                const std::vector<std::vector<int64_t>>& targets, int64_t unknown) {
-    if (outputs.size() != targets.size()) {
-        throw std::invalid_argument("sequence_scores: " + std::to_string(outputs.size()) + " outputs for " +
-                                    std::to_string(targets.size()) + " targets");
-    }
-    if (outputs.empty()) throw std::invalid_argument("sequence_scores: no outputs");
+    RELGRAD_CHECK(outputs.size() == targets.size(), "sequence_scores: ", outputs.size(), " outputs for ",
+                  targets.size(), " targets");
+    RELGRAD_CHECK(!outputs.empty(), "sequence_scores: no outputs");
     int64_t exact = 0, token_hits = 0, target_tokens = 0;
     std::vector<std::vector<std::string>> hypotheses, references;
     for (size_t s = 0; s < outputs.size(); ++s) {
         const std::vector<int64_t>&output = outputs[s], &target = targets[s];
-        if (target.empty()) throw std::invalid_argument("sequence_scores: target " + std::to_string(s) + " is empty");
+        RELGRAD_CHECK(!target.empty(), "sequence_scores: target ", s, " is empty");
         int64_t hits = 0;
         for (size_t j = 0; j < target.size(); ++j)
             hits += j < output.size() && output[j] == target[j] && target[j] != unknown;
@@ -113,41 +92,37 @@ SequenceScores sequence_scores(const std::vector<std::vector<int64_t>>& outputs,
 }
 
 double perplexity(double total_nll_nats, int64_t tokens) {
-    require_total("perplexity", "total_nll_nats", total_nll_nats);
-    require_positive_count("perplexity", "tokens", tokens);
+    RELGRAD_CHECK(std::isfinite(total_nll_nats) && total_nll_nats >= 0,
+                  "perplexity: total_nll_nats must be a finite number >= 0, got ", total_nll_nats);
+    RELGRAD_CHECK(tokens >= 1, "perplexity: tokens must be >= 1, got ", tokens);
     return std::exp(total_nll_nats / static_cast<double>(tokens));
 }
 
 double bits_per_char(double total_nll_nats, int64_t characters) {
-    require_total("bits_per_char", "total_nll_nats", total_nll_nats);
-    require_positive_count("bits_per_char", "characters", characters);
+    RELGRAD_CHECK(std::isfinite(total_nll_nats) && total_nll_nats >= 0,
+                  "bits_per_char: total_nll_nats must be a finite number >= 0, got ", total_nll_nats);
+    RELGRAD_CHECK(characters >= 1, "bits_per_char: characters must be >= 1, got ", characters);
     return total_nll_nats / (static_cast<double>(characters) * std::log(2.0));
 }
 
 LengthBuckets::LengthBuckets(std::vector<int64_t> upper_bounds) : upper_bounds_(std::move(upper_bounds)) {
-    if (upper_bounds_.empty()) throw std::invalid_argument("LengthBuckets: needs at least one upper bound");
+    RELGRAD_CHECK(!upper_bounds_.empty(), "LengthBuckets: needs at least one upper bound");
     for (size_t i = 0; i < upper_bounds_.size(); ++i) {
         const int64_t low = i == 0 ? 1 : upper_bounds_[i - 1] + 1;  // positive, and above the bound before
-        if (upper_bounds_[i] < low) {
-            throw std::invalid_argument("LengthBuckets: upper bounds must be positive and increasing; bound " +
-                                        std::to_string(i) + " is " + std::to_string(upper_bounds_[i]) +
-                                        ", expected >= " + std::to_string(low));
-        }
+        RELGRAD_CHECK(upper_bounds_[i] >= low, "LengthBuckets: upper bounds must be positive and increasing; bound ", i,
+                      " is ", upper_bounds_[i], ", expected >= ", low);
     }
 }
 
 int64_t LengthBuckets::bucket_of(int64_t length) const {
-    if (length < 1)
-        throw std::invalid_argument("LengthBuckets::bucket_of: length must be >= 1, got " + std::to_string(length));
+    RELGRAD_CHECK(length >= 1, "LengthBuckets::bucket_of: length must be >= 1, got ", length);
     // The first bucket whose upper bound is >= length; past the last bound, the open bucket.
     return std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), length) - upper_bounds_.begin();
 }
 
 std::string LengthBuckets::name(int64_t bucket) const {
-    if (bucket < 0 || bucket >= count()) {
-        throw std::invalid_argument("LengthBuckets::name: bucket " + std::to_string(bucket) + " is out of range [0, " +
-                                    std::to_string(count()) + ")");
-    }
+    RELGRAD_CHECK(bucket >= 0 && bucket < count(), "LengthBuckets::name: bucket ", bucket, " is out of range [0, ",
+                  count(), ")");
     const auto b = static_cast<size_t>(bucket);
     if (b == upper_bounds_.size()) return ">" + std::to_string(upper_bounds_.back());
     const int64_t low = b == 0 ? 1 : upper_bounds_[b - 1] + 1, high = upper_bounds_[b];

@@ -4,8 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <stdexcept>
 #include <string>
+
+#include "engine/check.hpp"
 
 #ifdef RELGRAD_WITH_MPI
 #include <mpi.h>
@@ -35,11 +36,9 @@ int launched_size() {
 
 // n values as one of MPI's counts (an int): more in one exchange is refused, not wrapped
 int mpi_count(std::size_t n) {
-    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-        throw std::length_error("exchanging " + std::to_string(n) +
-                                " values at once between processes: MPI counts stop at 2^31 - 1 (fewer shards a "
-                                "process, or fewer parameters)");
-    }
+    RELGRAD_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<int>::max()), "exchanging ", n,
+                  " values at once between processes: MPI counts stop at 2^31 - 1 (fewer shards a process, or fewer "
+                  "parameters)");
     return static_cast<int>(n);
 }
 
@@ -76,11 +75,9 @@ Processes& Processes::world() {
             return Processes(rank, count);
         }
 #else
-        if (launched_by_mpi() && launched_size() != 1) {
-            throw std::invalid_argument(
-                "this relgrad was built without MPI (RELGRAD_MPI): it cannot train as one of "
-                "the processes an MPI launcher started");
-        }
+        RELGRAD_CHECK(!launched_by_mpi() || launched_size() == 1,
+                      "this relgrad was built without MPI (RELGRAD_MPI): it cannot train as one of the processes an "
+                      "MPI launcher started");
 #endif
         return Processes(0, 1);
     }();
@@ -131,10 +128,7 @@ std::vector<std::string> Processes::gather(const std::string& mine) const {
 
 void Processes::add_rows(const std::vector<float>& mine, std::size_t width, std::vector<float>& total,
                          RowScratch& scratch) const {
-    if (width == 0 || mine.size() % width != 0) {
-        throw std::invalid_argument("add_rows: " + std::to_string(mine.size()) + " values are not rows of " +
-                                    std::to_string(width));
-    }
+    RELGRAD_CHECK(width > 0 && mine.size() % width == 0, "add_rows: ", mine.size(), " values are not rows of ", width);
     mpi_count(mine.size() * static_cast<std::size_t>(count_));  // every offset below fits an int
     if (count_ == 1) {
         add_in_row_order(mine, width, total);

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/check.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 
@@ -19,9 +20,7 @@ void write_json_file(const fs::path& path, const json& value) { write_file(path,
 std::optional<Tokenizer> saved_tokenizer(const fs::path& run, TaskKind kind) {
     const fs::path path = run / "tokenizer.json";
     if (!reads_files(kind)) return std::nullopt;  // synthetic tasks have no text to tokenize
-    if (!fs::exists(path)) {
-        throw std::invalid_argument(path.string() + ": missing (a run on text files keeps its vocabulary there)");
-    }
+    RELGRAD_CHECK(fs::exists(path), path.string(), ": missing (a run on text files keeps its vocabulary there)");
     try {
         return Tokenizer::from_json(read_file(path, "the run's tokenizer.json"));
     } catch (const std::runtime_error& e) {
@@ -72,11 +71,9 @@ fs::path readable_checkpoint(const fs::path& run) {
     for (const char* name : {"checkpoint", "checkpoint.previous"}) {
         if (fs::exists(run / name / "state.json")) return run / name;
     }
-    if (fs::is_directory(run / "checkpoint")) {
-        throw std::invalid_argument((run / "checkpoint" / "state.json").string() +
-                                    ": missing, expected the checkpoint's state (an incomplete checkpoint)");
-    }
-    throw std::invalid_argument(run.string() + ": not a trained run (needs config.json and checkpoint/)");
+    RELGRAD_CHECK(!fs::is_directory(run / "checkpoint"), (run / "checkpoint" / "state.json").string(),
+                  ": missing, expected the checkpoint's state (an incomplete checkpoint)");
+    RELGRAD_CHECK(false, run.string(), ": not a trained run (needs config.json and checkpoint/)");
 }
 
 // state.json's record of the run: its identity, and the fingerprints of the two halves
@@ -84,28 +81,22 @@ void check_run_record(const fs::path& dir, const json& state, const json& run) {
     const fs::path state_path = dir / "state.json";
     std::string differs = first_difference(run, state["run"]);
     if (differs.empty()) differs = first_difference(state["run"], run);  // a key only the checkpoint has
-    if (!differs.empty()) {
-        const auto value_in = [&differs](const json& config) {
-            const bool named = differs.front() == '/' && config.contains(json::json_pointer(differs));
-            return named ? json_excerpt(config[json::json_pointer(differs)]) : std::string("absent");
-        };
-        throw std::invalid_argument(state_path.string() + ": the checkpoint is of another run: " + differs + " is " +
-                                    value_in(state["run"]) + " there and " + value_in(run) +
-                                    " in this run's config (a run resumes only with the config it was trained with)");
-    }
+    const auto value_in = [&differs](const json& config) {
+        const bool named = differs.front() == '/' && config.contains(json::json_pointer(differs));
+        return named ? json_excerpt(config[json::json_pointer(differs)]) : std::string("absent");
+    };
+    RELGRAD_CHECK(differs.empty(), state_path.string(), ": the checkpoint is of another run: ", differs, " is ",
+                  value_in(state["run"]), " there and ", value_in(run),
+                  " in this run's config (a run resumes only with the config it was trained with)");
     for (const char* half : {"model", "optimizer"}) {
-        if (directory_fingerprint(dir / half) != state["files"][half].get<std::string>()) {
-            throw std::invalid_argument((dir / half).string() + ": not the " + half + " state saved with " +
-                                        state_path.string() +
-                                        " (its files differ: a half of another checkpoint, or edited)");
-        }
+        RELGRAD_CHECK(directory_fingerprint(dir / half) == state["files"][half].get<std::string>(),
+                      (dir / half).string(), ": not the ", half, " state saved with ", state_path.string(),
+                      " (its files differ: a half of another checkpoint, or edited)");
     }
 }
 
 int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler, const json& run) {
-    if (!fs::exists(dir / "state.json")) {
-        throw std::invalid_argument("--resume: no checkpoint in " + dir.string());
-    }
+    RELGRAD_CHECK(fs::exists(dir / "state.json"), "--resume: no checkpoint in ", dir.string());
     const fs::path state_path = dir / "state.json";
     const json state = read_json_file(state_path);
     const char* expected = scaler ? "{\"step\": a whole number, \"run\": the run's config, \"files\": "
@@ -125,10 +116,9 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, Lo
                                        state["loss_scaler"]["scale"].is_number() &&
                                        is_int64(state["loss_scaler"].value("clean_steps", json())) &&
                                        is_int64(state["loss_scaler"].value("skipped_steps", json())));
-    if (!state.is_object() || state.size() != (scaler ? 4u : 3u) || !state.contains("step") ||
-        !is_int64(state["step"]) || state["step"].get<int64_t>() < 0 || !scaler_ok || !record_ok) {
-        throw std::invalid_argument(state_path.string() + ": expected " + expected + ", got " + json_excerpt(state));
-    }
+    RELGRAD_CHECK(state.is_object() && state.size() == (scaler ? 4u : 3u) && state.contains("step") &&
+                      is_int64(state["step"]) && state["step"].get<int64_t>() >= 0 && scaler_ok && record_ok,
+                  state_path.string(), ": expected ", expected, ", got ", json_excerpt(state));
     check_run_record(dir, state, run);
     const int64_t step = state["step"].get<int64_t>();
     int64_t skipped = 0;
@@ -143,12 +133,10 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, Lo
     }
     model.load((dir / "model").string());
     optimizer.load((dir / "optimizer").string());
-    if (optimizer.steps() != step - skipped) {  // a skipped step does not update
-        throw std::invalid_argument(state_path.string() + ": step " + std::to_string(step) +
-                                    (skipped ? " less " + std::to_string(skipped) + " skipped" : std::string()) +
-                                    ", but " + (dir / "optimizer" / "step.txt").string() + " counts " +
-                                    std::to_string(optimizer.steps()) + " (a corrupt checkpoint)");
-    }
+    // a skipped step does not update
+    RELGRAD_CHECK(optimizer.steps() == step - skipped, state_path.string(), ": step ", step,
+                  skipped ? " less " + std::to_string(skipped) + " skipped" : std::string(), ", but ",
+                  (dir / "optimizer" / "step.txt").string(), " counts ", optimizer.steps(), " (a corrupt checkpoint)");
     return step;
 }
 

@@ -1,8 +1,7 @@
 #include "train/task.hpp"
 
-#include <stdexcept>
-
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 #include "train/tokenizer.hpp"
 
@@ -108,12 +107,12 @@ Tensor counted_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
 }  // namespace
 
 std::vector<double> Task::class_probabilities(const std::vector<int64_t>& /*tokens*/) {
-    throw std::invalid_argument("a model that is not a classifier has no classes; it answers with generate");
+    RELGRAD_CHECK(false, "a model that is not a classifier has no classes; it answers with generate");
 }
 
 std::vector<int64_t> Task::generate(const std::vector<int64_t>& /*prompt*/, int64_t /*max_tokens*/,
                                     const DecodeProgress& /*progress*/) {
-    throw std::invalid_argument("generate: a classifier generates nothing; use relgrad eval");
+    RELGRAD_CHECK(false, "generate: a classifier generates nothing; use relgrad eval");
 }
 
 // ---------------------------------------------------------------- classification
@@ -234,7 +233,7 @@ std::vector<std::vector<int64_t>> SequencePairTask::greedy_decode(const std::vec
 
 std::vector<int64_t> SequencePairTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                                 const DecodeProgress& progress) {
-    if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
+    RELGRAD_CHECK(!prompt.empty(), "generate: the prompt is empty");
     return greedy_decode({prompt}, max_tokens, progress)[0];
 }
 
@@ -338,7 +337,7 @@ json PromptAnswerTask::evaluate(int64_t batch_size, const LengthBuckets& buckets
 
 std::vector<int64_t> PromptAnswerTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                                 const DecodeProgress& progress) {
-    if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
+    RELGRAD_CHECK(!prompt.empty(), "generate: the prompt is empty");
     return answers({prompt}, max_tokens, progress)[0];
 }
 
@@ -407,7 +406,7 @@ json LanguageModelTask::evaluate(int64_t batch_size, const LengthBuckets& bucket
 
 std::vector<int64_t> LanguageModelTask::generate(const std::vector<int64_t>& prompt, int64_t max_tokens,
                                                  const DecodeProgress& progress) {
-    if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
+    RELGRAD_CHECK(!prompt.empty(), "generate: the prompt is empty");
     return model_.greedy_decode(prompt, Tokenizer::eos, max_tokens, progress);
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "engine/check.hpp"
 #include "engine/enum_names.hpp"
 #include "train/json_reader.hpp"
 
@@ -45,10 +46,8 @@ LeadByte lead_byte(unsigned char b) {
 }
 
 void require_utf8(const std::string& text) {
-    if (const auto error = find_utf8_error(text)) {
-        throw std::invalid_argument("invalid UTF-8 at byte offset " + std::to_string(error->offset) + ": " +
-                                    error->reason);
-    }
+    const auto error = find_utf8_error(text);
+    RELGRAD_CHECK(!error, "invalid UTF-8 at byte offset ", error->offset, ": ", error->reason);
 }
 
 // One character (its UTF-8 bytes) as TextOptions::split_punctuation sees it.
@@ -186,9 +185,8 @@ Tokenizer::Tokenizer(Kind kind, TextOptions options, std::vector<std::string> vo
 }
 
 TokenCounts::TokenCounts(Tokenizer::Kind kind, TextOptions options) : kind_(kind), options_(options) {
-    if (kind == Tokenizer::Kind::character && options.split_punctuation) {
-        throw std::invalid_argument("TokenCounts: split_punctuation is for words (characters are split anyway)");
-    }
+    RELGRAD_CHECK(kind != Tokenizer::Kind::character || !options.split_punctuation,
+                  "TokenCounts: split_punctuation is for words (characters are split anyway)");
 }
 
 void TokenCounts::add(const std::string& text) {
@@ -205,9 +203,7 @@ void TokenCounts::add(const std::string& text) {
 }
 
 std::string first_tokens(Tokenizer::Kind kind, TextOptions options, const std::string& text, int64_t max_tokens) {
-    if (max_tokens < 0) {
-        throw std::invalid_argument("first_tokens: max_tokens must be >= 0, got " + std::to_string(max_tokens));
-    }
+    RELGRAD_CHECK(max_tokens >= 0, "first_tokens: max_tokens must be >= 0, got ", max_tokens);
     const std::string read = normalized(options, text);
     size_t end = 0;  // where the last token kept ends: lowercasing moved no byte, so also in text
     int64_t kept = 0;
@@ -228,20 +224,13 @@ Tokenizer Tokenizer::build(Kind kind, const std::vector<std::string>& texts, int
 }
 
 Tokenizer Tokenizer::build(const TokenCounts& counts, int64_t min_frequency) {
-    if (min_frequency < 1) {
-        throw std::invalid_argument("Tokenizer::build: min_frequency must be >= 1, got " +
-                                    std::to_string(min_frequency));
-    }
+    RELGRAD_CHECK(min_frequency >= 1, "Tokenizer::build: min_frequency must be >= 1, got ", min_frequency);
     std::vector<std::pair<std::string, int64_t>> kept;
     for (const auto& [piece, count] : counts.counts_) {
         if (count >= min_frequency) kept.emplace_back(piece, count);
     }
-    if (kept.empty()) {
-        throw std::invalid_argument("Tokenizer::build: no " +
-                                    std::string(counts.kind_ == Kind::character ? "character" : "word") +
-                                    " occurs at least " + std::to_string(min_frequency) + " times in the " +
-                                    std::to_string(counts.texts_) + " texts");
-    }
+    RELGRAD_CHECK(!kept.empty(), "Tokenizer::build: no ", counts.kind_ == Kind::character ? "character" : "word",
+                  " occurs at least ", min_frequency, " times in the ", counts.texts_, " texts");
     // Most frequent first; equal counts in byte order (std::string compares bytes as unsigned char).
     std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
     std::vector<std::string> vocabulary = reserved_names;
@@ -264,10 +253,8 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
     std::string text;
     bool first = true;
     for (const int64_t id : ids) {
-        if (id < 0 || id >= vocab_size()) {
-            throw std::invalid_argument("Tokenizer::decode: id " + std::to_string(id) + " is out of range [0, " +
-                                        std::to_string(vocab_size()) + ")");
-        }
+        RELGRAD_CHECK(id >= 0 && id < vocab_size(), "Tokenizer::decode: id ", id, " is out of range [0, ", vocab_size(),
+                      ")");
         if (id == pad || id == bos || id == eos) continue;
         if (kind_ == Kind::word && !first) text += ' ';
         text += vocabulary_[id];  // unk's entry is "<unk>"
@@ -285,71 +272,71 @@ std::string Tokenizer::to_json() const {
 }
 
 Tokenizer Tokenizer::from_json(const std::string& text) {
-    const auto fail = [](const std::string& what) { throw std::runtime_error("tokenizer JSON: " + what); };
     json document;
     try {
         document = parse_json(text, "tokenizer JSON");
     } catch (const std::invalid_argument& e) {
         throw std::runtime_error(e.what());
     }
-    if (!document.is_object())
-        fail("expected an object {\"kind\": ..., \"tokens\": [...]}, got " + json_excerpt(document));
+    RELGRAD_CHECK_RUNTIME(document.is_object(),
+                          "tokenizer JSON: expected an object {\"kind\": ..., \"tokens\": [...]}, got ",
+                          json_excerpt(document));
     for (const auto& item : document.items()) {
-        if (item.key() != "kind" && item.key() != "tokens" && item.key() != "lowercase" &&
-            item.key() != "split_punctuation")
-            fail("unknown key '" + item.key() + "' (expected kind, lowercase, split_punctuation and tokens)");
+        RELGRAD_CHECK_RUNTIME(item.key() == "kind" || item.key() == "tokens" || item.key() == "lowercase" ||
+                                  item.key() == "split_punctuation",
+                              "tokenizer JSON: unknown key '", item.key(),
+                              "' (expected kind, lowercase, split_punctuation and tokens)");
     }
-    if (!document.contains("kind")) fail("'kind' is required");
-    if (!document.contains("tokens")) fail("'tokens' is required");
+    RELGRAD_CHECK_RUNTIME(document.contains("kind"), "tokenizer JSON: 'kind' is required");
+    RELGRAD_CHECK_RUNTIME(document.contains("tokens"), "tokenizer JSON: 'tokens' is required");
     const json& kind_value = document["kind"];
-    if (kind_value != "char" && kind_value != "word")
-        fail("'kind' must be \"char\" or \"word\", got " + json_excerpt(kind_value));
+    RELGRAD_CHECK_RUNTIME(kind_value == "char" || kind_value == "word",
+                          "tokenizer JSON: 'kind' must be \"char\" or \"word\", got ", json_excerpt(kind_value));
     const Kind kind = parse_tokenizer_kind(kind_value.get<std::string>());
     TextOptions options;
     for (auto [key, value] :
          {std::pair{"lowercase", &options.lowercase}, {"split_punctuation", &options.split_punctuation}}) {
         if (!document.contains(key)) continue;
-        if (!document[key].is_boolean())
-            fail(std::string("'") + key + "' must be true or false, got " + json_excerpt(document[key]));
+        RELGRAD_CHECK_RUNTIME(document[key].is_boolean(), "tokenizer JSON: '", key, "' must be true or false, got ",
+                              json_excerpt(document[key]));
         *value = document[key].get<bool>();
     }
-    if (kind == Kind::character && options.split_punctuation) fail("'split_punctuation' is for words, not characters");
+    RELGRAD_CHECK_RUNTIME(kind != Kind::character || !options.split_punctuation,
+                          "tokenizer JSON: 'split_punctuation' is for words, not characters");
 
     const json& token_list = document["tokens"];
-    if (!token_list.is_array()) fail("'tokens' must be an array of strings, got " + json_excerpt(token_list));
+    RELGRAD_CHECK_RUNTIME(token_list.is_array(), "tokenizer JSON: 'tokens' must be an array of strings, got ",
+                          json_excerpt(token_list));
     std::vector<std::string> vocabulary;
     std::map<std::string, size_t> seen;
     for (size_t id = 0; id < token_list.size(); ++id) {
         const json& token = token_list[id];
         const std::string where = "tokens[" + std::to_string(id) + "]";
-        if (!token.is_string()) fail(where + " must be a string, got " + json_excerpt(token));
+        RELGRAD_CHECK_RUNTIME(token.is_string(), "tokenizer JSON: ", where, " must be a string, got ",
+                              json_excerpt(token));
         const std::string piece = token.get<std::string>();
         if (id < reserved_names.size()) {
-            if (piece != reserved_names[id]) {
-                fail(where + " must be \"" + reserved_names[id] + "\" (reserved id " + std::to_string(id) + "), got " +
-                     token.dump());
-            }
+            RELGRAD_CHECK_RUNTIME(piece == reserved_names[id], "tokenizer JSON: ", where, " must be \"",
+                                  reserved_names[id], "\" (reserved id ", id, "), got ", token.dump());
         } else {
             // A learned token must be exactly one piece of its kind, or encode() could never produce it.
             const std::vector<std::string> split = pieces(kind, options, piece);
-            if (split.size() != 1 || split[0] != piece) {
-                fail(where + " must be a single " +
-                     (kind == Kind::character ? "character" : "word without whitespace") +
-                     (options.lowercase ? ", in lower case" : "") +
-                     (options.split_punctuation ? ", not mixing punctuation and letters" : "") + ", got " +
-                     token.dump());
-            }
-            if (const auto earlier = seen.find(piece); earlier != seen.end()) {
-                fail(where + " repeats tokens[" + std::to_string(earlier->second) + "] " + token.dump());
-            }
+            RELGRAD_CHECK_RUNTIME(
+                split.size() == 1 && split[0] == piece, "tokenizer JSON: ", where, " must be a single ",
+                kind == Kind::character ? "character" : "word without whitespace",
+                options.lowercase ? ", in lower case" : "",
+                options.split_punctuation ? ", not mixing punctuation and letters" : "", ", got ", token.dump());
+            const auto earlier = seen.find(piece);
+            RELGRAD_CHECK_RUNTIME(earlier == seen.end(), "tokenizer JSON: ", where, " repeats tokens[", earlier->second,
+                                  "] ", token.dump());
             seen.emplace(piece, id);
         }
         vocabulary.push_back(piece);
     }
-    if (vocabulary.size() < reserved_names.size()) {
-        fail("'tokens' must start with the 4 reserved tokens \"<pad>\", \"<unk>\", \"<bos>\", \"<eos>\", got " +
-             std::to_string(vocabulary.size()) + " tokens");
-    }
+    RELGRAD_CHECK_RUNTIME(vocabulary.size() >= reserved_names.size(),
+                          "tokenizer JSON: 'tokens' must start with the 4 reserved tokens \"<pad>\", \"<unk>\", "
+                          "\"<bos>\", \"<eos>\", got ",
+                          vocabulary.size(), " tokens");
     return Tokenizer(kind, options, std::move(vocabulary));
 }
 

@@ -14,6 +14,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
+#include "engine/check.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 #include "train/make_task.hpp"
@@ -36,28 +37,22 @@ namespace {
 std::optional<Tokenizer> checked_output_directory(const fs::path& out, const json& resolved,
                                                   const TrainOptions& options) {
     std::error_code error;
-    if (fs::exists(out, error) && !fs::is_directory(out, error)) {
-        throw std::invalid_argument(out.string() + ": not a directory, expected the run's directory (output.dir)");
-    }
+    RELGRAD_CHECK(!fs::exists(out, error) || fs::is_directory(out, error), out.string(),
+                  ": not a directory, expected the run's directory (output.dir)");
     if (!options.resume) {
-        if (recovered_checkpoint(out)) {
-            throw std::invalid_argument(out.string() +
-                                        " already holds a run; pass --resume to continue it or choose "
-                                        "another --out");
-        }
+        const bool holds_a_run = recovered_checkpoint(out);
+        RELGRAD_CHECK(!holds_a_run, out.string(),
+                      " already holds a run; pass --resume to continue it or choose another --out");
         return std::nullopt;
     }
-    if (!fs::exists(out / "config.json")) throw std::invalid_argument("--resume: no run in " + out.string());
-    if (fs::exists(out / "summary.json")) {
-        throw std::invalid_argument("--resume: the run in " + out.string() + " is finished (it has summary.json)");
-    }
+    RELGRAD_CHECK(fs::exists(out / "config.json"), "--resume: no run in ", out.string());
+    RELGRAD_CHECK(!fs::exists(out / "summary.json"), "--resume: the run in ", out.string(),
+                  " is finished (it has summary.json)");
     // read back through the parser, so that a key added to relgrad since has its default
     const json saved = Config::parse(read_json_file(out / "config.json"), (out / "config.json").string()).resolved();
     const std::string differs = first_difference(run_identity(resolved), run_identity(saved));
-    if (!differs.empty()) {
-        throw std::invalid_argument("--resume: " + differs + " differs from the config " + out.string() +
-                                    " was trained with");
-    }
+    RELGRAD_CHECK(differs.empty(), "--resume: ", differs, " differs from the config ", out.string(),
+                  " was trained with");
     return saved_tokenizer(out, parse_task_kind(saved));
 }
 
@@ -72,11 +67,8 @@ std::vector<json> keep_metrics_up_to(const fs::path& path, int64_t step, const C
     const std::string text = read_file(path, "the run's metrics (metrics.jsonl)");
     const int64_t log_every = config.training.log_every, eval_every = config.evaluation.every;
     auto expect = [&](bool condition, int64_t line, const std::string& what) {
-        if (!condition) {
-            throw std::invalid_argument(path.string() + ":line " + std::to_string(line) + ": " + what +
-                                        " (the metrics do not belong to the checkpoint at step " +
-                                        std::to_string(step) + ")");
-        }
+        RELGRAD_CHECK(condition, path.string(), ":line ", line, ": ", what,
+                      " (the metrics do not belong to the checkpoint at step ", step, ")");
     };
     std::string kept;
     std::vector<json> evaluations;
@@ -140,14 +132,10 @@ Start first_step(const fs::path& out, const Config& config, const json& resolved
     }
     // a checkpoint cut short was put back by train(), on rank 0, before any process reads it
     const int64_t step = load_checkpoint(out / "checkpoint", model, optimizer, scaler, run_identity(resolved));
-    if (step > total_steps) {
-        throw std::invalid_argument((out / "checkpoint" / "state.json").string() + ": step " + std::to_string(step) +
-                                    " is past the run's " + std::to_string(total_steps) + " steps");
-    }
-    if (options.stop_after > 0 && options.stop_after <= step) {
-        throw std::invalid_argument("--stop-after " + std::to_string(options.stop_after) +
-                                    ": the checkpoint is already at step " + std::to_string(step));
-    }
+    RELGRAD_CHECK(step <= total_steps, (out / "checkpoint" / "state.json").string(), ": step ", step,
+                  " is past the run's ", total_steps, " steps");
+    RELGRAD_CHECK(options.stop_after <= 0 || options.stop_after > step, "--stop-after ", options.stop_after,
+                  ": the checkpoint is already at step ", step);
     if (!writes) return {step, {}};
     return {step,
             keep_metrics_up_to(out / "metrics.jsonl", step, config, total_steps, scaler ? scaler->skipped_steps() : 0)};
@@ -387,11 +375,11 @@ std::string duration(double seconds) {
 class MetricsFile {
 public:
     explicit MetricsFile(fs::path path) : path_(std::move(path)), out_(path_, std::ios::app) {
-        if (!out_) throw std::runtime_error(path_.string() + ": cannot open for writing");
+        RELGRAD_CHECK_RUNTIME(out_, path_.string(), ": cannot open for writing");
     }
     void append(const json& entry) {
         out_ << entry.dump() << "\n" << std::flush;
-        if (!out_) throw std::runtime_error(path_.string() + ": write failed");
+        RELGRAD_CHECK_RUNTIME(out_, path_.string(), ": write failed");
     }
 
 private:
@@ -457,17 +445,11 @@ Config with_shards(Config config, const Processes& processes, const TrainOptions
     }
     if (!config.training.shards && processes.count() > 1) config.training.shards = processes.count();
     const int64_t shards = config.training.shards.value_or(1), count = processes.count();
-    if (shards % count != 0) {
-        throw std::invalid_argument("/training/shards " + std::to_string(shards) + " cannot be shared by " +
-                                    std::to_string(count) +
-                                    " processes (each takes as many shards): run on a number of processes that "
-                                    "divides it");
-    }
-    if (shards > config.training.batch_size) {
-        throw std::invalid_argument("/training/shards " + std::to_string(shards) + " (one per process) exceeds " +
-                                    "training.batch_size " + std::to_string(config.training.batch_size) +
-                                    ": a shard holds one example or more");
-    }
+    RELGRAD_CHECK(shards % count == 0, "/training/shards ", shards, " cannot be shared by ", count,
+                  " processes (each takes as many shards): run on a number of processes that divides it");
+    RELGRAD_CHECK(shards <= config.training.batch_size, "/training/shards ", shards,
+                  " (one per process) exceeds training.batch_size ", config.training.batch_size,
+                  ": a shard holds one example or more");
     return config;
 }
 
@@ -517,11 +499,8 @@ void check_processes_agree(const Processes& processes, const Config& config, con
             {"program", "another program"},
             {"device", "another device"}};
         for (const auto& [part, what] : parts) {
-            if (other[part] == first[part]) continue;
-            throw std::invalid_argument("rank " + std::to_string(rank) + " of " + std::to_string(processes.count()) +
-                                        " has " + what +
-                                        " than rank 0: the processes of a run need the same config, data files, "
-                                        "program and device");
+            RELGRAD_CHECK(other[part] == first[part], "rank ", rank, " of ", processes.count(), " has ", what,
+                          " than rank 0: the processes of a run need the same config, data files, program and device");
         }
     }
 }
@@ -529,7 +508,7 @@ void check_processes_agree(const Processes& processes, const Config& config, con
 }  // namespace
 
 std::vector<std::vector<int64_t>> length_groups(const std::vector<int64_t>& lengths, int64_t group_size) {
-    if (group_size <= 0) throw std::invalid_argument("length_groups: group_size must be positive");
+    RELGRAD_CHECK(group_size > 0, "length_groups: group_size must be positive");
     std::vector<int64_t> order(lengths.size());
     std::iota(order.begin(), order.end(), int64_t{0});
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] < lengths[b]; });
@@ -567,10 +546,8 @@ json train(const Config& requested, const TrainOptions& requested_options) {
 
     Generator init_gen(config.training.seed);
     std::unique_ptr<Task> task = make_task(config, Init{init_gen, DType::float32}, tokenizer);
-    if (config.training.batch_size > task->train_size()) {
-        throw std::invalid_argument("/training/batch_size " + std::to_string(config.training.batch_size) +
-                                    " exceeds the " + std::to_string(task->train_size()) + " training examples");
-    }
+    RELGRAD_CHECK(config.training.batch_size <= task->train_size(), "/training/batch_size ", config.training.batch_size,
+                  " exceeds the ", task->train_size(), " training examples");
     if (options.progress) {
         task->on_evaluation_batch = [](int64_t done, int64_t total) {
             std::fprintf(stderr, "\revaluating: batch %lld/%lld   ", static_cast<long long>(done),
@@ -595,12 +572,9 @@ json train(const Config& requested, const TrainOptions& requested_options) {
         std::vector<double> steps;
         processes.gather(std::vector<double>{static_cast<double>(resumed_at)}, steps);
         for (std::size_t rank = 1; rank < steps.size(); ++rank) {
-            if (steps[rank] != steps[0]) {
-                throw std::invalid_argument("rank " + std::to_string(rank) + " resumes at step " +
-                                            std::to_string(static_cast<int64_t>(steps[rank])) + ", rank 0 at step " +
-                                            std::to_string(static_cast<int64_t>(steps[0])) +
-                                            ": the processes of a run must read one run directory (output.dir)");
-            }
+            RELGRAD_CHECK(steps[rank] == steps[0], "rank ", rank, " resumes at step ",
+                          static_cast<int64_t>(steps[rank]), ", rank 0 at step ", static_cast<int64_t>(steps[0]),
+                          ": the processes of a run must read one run directory (output.dir)");
         }
     }
     std::optional<MetricsFile> metrics;
