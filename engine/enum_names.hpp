@@ -31,6 +31,18 @@ const char* name_of(const EnumName<Enum> (&table)[N], Enum value) {
     return "";
 }
 
+// A table of some of an enum's values takes their entries from the enum's table, so that each name
+// is spelled once:
+//     constexpr EnumName<DType> floating_dtype_names[] = {entry_of(dtype_names, DType::float32), ...};
+// (a value missing from the table is a compile error where the result must be a constant)
+template <class Enum, std::size_t N>
+constexpr EnumName<Enum> entry_of(const EnumName<Enum> (&table)[N], Enum value) {
+    for (const EnumName<Enum>& entry : table) {
+        if (entry.value == value) return entry;
+    }
+    throw std::logic_error("entry_of: a value that is not in the table");
+}
+
 template <class Enum, std::size_t N>
 std::optional<Enum> value_named(const EnumName<Enum> (&table)[N], const std::string& name) {
     for (const EnumName<Enum>& entry : table) {

@@ -35,7 +35,8 @@ inline constexpr EnumName<DType> dtype_names[] = {
     {DType::float16, "float16"}, {DType::int64, "int64"},     {DType::boolean, "bool"}};
 // the dtypes a layer computes in (a layer spec's and a module's dtype)
 inline constexpr EnumName<DType> floating_dtype_names[] = {
-    {DType::float32, "float32"}, {DType::float64, "float64"}, {DType::bfloat16, "bfloat16"}, {DType::float16, "float16"}};
+    entry_of(dtype_names, DType::float32), entry_of(dtype_names, DType::float64),
+    entry_of(dtype_names, DType::bfloat16), entry_of(dtype_names, DType::float16)};
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

@@ -75,6 +75,8 @@ std::vector<double> alibi_slopes(int64_t heads);
 // T5's bucket of a distance r = j - i (Raffel et al. 2020; HF's _relative_position_bucket): exact
 // for short distances, log-spaced up to max_distance, then the last bucket; bidirectional: half
 // the buckets for keys after the query, causal: only keys before it (later ones share bucket 0).
+// T5's own choice, the defaults of t5_buckets and t5_max_distance: 32 buckets, the last from 128 on.
+inline constexpr int64_t t5_default_buckets = 32, t5_default_max_distance = 128;
 int64_t t5_bucket(int64_t distance, bool bidirectional, int64_t num_buckets, int64_t max_distance);
 
 // The family's options; relative_family_option_fields below gives each one's range and default.
@@ -91,9 +93,9 @@ void rope_option_fields(Fields& f, RelativeFamilyOptions& o) {
 }
 template <class Fields>
 void t5_option_fields(Fields& f, RelativeFamilyOptions& o) {
-    f.integer("t5_buckets", o.t5_buckets, 4, 4096, 32,
+    f.integer("t5_buckets", o.t5_buckets, 4, 4096, t5_default_buckets,
               "T5 bias: the buckets of distances (half per side if bidirectional)");
-    f.integer("t5_max_distance", o.t5_max_distance, 1, int64_t{1} << 30, 128,
+    f.integer("t5_max_distance", o.t5_max_distance, 1, int64_t{1} << 30, t5_default_max_distance,
               "T5 bias: distances from here on share the last bucket");
     f.check(o.t5_max_distance > o.t5_buckets / 2, "t5_max_distance",
             "more than t5_buckets / 2 = " + std::to_string(o.t5_buckets / 2) + " (the exact buckets end there)");

@@ -258,8 +258,9 @@ void bind_nn(py::module_& m) {
         "The mask a fused attention's rules stand for (None when nothing is hidden)");
 
     nn.def("alibi_slopes", &alibi_slopes, py::arg("heads"), "ALiBi's slope m_h of each head (Press et al. 2022)");
-    nn.def("t5_bucket", &t5_bucket, py::arg("distance"), py::arg("bidirectional") = true, py::arg("num_buckets") = 32,
-           py::arg("max_distance") = 128, "T5's bucket of the distance j - i (Raffel et al. 2020)");
+    nn.def("t5_bucket", &t5_bucket, py::arg("distance"), py::arg("bidirectional") = true,
+           py::arg("num_buckets") = t5_default_buckets, py::arg("max_distance") = t5_default_max_distance,
+           "T5's bucket of the distance j - i (Raffel et al. 2020)");
 
     bind_attention(nn);
     bind_models(nn);

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -26,6 +27,7 @@
 
 #include "engine/attention_pattern.hpp"
 #include "engine/half.hpp"
+#include "engine/host_device.hpp"
 #include "engine/storage.hpp"
 #include "engine/tensor.hpp"
 
@@ -46,6 +48,20 @@ enum class UnaryOp {
     clamp,       // min(max(x, a), b)
     inside,      // 1 if a < x < b else 0       (the local derivative of clamp)
 };
+
+// gelu(x) = x Phi(x), with Phi(x) = (1 + erf(x / sqrt 2)) / 2 the standard normal's CDF, and its
+// local derivative Phi(x) + x phi(x), with phi(x) = exp(-x^2 / 2) / sqrt(2 pi) the normal's density.
+// Written once for both backends: x is a float or a double in a CUDA kernel and an xtensor
+// expression in a CPU one (erf and exp are then xtensor's, found by argument-dependent lookup).
+template <class T, class X>
+RELGRAD_HOST_DEVICE auto gelu_formula(const X& x) {
+    return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));  // 0.707... = 1 / sqrt 2
+}
+template <class T, class X>
+RELGRAD_HOST_DEVICE auto gelu_grad_formula(const X& x) {
+    return T(0.5) * (T(1) + erf(x * T(0.70710678118654752440))) +
+           x * T(0.39894228040143267794) * exp(T(-0.5) * x * x);  // 0.398... = 1 / sqrt(2 pi)
+}
 
 enum class BinaryOp { add, sub, mul, div, pow, equal };
 
@@ -233,39 +249,13 @@ protected:
     explicit Backend(Device device, int64_t max_dims = std::numeric_limits<int64_t>::max());
 
 private:
-    // The device's kernels, called once the public ones above have checked their operands; on
-    // the device's own memory, and the same contract.
-    virtual void do_fill(Tensor& out, double value) = 0;
-    // src and dst of one shape
-    virtual void do_copy(const Tensor& src, Tensor& dst) = 0;
-    virtual void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) = 0;
-    virtual void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-    virtual void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-    virtual void do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) = 0;
-    // dims not empty
-    virtual void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) = 0;
-    virtual void do_batched_gemm(const GemmBatch& products, Tensor& out) = 0;
-    virtual void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
-    virtual void do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
-    virtual void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) = 0;
-    virtual void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) = 0;
-    // x and out contiguous, seen as [rows, columns] with columns > 0
-    virtual void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) = 0;
-    virtual void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) = 0;
-    // out contiguous bool [Lq, Lk]
-    virtual void do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) = 0;
-    virtual void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index,
-                                      const Tensor& mask, double scale, Tensor& bucket_weights) = 0;
-    virtual void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                               const Tensor& index, double scale, Tensor& d_bucket_scores) = 0;
-    // The fused kernels take q, k, v, z and dz in 16 bits where supports(fused_attention_16_bit)
-    // says so, else as float32 copies; tables, the bias and every output are float32 for them.
-    virtual void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                                    double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse);
-    virtual void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
-                                             const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern,
-                                             double scale, const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk,
-                                             Tensor& dv, Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias);
+    // The device's kernels (device_kernels.inc), called once the public ones above have checked
+    // their operands.
+#define RELGRAD_DEVICE_KERNEL(...) virtual __VA_ARGS__ = 0;
+#define RELGRAD_OPTIONAL_DEVICE_KERNEL(...) virtual __VA_ARGS__;
+#include "engine/backend/device_kernels.inc"
+#undef RELGRAD_DEVICE_KERNEL
+#undef RELGRAD_OPTIONAL_DEVICE_KERNEL
 
     // Every kernel starts here: an operand on another device is a bug of the op that called it
     // (std::logic_error); one of more dims than the device's kernels take, an std::invalid_argument.

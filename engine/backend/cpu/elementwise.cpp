@@ -210,9 +210,7 @@ namespace {
 // O = f(X) for xtensor views X and O of one shape, of float or double
 template <class T, class Out, class In>
 void apply_unary(UnaryOp op, Out& O, const In& X, double a, double b) {
-    const T one(1), zero(0), half(0.5);
-    const T inv_sqrt2 = T(1.0 / std::sqrt(2.0));
-    const T inv_sqrt_2pi = T(1.0 / std::sqrt(2.0 * M_PI));
+    const T one(1), zero(0);
     switch (op) {
         case UnaryOp::neg: xt::noalias(O) = -X; break;
         case UnaryOp::exp: xt::noalias(O) = xt::exp(X); break;
@@ -221,11 +219,9 @@ void apply_unary(UnaryOp op, Out& O, const In& X, double a, double b) {
         case UnaryOp::tanh: xt::noalias(O) = xt::tanh(X); break;
         case UnaryOp::sigmoid: xt::noalias(O) = one / (one + xt::exp(-X)); break;
         case UnaryOp::relu: xt::noalias(O) = xt::where(X > zero, X, zero); break;
-        case UnaryOp::gelu: xt::noalias(O) = half * X * (one + xt::erf(X * inv_sqrt2)); break;
+        case UnaryOp::gelu: xt::noalias(O) = gelu_formula<T>(X); break;
         case UnaryOp::relu_grad: xt::noalias(O) = xt::where(X > zero, one, zero); break;
-        case UnaryOp::gelu_grad:
-            xt::noalias(O) = half * (one + xt::erf(X * inv_sqrt2)) + X * inv_sqrt_2pi * xt::exp(-half * X * X);
-            break;
+        case UnaryOp::gelu_grad: xt::noalias(O) = gelu_grad_formula<T>(X); break;
         case UnaryOp::pow_scalar: xt::noalias(O) = xt::pow(X, T(a)); break;
         case UnaryOp::clamp: xt::noalias(O) = xt::clip(X, T(a), T(b)); break;
         case UnaryOp::inside: xt::noalias(O) = xt::where(X > T(a) && X < T(b), one, zero); break;

@@ -64,31 +64,11 @@ public:
     ErrorReport error_report(const char* kernel, BadInput kind, int64_t dim = 0);
 
 private:
-    void do_fill(Tensor& out, double value) override;
-    void do_copy(const Tensor& src, Tensor& dst) override;
-    void do_unary(UnaryOp op, const Tensor& x, Tensor& out, double a, double b) override;
-    void do_binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void do_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) override;
-    void do_dropout(const Tensor& x, const Tensor& residual, const DropoutMask& mask, Tensor& out) override;
-    void do_reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) override;
-    void do_batched_gemm(const GemmBatch& products, Tensor& out) override;
-    void do_gather(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void do_scatter_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void do_index_select(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out) override;
-    void do_index_add(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) override;
-    void do_softmax_last_dim(const Tensor& x, int64_t rows, int64_t columns, bool log, Tensor& out) override;
-    void do_rotate_pairs(const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out) override;
-    void do_pattern_mask(bool causal, int64_t window, int64_t query_offset, Tensor& out) override;
-    void do_attention_softmax(Tensor& scores, const Tensor& bucket_scores, const Tensor& index, const Tensor& mask,
-                              double scale, Tensor& bucket_weights) override;
-    void do_attention_softmax_backward(Tensor& grad, const Tensor& weights, const Tensor& d_buckets,
-                                       const Tensor& index, double scale, Tensor& d_bucket_scores) override;
-    void do_fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
-                            double scale, const ClippedRelativeTerms& relative, Tensor& z, Tensor& lse) override;
-    void do_fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& z,
-                                     const Tensor& lse, const Tensor& dz, const AttentionPattern& pattern, double scale,
-                                     const ClippedRelativeTerms& relative, Tensor& dq, Tensor& dk, Tensor& dv,
-                                     Tensor& d_table_k, Tensor& d_table_v, Tensor& d_distance_bias) override;
+#define RELGRAD_DEVICE_KERNEL(...) __VA_ARGS__ override;
+#define RELGRAD_OPTIONAL_DEVICE_KERNEL(...) __VA_ARGS__ override;
+#include "engine/backend/device_kernels.inc"
+#undef RELGRAD_DEVICE_KERNEL
+#undef RELGRAD_OPTIONAL_DEVICE_KERNEL
 
     // throws what the error record holds, if anything, and empties it and unread_
     void throw_reported_error();

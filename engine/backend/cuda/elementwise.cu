@@ -39,8 +39,7 @@ __global__ void copy_kernel(const S* src, Layout src_layout, D* dst, Layout dst_
 // f(x) for the UnaryOp op; a and b are the scalar parameters of pow_scalar, clamp and inside
 template <class T>
 __device__ T unary_value(UnaryOp op, T x, T a, T b) {
-    const T one(1), zero(0), half(0.5);
-    const T inv_sqrt2 = T(0.70710678118654752440), inv_sqrt_2pi = T(0.39894228040143267794);
+    const T one(1), zero(0);
     switch (op) {
         case UnaryOp::neg: return -x;
         case UnaryOp::exp: return exp(x);
@@ -49,9 +48,9 @@ __device__ T unary_value(UnaryOp op, T x, T a, T b) {
         case UnaryOp::tanh: return tanh(x);
         case UnaryOp::sigmoid: return one / (one + exp(-x));
         case UnaryOp::relu: return x > zero ? x : zero;
-        case UnaryOp::gelu: return half * x * (one + erf(x * inv_sqrt2));  // x Phi(x)
+        case UnaryOp::gelu: return gelu_formula<T>(x);
         case UnaryOp::relu_grad: return x > zero ? one : zero;
-        case UnaryOp::gelu_grad: return half * (one + erf(x * inv_sqrt2)) + x * inv_sqrt_2pi * exp(-half * x * x);
+        case UnaryOp::gelu_grad: return gelu_grad_formula<T>(x);
         case UnaryOp::pow_scalar: return pow(x, a);
         case UnaryOp::clamp: return x < a ? a : (x > b ? b : x);
         case UnaryOp::inside: return x > a && x < b ? one : zero;
