@@ -1,5 +1,6 @@
 #include "commands/layer_command.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -75,97 +76,109 @@ LayerRun run_of(std::unique_ptr<Layer> layer, int64_t model_dim, int64_t in_dim)
     return run;
 }
 
+// A layer that attends: x [B, L, D] and the mask; "causal" adds the causal rule.
+LayerRun attention_run(std::unique_ptr<Module> layer, std::function<Tensor(const Tensor&, const Tensor&)> forward,
+                       int64_t dim, bool causal) {
+    LayerRun run;
+    run.module = std::move(layer);
+    run.forward = std::move(forward);
+    run.model_dim = dim;
+    run.takes_mask = true;
+    run.causal = causal;
+    return run;
+}
+
+// An attention layer with the position scheme `position`: its options as the model's description
+// has them (attention_option_fields: the same names, defaults and rules), built by make_attention.
+template <PositionMode position>
+LayerRun build_attention(Spec& spec, const Init& init) {
+    TransformerOptions o;
+    o.position = position;
+    const bool causal = spec.flag("causal", false);
+    bool t5_bidirectional = true;
+    attention_option_fields(spec, position, o, t5_bidirectional, /*bidirectional_default=*/!causal);
+    std::unique_ptr<MultiHeadAttention> attention = make_attention(o, init, t5_bidirectional);
+    MultiHeadAttention* raw = attention.get();
+    return attention_run(
+        std::move(attention), [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, x, mask); }, o.dim,
+        causal);
+}
+
+LayerRun build_sinusoidal(Spec& spec, const Init&) {
+    const int64_t dim = spec.size("dim");
+    return run_of(std::make_unique<SinusoidalPositionalEncoding>(dim), dim, -1);
+}
+
+LayerRun build_learned_positions(Spec& spec, const Init& init) {
+    const int64_t max_positions = spec.size("max_positions"), dim = spec.size("dim");
+    spec.require_parameter("dim", dim, "max_positions", max_positions);
+    return run_of(std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, init), dim, -1);
+}
+
+LayerRun build_linear(Spec& spec, const Init& init) {
+    const int64_t in = spec.size("in_features"), out = spec.size("out_features");
+    spec.require_parameter("out_features", out, "in_features", in);
+    return run_of(std::make_unique<Linear>(in, out, init, spec.flag("bias", true)), -1, in);
+}
+
+LayerRun build_layer_norm(Spec& spec, const Init& init) {
+    const int64_t dim = spec.size("dim");
+    const double eps = spec.reader().number("eps", 0, 1, layer_norm_eps, true);
+    return run_of(std::make_unique<LayerNorm>(dim, init, eps), -1, dim);
+}
+
+LayerRun build_feed_forward(Spec& spec, const Init& init) {  // dim and ff_dim as the model's description has them
+    TransformerOptions o;
+    dim_field(spec, o);
+    ff_dim_field(spec, o);
+    spec.require_parameter("ff_dim", o.ff_dim, "dim", o.dim);
+    return run_of(std::make_unique<FeedForward>(o.dim, o.ff_dim, 0.0, init), -1, o.dim);
+}
+
+LayerRun build_encoder_layer(Spec& spec, const Init& init) {
+    TransformerOptions o;
+    block_option_fields(spec, o);  // layers/transformer.hpp
+    spec.check(o.position != PositionMode::sinusoidal && o.position != PositionMode::learned, "position",
+               "none, relative, gated, rope, alibi or t5 (sinusoidal and learned positions are added to the "
+               "embeddings, outside the layer)");
+    spec.require_parameter("ff_dim", o.ff_dim, "dim", o.dim);  // [D, D] and the tables are within it
+    const bool causal = spec.flag("causal", false);
+    auto layer = std::make_unique<EncoderLayer>(o, init);
+    EncoderLayer* raw = layer.get();
+    return attention_run(
+        std::move(layer), [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, mask); }, o.dim, causal);
+}
+
+// The layer types of a spec's "type", each with the function that reads its options and builds it.
+struct LayerType {
+    const char* name;
+    LayerRun (*build)(Spec& spec, const Init& init);
+};
+constexpr LayerType layer_types[] = {
+    {"attention", build_attention<PositionMode::none>},
+    {"relative_attention", build_attention<PositionMode::relative>},
+    {"gated_attention", build_attention<PositionMode::gated>},
+    {"rope_attention", build_attention<PositionMode::rope>},
+    {"alibi_attention", build_attention<PositionMode::alibi>},
+    {"t5_attention", build_attention<PositionMode::t5>},
+    {"sinusoidal", build_sinusoidal},
+    {"learned_positions", build_learned_positions},
+    {"linear", build_linear},
+    {"layer_norm", build_layer_norm},
+    {"feed_forward", build_feed_forward},
+    {"encoder_layer", build_encoder_layer},
+};
+
 LayerRun build_layer(Spec& spec, Generator& gen) {
-    JsonReader& r = spec.reader();
-    const std::string type = r.text("type");
+    std::vector<std::string> names;
+    for (const LayerType& type : layer_types) names.push_back(type.name);
+    const std::string name = spec.reader().text("type");
+    const auto type = std::find_if(std::begin(layer_types), std::end(layer_types),
+                                   [&](const LayerType& t) { return name == t.name; });
+    if (type == std::end(layer_types)) spec.reader().fail("type", "a layer type: " + names_text(names));
     DType dtype = DType::float32;
     spec.named("dtype", dtype, floating_dtype_names, DType::float32);
-    const Init init{gen, dtype};
-    LayerRun run;
-    const bool family = type == "rope_attention" || type == "alibi_attention" || type == "t5_attention";
-    if (type == "attention" || type == "relative_attention" || type == "gated_attention" || family) {
-        const int64_t dim = spec.size("dim"), heads = spec.size("heads");
-        spec.check(dim % heads == 0, "heads", "a divisor of dim = " + std::to_string(dim));
-        run.causal = spec.flag("causal", false);
-        // W_q .. W_o are [D, D]; the tables [K, D] at most and the low-rank factors [rank, D] stay
-        // within 2^28 elements when they do, as the description bounds K and rank by 8193
-        spec.require_parameter("dim", dim, "dim", dim);
-        std::unique_ptr<MultiHeadAttention> attention;
-        if (type == "attention") {
-            attention = std::make_unique<MultiHeadAttention>(dim, heads, init);
-        } else if (family) {
-            RelativeFamilyOptions options;
-            if (type == "rope_attention") rope_option_fields(spec, options);
-            if (type == "t5_attention") t5_option_fields(spec, options);
-            bool bidirectional = true;
-            if (type == "t5_attention") t5_direction_field(spec, bidirectional, !run.causal);
-            AttentionImpl impl = AttentionImpl::bucketed;
-            attention_form_field(spec, impl);
-            if (type == "rope_attention") {
-                spec.check((dim / heads) % 2 == 0, "heads", "such that the head dim dim / heads is even (RoPE)");
-                attention = std::make_unique<RotaryMultiHeadAttention>(dim, heads, options.rope_base, impl, init);
-            } else if (type == "alibi_attention") {
-                attention = std::make_unique<AlibiAttention>(dim, heads, impl, init);
-            } else {
-                attention = std::make_unique<T5BiasAttention>(dim, heads, options, bidirectional, impl, init);
-            }
-        } else {
-            RelativeOptions relative;
-            relative_option_fields(spec, relative);
-            AttentionImpl impl = AttentionImpl::bucketed;
-            attention_form_field(spec, impl);
-            if (type == "relative_attention") {
-                attention = std::make_unique<RelativeMultiHeadAttention>(dim, heads, relative, impl, init);
-            } else {
-                spec.check(impl != AttentionImpl::fused, "attention", "reference or bucketed (no fused gated form)");
-                bool token_gate = false;
-                token_gate_field(spec, token_gate);
-                attention = std::make_unique<GatedPositionAttention>(dim, heads, relative, impl, token_gate, init);
-            }
-        }
-        MultiHeadAttention* raw = attention.get();
-        run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, x, mask); };
-        run.module = std::move(attention);
-        run.model_dim = dim;
-        run.takes_mask = true;
-    } else if (type == "sinusoidal") {
-        const int64_t dim = spec.size("dim");
-        run = run_of(std::make_unique<SinusoidalPositionalEncoding>(dim), dim, -1);
-    } else if (type == "learned_positions") {
-        const int64_t max_positions = spec.size("max_positions"), dim = spec.size("dim");
-        spec.require_parameter("dim", dim, "max_positions", max_positions);
-        run = run_of(std::make_unique<LearnedPositionalEmbedding>(max_positions, dim, init), dim, -1);
-    } else if (type == "linear") {
-        const int64_t in = spec.size("in_features"), out = spec.size("out_features");
-        spec.require_parameter("out_features", out, "in_features", in);
-        run = run_of(std::make_unique<Linear>(in, out, init, spec.flag("bias", true)), -1, in);
-    } else if (type == "layer_norm") {
-        const int64_t dim = spec.size("dim");
-        const double eps = r.number("eps", 0, 1, layer_norm_eps, true);
-        run = run_of(std::make_unique<LayerNorm>(dim, init, eps), -1, dim);
-    } else if (type == "feed_forward") {
-        const int64_t dim = spec.size("dim"), ff_dim = spec.size("ff_dim");
-        spec.require_parameter("ff_dim", ff_dim, "dim", dim);
-        run = run_of(std::make_unique<FeedForward>(dim, ff_dim, 0.0, init), -1, dim);
-    } else if (type == "encoder_layer") {
-        TransformerOptions o;
-        block_option_fields(spec, o);  // layers/transformer.hpp
-        spec.check(o.position != PositionMode::sinusoidal && o.position != PositionMode::learned, "position",
-                   "none, relative, gated, rope, alibi or t5 (sinusoidal and learned positions are added to the "
-                   "embeddings, outside the layer)");
-        spec.require_parameter("ff_dim", o.ff_dim, "dim", o.dim);  // [D, D] and the tables are within it
-        run.causal = spec.flag("causal", false);
-        auto layer = std::make_unique<EncoderLayer>(o, init);
-        EncoderLayer* raw = layer.get();
-        run.forward = [raw](const Tensor& x, const Tensor& mask) { return raw->forward(x, mask); };
-        run.module = std::move(layer);
-        run.model_dim = o.dim;
-        run.takes_mask = true;
-    } else {
-        r.fail("type",
-               "a layer type: attention, relative_attention, gated_attention, rope_attention, alibi_attention, "
-               "t5_attention, sinusoidal, learned_positions, linear, layer_norm, feed_forward or encoder_layer");
-    }
+    LayerRun run = type->build(spec, Init{gen, dtype});
     run.dtype = dtype;
     run.module->eval();
     return run;

@@ -6,9 +6,15 @@
 #include <string>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
+
+// "dim = 10, heads = 3", the sizes a broken rule names
+static std::string sizes_text(int64_t dim, int64_t heads) {
+    return "dim = " + std::to_string(dim) + ", heads = " + std::to_string(heads);
+}
 
 // ---------------------------------------------------------------- masks
 
@@ -50,11 +56,14 @@ const char* attention_impl_name(AttentionImpl impl) { return name_of(attention_i
 
 // ---------------------------------------------------------------- multi-head attention
 
+void require_rule(const AttentionRule& rule, const char* layer, const std::string& given) {
+    RELGRAD_CHECK(rule.holds, layer, ": ", given, ": expected ", rule.key, " ", rule.expected);
+}
+
 static int64_t head_dim_of(int64_t dim, int64_t heads) {
-    if (heads <= 0 || dim <= 0 || dim % heads != 0) {
-        throw std::invalid_argument("attention: dim " + std::to_string(dim) + " must be a positive multiple of heads " +
-                                    std::to_string(heads));
-    }
+    RELGRAD_CHECK(dim > 0 && heads > 0, "attention: dim and heads must be positive, got dim = ", dim,
+                  ", heads = ", heads);
+    require_rule(heads_divide_dim(dim, heads), "attention", sizes_text(dim, heads));
     return dim / heads;
 }
 
@@ -270,11 +279,11 @@ Tensor RelativeMultiHeadAttention::values(const Tensor& a, const Tensor& v, int6
 // ---------------------------------------------------------------- gated
 
 // The gate mixes the relative term with an absolute one inside the scores, which the fused kernel
-// does not take: the gated layer composes its scores op by op (bucketed) or from the tables (reference).
+// does not take: the gated layer composes its scores op by op (bucketed) or from the tables
+// (reference).
 static void require_composed_form(AttentionImpl impl) {
-    if (impl == AttentionImpl::fused) {
-        throw std::invalid_argument("GatedPositionAttention: no fused form; use the reference or bucketed one");
-    }
+    require_rule(gated_form_is_composed(impl), "GatedPositionAttention",
+                 std::string("attention = ") + attention_impl_name(impl));
 }
 
 GatedPositionAttention::GatedPositionAttention(int64_t d, int64_t h, const RelativeOptions& options,
@@ -336,10 +345,7 @@ MultiHeadAttention::Scores GatedPositionAttention::scores(const Tensor& query_in
 RotaryMultiHeadAttention::RotaryMultiHeadAttention(int64_t d, int64_t h, double base_, AttentionImpl impl_,
                                                    const Init& init)
     : MultiHeadAttention(d, h, init), base(base_), impl(impl_) {
-    if (head_dim % 2 != 0) {
-        throw std::invalid_argument("RotaryMultiHeadAttention: the head dim " + std::to_string(head_dim) +
-                                    " must be even (RoPE rotates pairs)");
-    }
+    require_rule(rope_head_dim_is_even(d, h), "RotaryMultiHeadAttention", sizes_text(d, h));
     rope_tables(0, head_dim, 0, base, init.dtype);  // checks the base
 }
 

@@ -69,6 +69,32 @@ void token_gate_field(Fields& f, bool& token_gate) {
     f.flag("token_gate", token_gate, false, "gated positions: a gate per token as well as per head");
 }
 
+// The three rules on attention's sizes and form, each stated once here. An options description
+// reports a broken rule at its key (check_rule: a config, a layer spec, Python keywords); a layer
+// built in C++ from sizes given directly throws it (require_rule, naming the layer).
+struct AttentionRule {
+    bool holds;
+    const char* key;       // the option it is reported at
+    std::string expected;  // what that option must be
+};
+inline AttentionRule heads_divide_dim(int64_t dim, int64_t heads) {
+    return {heads > 0 && dim % heads == 0, "heads", "a divisor of dim = " + std::to_string(dim)};
+}
+inline AttentionRule rope_head_dim_is_even(int64_t dim, int64_t heads) {  // RoPE rotates pairs
+    return {heads > 0 && (dim / heads) % 2 == 0, "heads",
+            "such that the head dim dim / heads is even (RoPE rotates pairs)"};
+}
+inline AttentionRule gated_form_is_composed(AttentionImpl impl) {  // the gate sits inside the scores
+    return {impl != AttentionImpl::fused, "attention", "reference or bucketed (the gated layer has no fused form)"};
+}
+template <class Fields>
+void check_rule(Fields& f, const AttentionRule& rule) {
+    f.check(rule.holds, rule.key, rule.expected);
+}
+// throws std::invalid_argument "layer: given: expected ...", e.g. "attention: dim = 10, heads = 3:
+// expected heads a divisor of dim = 10"
+void require_rule(const AttentionRule& rule, const char* layer, const std::string& given);
+
 class MultiHeadAttention : public Module {
 public:
     MultiHeadAttention(int64_t dim, int64_t heads, const Init& init);

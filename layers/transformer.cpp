@@ -6,28 +6,31 @@
 #include <string>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {
 
 const char* position_mode_name(PositionMode mode) { return name_of(position_mode_names, mode); }
 
-// The self-attention a position mode calls for.
-static std::unique_ptr<MultiHeadAttention> make_self_attention(const TransformerOptions& o, const Init& init,
-                                                               const Embedding* t5_table) {
+std::unique_ptr<MultiHeadAttention> make_attention(const TransformerOptions& o, const Init& init, bool t5_bidirectional,
+                                                   const Embedding* t5_table) {
     switch (o.position) {
         case PositionMode::rope:
             return std::make_unique<RotaryMultiHeadAttention>(o.dim, o.heads, o.family.rope_base, o.impl, init);
         case PositionMode::alibi: return std::make_unique<AlibiAttention>(o.dim, o.heads, o.impl, init);
         case PositionMode::t5:
-            return std::make_unique<T5BiasAttention>(o.dim, o.heads, o.family, /*bidirectional=*/true, o.impl, init,
+            return std::make_unique<T5BiasAttention>(o.dim, o.heads, o.family, t5_bidirectional, o.impl, init,
                                                      t5_table);
         case PositionMode::relative:
             return std::make_unique<RelativeMultiHeadAttention>(o.dim, o.heads, o.relative, o.impl, init);
         case PositionMode::gated:
             return std::make_unique<GatedPositionAttention>(o.dim, o.heads, o.relative, o.impl, o.token_gate, init);
-        default: return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
+        case PositionMode::none:
+        case PositionMode::sinusoidal:
+        case PositionMode::learned: return std::make_unique<MultiHeadAttention>(o.dim, o.heads, init);
     }
+    RELGRAD_INTERNAL_ASSERT(false, "make_attention: position mode ", static_cast<int>(o.position));
 }
 
 // The T5 table a stack's later layers share with its first (t5_share_layers), or null.
@@ -44,7 +47,7 @@ void make_causal(MultiHeadAttention& attention) {
 EncoderLayer::EncoderLayer(const TransformerOptions& o, const Init& init, const Embedding* t5_table)
     : options(o),
       norm1(o.dim, init),
-      self_attention(make_self_attention(o, init, t5_table)),
+      self_attention(make_attention(o, init, /*t5_bidirectional=*/true, t5_table)),
       norm2(o.dim, init),
       feed_forward(o.dim, o.ff_dim, o.dropout, init),
       dropout(o.dropout, init.gen.next_u64()) {
@@ -69,7 +72,7 @@ Tensor EncoderLayer::forward_incremental(const Tensor& x, KVCache& cache) {
 DecoderLayer::DecoderLayer(const TransformerOptions& o, const Init& init, const Embedding* t5_table)
     : options(o),
       norm1(o.dim, init),
-      self_attention(make_self_attention(o, init, t5_table)),
+      self_attention(make_attention(o, init, /*t5_bidirectional=*/true, t5_table)),
       norm2(o.dim, init),
       cross_attention(o.dim, o.heads, init),
       norm3(o.dim, init),

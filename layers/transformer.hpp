@@ -47,25 +47,60 @@ struct TransformerOptions {
     bool checkpoint;
 };
 
-// The description of TransformerOptions (layers/options.hpp), in three parts: what one block
-// takes (the encoder_layer of a layer spec, relgrad.nn.EncoderLayer), the whole stack (a config's
-// model section, the models), and the two options a config gives elsewhere (gradient_checkpointing
-// in its training section; max_positions from its data).
+// The description of TransformerOptions (layers/options.hpp), in parts: the sizes, what one
+// attention layer takes for its position scheme (a layer spec's attention types, relgrad.nn's
+// attention classes), what one block takes (the encoder_layer of a layer spec,
+// relgrad.nn.EncoderLayer), the whole stack (a config's model section, the models), and the two
+// options a config gives elsewhere (gradient_checkpointing in its training section; max_positions
+// from its data).
+template <class Fields>
+void dim_field(Fields& f, TransformerOptions& o) {
+    f.integer("dim", o.dim, 1, 8192, 64, "the model width D");
+}
+template <class Fields>
+void heads_field(Fields& f, TransformerOptions& o) {
+    f.integer("heads", o.heads, 1, 256, 4, "attention heads H (a divisor of dim)");
+    check_rule(f, heads_divide_dim(o.dim, o.heads));
+}
+template <class Fields>
+void ff_dim_field(Fields& f, TransformerOptions& o) {
+    f.integer("ff_dim", o.ff_dim, 1, 65536, 4 * o.dim, "the feed-forward's hidden width: 4 dim unless given");
+}
+// The options of an attention layer with the position scheme `position` (none: plain attention;
+// sinusoidal and learned positions are outside attention, so none too), only those it reads.
+// t5_bidirectional: T5's direction, defaulting to `bidirectional_default`.
+template <class Fields>
+void attention_option_fields(Fields& f, PositionMode position, TransformerOptions& o, bool& t5_bidirectional,
+                             bool bidirectional_default) {
+    dim_field(f, o);
+    heads_field(f, o);
+    if (position == PositionMode::relative || position == PositionMode::gated) relative_option_fields(f, o.relative);
+    if (position == PositionMode::rope) rope_option_fields(f, o.family);
+    if (position == PositionMode::t5) {
+        t5_option_fields(f, o.family);
+        t5_direction_field(f, t5_bidirectional, bidirectional_default);
+    }
+    const bool plain =
+        position == PositionMode::none || position == PositionMode::sinusoidal || position == PositionMode::learned;
+    if (!plain) attention_form_field(f, o.impl);
+    if (position == PositionMode::rope) check_rule(f, rope_head_dim_is_even(o.dim, o.heads));
+    if (position == PositionMode::gated) {
+        check_rule(f, gated_form_is_composed(o.impl));
+        token_gate_field(f, o.token_gate);
+    }
+}
 template <class Fields>
 void block_option_fields(Fields& f, TransformerOptions& o) {
-    f.integer("dim", o.dim, 1, 8192, 64, "the model width D");
-    f.integer("heads", o.heads, 1, 256, 4, "attention heads H (a divisor of dim)");
-    f.check(o.dim % o.heads == 0, "heads", "a divisor of dim = " + std::to_string(o.dim));
-    f.integer("ff_dim", o.ff_dim, 1, 65536, 4 * o.dim, "the feed-forward's hidden width: 4 dim unless given");
+    dim_field(f, o);
+    heads_field(f, o);
+    ff_dim_field(f, o);
     f.number("dropout", o.dropout, 0, 0.99, false, 0.1, "dropout after attention, feed-forward and embeddings");
     f.named("position", o.position, position_mode_names, PositionMode::relative, "how positions enter");
     relative_option_fields(f, o.relative);
     relative_family_option_fields(f, o.family);
     attention_form_field(f, o.impl);
-    f.check(o.position != PositionMode::gated || o.impl != AttentionImpl::fused, "attention",
-            "reference or bucketed with position \"gated\" (the gated layer has no fused form)");
-    f.check(o.position != PositionMode::rope || (o.dim / o.heads) % 2 == 0, "heads",
-            "such that the head dim dim / heads is even with position \"rope\" (it rotates pairs)");
+    if (o.position == PositionMode::gated) check_rule(f, gated_form_is_composed(o.impl));
+    if (o.position == PositionMode::rope) check_rule(f, rope_head_dim_is_even(o.dim, o.heads));
     token_gate_field(f, o.token_gate);
 }
 template <class Fields>
@@ -89,6 +124,12 @@ inline TransformerOptions::TransformerOptions() {
     gradient_checkpointing_field(defaults, *this);
     max_positions_field(defaults, *this);
 }
+
+// The self-attention of options.position, the one builder of every attention class by its scheme
+// (plain MultiHeadAttention for none, sinusoidal and learned). t5_bidirectional: T5's direction;
+// t5_table: a stack's shared T5 table (t5_share_layers), or null for a table of its own.
+std::unique_ptr<MultiHeadAttention> make_attention(const TransformerOptions& options, const Init& init,
+                                                   bool t5_bidirectional = true, const Embedding* t5_table = nullptr);
 
 // Makes a self-attention causal: only keys at or before each query, and T5's causal buckets.
 void make_causal(MultiHeadAttention& attention);

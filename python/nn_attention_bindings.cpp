@@ -1,9 +1,10 @@
 // relgrad.nn's attention layers: plain multi-head attention, Shaw's relative attention in its
-// three forms, the gated mix of relative and absolute terms, and RoPE, ALiBi and T5's bias; the
-// relative layers read their keyword options through the descriptions of layers/position.hpp.
+// three forms, the gated mix of relative and absolute terms, and RoPE, ALiBi and T5's bias. Each
+// reads its sizes and keyword options through attention_option_fields (layers/transformer.hpp) and
+// is built by make_attention, as a `relgrad layer` spec's attention types are.
 #include <optional>
 
-#include "layers/attention.hpp"
+#include "layers/transformer.hpp"
 #include "python/nn_bindings.hpp"
 #include "python/nn_options.hpp"
 
@@ -11,43 +12,39 @@ namespace relgrad::python {
 
 namespace {
 
-// The relative layers' keyword options: Shaw's, the form, and the gated layer's token gate.
-struct RelativeLayerOptions {
-    RelativeOptions relative;
-    AttentionImpl impl = AttentionImpl::bucketed;
-    bool token_gate = false;
+// An attention class's options: dim, heads and what its position scheme reads
+// (attention_option_fields in layers/transformer.hpp, as a layer spec reads them), T5's direction.
+struct AttentionLayerOptions {
+    TransformerOptions model;
+    bool t5_bidirectional = true;
 };
-
-// Their description; the gated layer's has the token gate too.
-struct RelativeLayerDescription {
-    bool gated;
+struct AttentionDescription {
+    PositionMode position;
     template <class Fields>
-    void operator()(Fields& f, RelativeLayerOptions& o) const {
-        relative_option_fields(f, o.relative);
-        attention_form_field(f, o.impl);
-        if (gated) token_gate_field(f, o.token_gate);
+    void operator()(Fields& f, AttentionLayerOptions& o) const {
+        attention_option_fields(f, position, o.model, o.t5_bidirectional, /*bidirectional_default=*/true);
     }
 };
 
-// The relative family's keyword options: the form, and RoPE's or T5's own.
-enum class FamilyLayer { rope, alibi, t5 };
-struct FamilyLayerOptions {
-    RelativeFamilyOptions family;
-    AttentionImpl impl = AttentionImpl::bucketed;
-    bool bidirectional = true;
-};
-struct FamilyLayerDescription {
-    FamilyLayer layer;
-    template <class Fields>
-    void operator()(Fields& f, FamilyLayerOptions& o) const {
-        if (layer == FamilyLayer::rope) rope_option_fields(f, o.family);
-        if (layer == FamilyLayer::t5) {
-            t5_option_fields(f, o.family);
-            t5_direction_field(f, o.bidirectional, true);
-        }
-        attention_form_field(f, o.impl);
-    }
-};
+// The constructor of the attention class of `position`: dim and heads, positional or keywords,
+// range-checked with the other keyword options as a config's are; built by make_attention.
+template <class Layer>
+auto init_attention(PositionMode position) {
+    return py::init([position](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
+        const auto with_sizes = py::reinterpret_steal<py::kwargs>(PyDict_Copy(kwargs.ptr()));
+        with_sizes["dim"] = dim;
+        with_sizes["heads"] = heads;
+        LayerKwargs b(with_sizes);
+        AttentionLayerOptions o = read_options<AttentionLayerOptions>(b.fields, AttentionDescription{position});
+        o.model.position = position;
+        std::unique_ptr<MultiHeadAttention> layer = make_attention(o.model, b.init(), o.t5_bidirectional);
+        return std::unique_ptr<Layer>(static_cast<Layer*>(layer.release()));
+    });
+}
+
+const char* attention_doc(const std::string& summary, PositionMode position) {
+    return options_doc<AttentionLayerOptions>(summary, AttentionDescription{position});
+}
 
 // A family layer's `impl` attribute, by name as the keyword takes it
 template <class Layer, class Class>
@@ -62,41 +59,23 @@ void bind_family(py::module_& nn) {
     py::class_<RotaryMultiHeadAttention, MultiHeadAttention> rotary(
         nn, "RotaryMultiHeadAttention", "RoPE: attention of q and k rotated by their positions");
     rotary
-        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 const FamilyLayerOptions o =
-                     read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::rope});
-                 return std::make_unique<RotaryMultiHeadAttention>(dim, heads, o.family.rope_base, o.impl, b.init());
-             }),
-             py::arg("dim"), py::arg("heads"),
-             options_doc<FamilyLayerOptions>("RoPE (Su et al. 2021)", FamilyLayerDescription{FamilyLayer::rope}))
+        .def(init_attention<RotaryMultiHeadAttention>(PositionMode::rope), py::arg("dim"), py::arg("heads"),
+             attention_doc("RoPE (Su et al. 2021)", PositionMode::rope))
         .def_readonly("base", &RotaryMultiHeadAttention::base);
     impl_property<RotaryMultiHeadAttention>(rotary);
 
     py::class_<AlibiAttention, MultiHeadAttention> alibi(nn, "AlibiAttention",
                                                          "ALiBi: the score bias -m_h |j - i|, no parameters");
     alibi
-        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 const FamilyLayerOptions o =
-                     read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::alibi});
-                 return std::make_unique<AlibiAttention>(dim, heads, o.impl, b.init());
-             }),
-             py::arg("dim"), py::arg("heads"),
-             options_doc<FamilyLayerOptions>("ALiBi (Press et al. 2022)", FamilyLayerDescription{FamilyLayer::alibi}))
+        .def(init_attention<AlibiAttention>(PositionMode::alibi), py::arg("dim"), py::arg("heads"),
+             attention_doc("ALiBi (Press et al. 2022)", PositionMode::alibi))
         .def_readonly("slopes", &AlibiAttention::slopes, "m_h per head");
     impl_property<AlibiAttention>(alibi);
 
     py::class_<T5BiasAttention, MultiHeadAttention> t5(
         nn, "T5BiasAttention", "T5's bias: a learned score bias per head and log-spaced bucket of j - i");
-    t5.def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-               LayerKwargs b(kwargs);
-               const FamilyLayerOptions o =
-                   read_options<FamilyLayerOptions>(b.fields, FamilyLayerDescription{FamilyLayer::t5});
-               return std::make_unique<T5BiasAttention>(dim, heads, o.family, o.bidirectional, o.impl, b.init());
-           }),
-           py::arg("dim"), py::arg("heads"),
-           options_doc<FamilyLayerOptions>("T5's bias (Raffel et al. 2020)", FamilyLayerDescription{FamilyLayer::t5}))
+    t5.def(init_attention<T5BiasAttention>(PositionMode::t5), py::arg("dim"), py::arg("heads"),
+           attention_doc("T5's bias (Raffel et al. 2020)", PositionMode::t5))
         .def_readonly("num_buckets", &T5BiasAttention::num_buckets)
         .def_readonly("max_distance", &T5BiasAttention::max_distance)
         .def_readwrite("bidirectional", &T5BiasAttention::bidirectional);
@@ -109,10 +88,8 @@ void bind_family(py::module_& nn) {
 
 void bind_attention(py::module_& nn) {
     LayerClass<MultiHeadAttention> mha(nn, "MultiHeadAttention", "Scaled dot-product attention over H heads");
-    mha.def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                return std::make_unique<MultiHeadAttention>(dim, heads, seed_and_dtype(kwargs).init());
-            }),
-            py::arg("dim"), py::arg("heads"))
+    mha.def(init_attention<MultiHeadAttention>(PositionMode::none), py::arg("dim"), py::arg("heads"),
+            attention_doc("Scaled dot-product attention over H heads", PositionMode::none))
         .def(
             "__call__",
             [](MultiHeadAttention& layer, const Tensor& query, const std::optional<Tensor>& key_value,
@@ -137,14 +114,8 @@ void bind_attention(py::module_& nn) {
         nn, "RelativeMultiHeadAttention",
         "Attention with Shaw's key and value terms; attention=: reference | bucketed | fused");
     relative_mha
-        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 const RelativeLayerOptions o =
-                     read_options<RelativeLayerOptions>(b.fields, RelativeLayerDescription{false});
-                 return std::make_unique<RelativeMultiHeadAttention>(dim, heads, o.relative, o.impl, b.init());
-             }),
-             py::arg("dim"), py::arg("heads"),
-             options_doc<RelativeLayerOptions>("Shaw's relative attention", RelativeLayerDescription{false}))
+        .def(init_attention<RelativeMultiHeadAttention>(PositionMode::relative), py::arg("dim"), py::arg("heads"),
+             attention_doc("Shaw's relative attention", PositionMode::relative))
         .def_property(
             "impl",
             [](const RelativeMultiHeadAttention& layer) { return std::string(attention_impl_name(layer.impl)); },
@@ -159,16 +130,8 @@ void bind_attention(py::module_& nn) {
     py::class_<GatedPositionAttention, RelativeMultiHeadAttention> gated(
         nn, "GatedPositionAttention", "Relative and absolute position terms mixed per head by g = sigmoid(lambda)");
     gated
-        .def(py::init([](int64_t dim, int64_t heads, const py::kwargs& kwargs) {
-                 LayerKwargs b(kwargs);
-                 const RelativeLayerOptions o =
-                     read_options<RelativeLayerOptions>(b.fields, RelativeLayerDescription{true});
-                 return std::make_unique<GatedPositionAttention>(dim, heads, o.relative, o.impl, o.token_gate,
-                                                                 b.init());
-             }),
-             py::arg("dim"), py::arg("heads"),
-             options_doc<RelativeLayerOptions>("Relative and absolute terms mixed by a gate",
-                                               RelativeLayerDescription{true}))
+        .def(init_attention<GatedPositionAttention>(PositionMode::gated), py::arg("dim"), py::arg("heads"),
+             attention_doc("Relative and absolute terms mixed by a gate", PositionMode::gated))
         .def("gate_values", &GatedPositionAttention::gate_values, "g per head: 1 = relative, 0 = absolute")
         .def_property_readonly(
             "gate", [](const GatedPositionAttention& l) { return l.gate; }, "lambda [H]")

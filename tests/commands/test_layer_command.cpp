@@ -141,7 +141,8 @@ TEST_CASE("relgrad layer runs RoPE, ALiBi and T5's bias in the fused form: the f
     }
     Workspace w;
     w.write_spec(R"({"type": "rope_attention", "dim": 6, "heads": 2})");
-    CHECK(w.error() == w.spec.string() + ": /heads: got 2, expected such that the head dim dim / heads is even (RoPE)");
+    CHECK(w.error() == w.spec.string() +
+                           ": /heads: got 2, expected such that the head dim dim / heads is even (RoPE rotates pairs)");
     w.write_spec(R"({"type": "alibi_attention", "dim": 6, "heads": 2, "rope_base": 100})");
     CHECK(w.error().find("rope_base") != std::string::npos);
 }
@@ -166,13 +167,16 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     w.write_spec(R"({"type": "attention", "dim": 3, "heads": 2})");  // the file and both keys, not the class's words
     CHECK(w.error() == spec + ": /heads: got 2, expected a divisor of dim = 3");
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": -2})");
-    CHECK(w.error() == spec + ": /heads: got -2, expected an integer in [1, 1048576]");
+    CHECK(w.error() == spec + ": /heads: got -2, expected an integer in [1, 256]");
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "attention": "fast"})");
     CHECK(w.error() == spec + ": /attention: got \"fast\", expected one of \"reference\", \"bucketed\", \"fused\"");
     w.write_spec(R"({"type": "gated_attention", "dim": 4, "heads": 2, "attention": "fused"})");
-    CHECK(w.error() == spec + ": /attention: got \"fused\", expected reference or bucketed (no fused gated form)");
+    CHECK(w.error() ==
+          spec + ": /attention: got \"fused\", expected reference or bucketed (the gated layer has no fused form)");
     w.write_spec(R"({"type": "rotary", "dim": 4})");
-    CHECK(w.error().find(spec + ": /type: got \"rotary\", expected a layer type: attention,") == 0);
+    CHECK(w.error().find(
+              spec + ": /type: got \"rotary\", expected a layer type: one of \"attention\", \"relative_attention\",") ==
+          0);
     w.write_spec(R"({"dim": 4})");
     CHECK(w.error() == spec + ": /type: got nothing, expected a string");
     w.write_spec(R"({"type": "relative_attention", "dim": 4, "heads": 2, "dtype": "float8"})");
@@ -192,9 +196,7 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
                            ": /out_features: got 1048576, expected a size that keeps each parameter within 2^28 "
                            "elements: [out_features, in_features] = [1048576, 1048576] would have 1099511627776");
     w.write_spec(R"({"type": "relative_attention", "dim": 32768, "heads": 2})");
-    CHECK(w.error() == spec +
-                           ": /dim: got 32768, expected a size that keeps each parameter within 2^28 elements: [dim, "
-                           "dim] = [32768, 32768] would have 1073741824");
+    CHECK(w.error() == spec + ": /dim: got 32768, expected an integer in [1, 8192]");  // the model's range
     w.write_spec(R"({"type": "encoder_layer", "dim": 8192, "heads": 2, "ff_dim": 65536})");
     CHECK(w.error() == spec +
                            ": /ff_dim: got 65536, expected a size that keeps each parameter within 2^28 elements: "
@@ -236,4 +238,18 @@ TEST_CASE("bad specs and files are reported with the file and what was expected"
     fs::remove(w.in / "mask.npy");
     CHECK(w.error() == in + "/dy.npy: expected the output's shape [3, 3, 4], got [1, 3, 4]");
     CHECK_FALSE(fs::exists(w.out));  // nothing written on any error
+}
+
+TEST_CASE("a spec's attention and feed-forward sizes default as a config's model section does") {
+    Workspace w;
+    w.save("x.npy", random_input({1, 3, 5}, 1).detach());
+    w.write_spec(R"({"type": "relative_attention"})");  // dim 64, heads 4
+    CHECK(w.error() == (w.in / "x.npy").string() + ": expected shape [B, L, 64], got [1, 3, 5]");
+    w.write_spec(R"({"type": "attention", "dim": 8})");  // heads 4 divides 8
+    CHECK(w.error() == (w.in / "x.npy").string() + ": expected shape [B, L, 8], got [1, 3, 5]");
+    w.write_spec(R"({"type": "attention", "dim": 6})");  // but not 6
+    CHECK(w.error() == w.spec.string() + ": /heads: got nothing, expected a divisor of dim = 6");
+    w.save("x.npy", random_input({2, 5}, 1).detach());
+    w.write_spec(R"({"type": "feed_forward", "dim": 5})");  // ff_dim = 4 dim
+    CHECK(w.error() == (w.in / "fc1.weight.npy").string() + ": missing (the parameter fc1.weight, shape [20, 5])");
 }

@@ -416,9 +416,11 @@ TEST_CASE("RoPE: rotated q . k depends on j - i alone, and the rotation keeps le
     CHECK_THROWS_WITH_AS(rope(q, -1), "rope: first position -1 must be >= 0", std::invalid_argument);
     CHECK_THROWS_AS(rope(q, 0, 0.0), std::invalid_argument);
     Generator gen(1);
-    CHECK_THROWS_WITH_AS(RotaryMultiHeadAttention(6, 2, 10000, AttentionImpl::fused, Init{gen}),
-                         "RotaryMultiHeadAttention: the head dim 3 must be even (RoPE rotates pairs)",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        RotaryMultiHeadAttention(6, 2, 10000, AttentionImpl::fused, Init{gen}),
+        "RotaryMultiHeadAttention: dim = 6, heads = 2: expected heads such that the head dim dim / heads is even "
+        "(RoPE rotates pairs)",
+        std::invalid_argument);
 }
 
 TEST_CASE("ALiBi's slopes and T5's buckets, as the papers' code computes them") {
