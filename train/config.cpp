@@ -59,13 +59,16 @@ public:
     void text(const char* key, std::string& value, const std::string& fallback) {
         value = section_->text(key, fallback);
     }
-    // the value's default is the fallback
-    void integers(const char* key, std::vector<int64_t>& value, int64_t low, int64_t high, std::size_t count) {
-        value = section_->integers(key, low, high, count, value);
+    // count: exactly that many values, 0 any number
+    void integers(const char* key, std::vector<int64_t>& value, int64_t low, int64_t high, std::size_t count,
+                  const std::vector<int64_t>& fallback) {
+        value = section_->integers(key, low, high, count, fallback);
     }
-    void groups(const char* key, std::vector<ParameterGroupConfig>& value) {
+    void groups(const char* key, std::vector<ParameterGroupConfig>& value,
+                const std::vector<ParameterGroupConfig>& fallback) {
+        value = fallback;
         const auto readers = section_->objects(key);
-        if (!readers) return;  // the default
+        if (!readers) return;
         value.clear();
         for (JsonReader group : *readers) {
             ParameterGroupConfig g;
@@ -105,10 +108,12 @@ public:
         if (value) (*object_)[key] = *value;
     }
     void text(const char* key, const std::string& value, const std::string&) { (*object_)[key] = value; }
-    void integers(const char* key, const std::vector<int64_t>& value, int64_t, int64_t, std::size_t) {
+    void integers(const char* key, const std::vector<int64_t>& value, int64_t, int64_t, std::size_t,
+                  const std::vector<int64_t>&) {
         (*object_)[key] = value;
     }
-    void groups(const char* key, const std::vector<ParameterGroupConfig>& value) {
+    void groups(const char* key, const std::vector<ParameterGroupConfig>& value,
+                const std::vector<ParameterGroupConfig>&) {
         nlohmann::json list = nlohmann::json::array();
         for (const ParameterGroupConfig& g : value) {
             nlohmann::json group{{"match", g.match}};
@@ -124,24 +129,70 @@ public:
     nlohmann::json document = nlohmann::json::object();
 };
 
-// Every key of a config: its section, range and default, the member it sets and the checks that
-// involve it, in the order they are read (the section structs of config.hpp also initialise their
-// members). parse() walks it with a FieldReader, resolved()
-// with a FieldWriter.
+// config_keys(): each key's row, checks skipped.
+class KeyLister {
+public:
+    void section(const char* name) { section_ = name; }
+    template <class Integer>
+    void integer(const char* key, Integer&, int64_t low, int64_t high, int64_t fallback, const char* = "") {
+        add(key, "integer", low, high, fallback);
+    }
+    void number(const char* key, double&, double low, double high, bool above_low, double fallback, const char* = "") {
+        add(key, "number", low, high, fallback).above_low = above_low;
+    }
+    void flag(const char* key, bool&, bool fallback, const char* = "") { add(key, "boolean", 0, 0, fallback); }
+    template <class Enum, std::size_t N>
+    void named(const char* key, Enum&, const EnumName<Enum> (&names)[N], Enum fallback, const char* = "") {
+        add(key, "string", 0, 0, name_of(names, fallback)).names = names_of(names);
+    }
+    int64_t shorthand(const char* key, int64_t low, int64_t high, int64_t fallback, const char* = "") {
+        add(key, "integer", low, high, fallback);
+        return fallback;
+    }
+    void check(bool, const char*, const std::string&) {}
+    template <class Value>
+    void optional_integer(const char* key, Value&, int64_t low, int64_t high) {
+        add(key, "integer", low, high, nullptr);
+    }
+    void text(const char* key, std::string&, const std::string& fallback) { add(key, "string", 0, 0, fallback); }
+    void integers(const char* key, std::vector<int64_t>&, int64_t low, int64_t high, std::size_t,
+                  const std::vector<int64_t>& fallback) {
+        add(key, "integers", low, high, fallback);
+    }
+    void groups(const char* key, std::vector<ParameterGroupConfig>&, const std::vector<ParameterGroupConfig>&) {
+        add(key, "groups", 0, 0, nullptr);
+    }
+    void not_both(const char*, const char*) {}
+
+    std::vector<ConfigKey> keys;
+
+private:
+    ConfigKey& add(const char* key, const char* kind, double low, double high, const nlohmann::json& fallback) {
+        keys.push_back({section_, key, kind, low, high, false, {}, fallback});
+        return keys.back();
+    }
+    std::string section_;
+};
+
+// Every key of a config: its section, range and default (the member's initializer in config.hpp,
+// read from `defaults`), the member it sets and the checks that involve it, in the order they are
+// read. parse() walks it with a FieldReader, resolved() with a FieldWriter, config_keys() with a
+// KeyLister (the rows docs/training.md's tables must show: a test compares them).
 template <class Fields>
 void config_fields(Fields& f, Config& c) {
+    const Config defaults;  // the section structs' initializers: each default once, there
     f.section("model");
     TransformerOptions& t = c.model.transformer;
     transformer_option_fields(f, t);  // layers/transformer.hpp: one row per option
-    f.named("pooling", c.model.pooling, pooling_names, Pooling::mean, "classification: mean or first token");
+    f.named("pooling", c.model.pooling, pooling_names, defaults.model.pooling, "classification: mean or first token");
 
     f.section("task");
-    f.named("kind", c.task.kind, task_kinds, TaskKind::relative_order);
-    f.integer("vocab", c.task.vocab, 7, 1 << 20, 16);
-    f.integers("train_lengths", c.task.train_lengths, 1, kMostLength, 2);
-    f.integers("test_lengths", c.task.test_lengths, 1, kMostLength, 2);
-    f.integer("distance", c.task.distance, 1, 1 << 20, 3);
-    f.integer("symbol_position", c.task.symbol_position, 0, 1 << 20, 2);
+    f.named("kind", c.task.kind, task_kinds, defaults.task.kind);
+    f.integer("vocab", c.task.vocab, 7, 1 << 20, defaults.task.vocab);
+    f.integers("train_lengths", c.task.train_lengths, 1, kMostLength, 2, defaults.task.train_lengths);
+    f.integers("test_lengths", c.task.test_lengths, 1, kMostLength, 2, defaults.task.test_lengths);
+    f.integer("distance", c.task.distance, 1, 1 << 20, defaults.task.distance);
+    f.integer("symbol_position", c.task.symbol_position, 0, 1 << 20, defaults.task.symbol_position);
     f.check(c.task.kind != TaskKind::symbol_at || c.task.vocab >= 8, "vocab",
             "at least 8 for symbol_at (ids 0..5 are reserved, two symbols at least)");
     f.check(c.task.kind != TaskKind::addition || c.task.vocab >= kAdditionVocab, "vocab",
@@ -156,10 +207,10 @@ void config_fields(Fields& f, Config& c) {
         f.check(c.task.kind != TaskKind::symbol_at || (*range)[0] > c.task.symbol_position, key,
                 "lengths above /task/symbol_position = " + std::to_string(c.task.symbol_position));
     }
-    f.integer("train_examples", c.task.train_examples, 1, 1 << 30, 4000);
-    f.integer("test_examples", c.task.test_examples, 1, 1 << 30, 500);
-    f.flag("decoder_only", c.task.decoder_only, false);
-    f.flag("reversed_sum", c.task.reversed_sum, false);
+    f.integer("train_examples", c.task.train_examples, 1, 1 << 30, defaults.task.train_examples);
+    f.integer("test_examples", c.task.test_examples, 1, 1 << 30, defaults.task.test_examples);
+    f.flag("decoder_only", c.task.decoder_only, defaults.task.decoder_only);
+    f.flag("reversed_sum", c.task.reversed_sum, defaults.task.reversed_sum);
     f.check(!c.task.reversed_sum || c.task.kind == TaskKind::addition, "reversed_sum",
             "false for a task other than addition");
     f.check(!c.task.decoder_only || is_pair_task(c.task.kind), "decoder_only",
@@ -179,61 +230,61 @@ void config_fields(Fields& f, Config& c) {
 
     f.section("data");
     DataConfig& d = c.data;
-    f.text("train", d.train, "");
+    f.text("train", d.train, defaults.data.train);
     f.check(!reads_files(c.task.kind) || !d.train.empty(), "train",
             std::string("the training file of a ") + task_kind_name(c.task.kind) + " task");
-    f.text("test", d.test, "");
-    f.number("held_out", d.held_out, 0, 0.9, true, 0.1);
-    f.named("tokenizer", d.tokenizer, tokenizer_kind_names, Tokenizer::Kind::character);
-    f.integer("min_frequency", d.min_frequency, 1, 1 << 30, 1);
-    f.flag("lowercase", d.lowercase, false);
-    f.flag("split_punctuation", d.split_punctuation, false);
+    f.text("test", d.test, defaults.data.test);
+    f.number("held_out", d.held_out, 0, 0.9, true, defaults.data.held_out);
+    f.named("tokenizer", d.tokenizer, tokenizer_kind_names, defaults.data.tokenizer);
+    f.integer("min_frequency", d.min_frequency, 1, 1 << 30, defaults.data.min_frequency);
+    f.flag("lowercase", d.lowercase, defaults.data.lowercase);
+    f.flag("split_punctuation", d.split_punctuation, defaults.data.split_punctuation);
     f.check(!d.split_punctuation || d.tokenizer == Tokenizer::Kind::word, "split_punctuation",
             "false with the char tokenizer (set data.tokenizer = \"word\")");
-    f.integer("max_length", d.max_length, 1, kMostLength, 128);
-    f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, 0);
-    f.integer("test_max_tokens", d.test_max_tokens, 0, 1 << 20, 0);
+    f.integer("max_length", d.max_length, 1, kMostLength, defaults.data.max_length);
+    f.integer("train_max_tokens", d.train_max_tokens, 0, 1 << 20, defaults.data.train_max_tokens);
+    f.integer("test_max_tokens", d.test_max_tokens, 0, 1 << 20, defaults.data.test_max_tokens);
 
     f.section("training");
     TrainingConfig& tr = c.training;
     f.not_both("steps", "epochs");
-    f.integer("steps", tr.steps, 1, int64_t{1} << 40, 400);
+    f.integer("steps", tr.steps, 1, int64_t{1} << 40, defaults.training.steps);
     f.optional_integer("epochs", tr.epochs, 1, 1 << 20);
-    f.integer("batch_size", tr.batch_size, 1, 1 << 20, 32);
-    f.number("learning_rate", tr.learning_rate, 0, 10, true, 1e-3);
+    f.integer("batch_size", tr.batch_size, 1, 1 << 20, defaults.training.batch_size);
+    f.number("learning_rate", tr.learning_rate, 0, 10, true, defaults.training.learning_rate);
     f.optional_integer("warmup_steps", tr.warmup_steps, 0, int64_t{1} << 40);
-    f.named("schedule", tr.schedule, schedule_names, Schedule::cosine);
-    f.number("beta1", tr.adamw.beta1, 0, 0.999999, false, 0.9);
-    f.number("beta2", tr.adamw.beta2, 0, 0.999999, false, 0.98);
-    f.number("eps", tr.adamw.eps, 0, 1, true, 1e-8);
-    f.number("weight_decay", tr.adamw.weight_decay, 0, 10, false, 0.01);
-    f.number("clip_norm", tr.clip_norm, 0, 1e9, true, 1.0);
-    f.integer("seed", tr.seed, 0, int64_t{1} << 53, 1);
-    f.integer("threads", tr.threads, 1, 1024, 2);
-    f.named("device", tr.device, device_names, Device::cpu);
-    f.named("precision", tr.precision, precision_names, DType::float32);
+    f.named("schedule", tr.schedule, schedule_names, defaults.training.schedule);
+    f.number("beta1", tr.adamw.beta1, 0, 0.999999, false, defaults.training.adamw.beta1);
+    f.number("beta2", tr.adamw.beta2, 0, 0.999999, false, defaults.training.adamw.beta2);
+    f.number("eps", tr.adamw.eps, 0, 1, true, defaults.training.adamw.eps);
+    f.number("weight_decay", tr.adamw.weight_decay, 0, 10, false, defaults.training.adamw.weight_decay);
+    f.number("clip_norm", tr.clip_norm, 0, 1e9, true, defaults.training.clip_norm);
+    f.integer("seed", tr.seed, 0, int64_t{1} << 53, defaults.training.seed);
+    f.integer("threads", tr.threads, 1, 1024, defaults.training.threads);
+    f.named("device", tr.device, device_names, defaults.training.device);
+    f.named("precision", tr.precision, precision_names, defaults.training.precision);
     gradient_checkpointing_field(f, t);
-    f.flag("length_bucketing", tr.length_bucketing, false);
-    f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, 20);
+    f.flag("length_bucketing", tr.length_bucketing, defaults.training.length_bucketing);
+    f.integer("log_every", tr.log_every, 1, int64_t{1} << 40, defaults.training.log_every);
     f.optional_integer("shards", tr.shards, 1, 1 << 20);
     f.check(!tr.shards || *tr.shards <= tr.batch_size, "shards",
             "at most training.batch_size " + std::to_string(tr.batch_size) + " (a shard holds one example or more)");
 
     f.section("optimizer");
-    f.groups("groups", c.optimizer.groups);
+    f.groups("groups", c.optimizer.groups, defaults.optimizer.groups);
 
     f.section("evaluation");
-    f.integer("every", c.evaluation.every, 1, int64_t{1} << 40, 100);
-    f.integer("batch_size", c.evaluation.batch_size, 1, 1 << 20, 64);
-    f.integers("length_buckets", c.evaluation.length_buckets, 1, 1 << 20, 0);
+    f.integer("every", c.evaluation.every, 1, int64_t{1} << 40, defaults.evaluation.every);
+    f.integer("batch_size", c.evaluation.batch_size, 1, 1 << 20, defaults.evaluation.batch_size);
+    f.integers("length_buckets", c.evaluation.length_buckets, 1, 1 << 20, 0, defaults.evaluation.length_buckets);
     const std::vector<int64_t>& bounds = c.evaluation.length_buckets;
     f.check(std::adjacent_find(bounds.begin(), bounds.end(), std::greater_equal<int64_t>()) == bounds.end(),
             "length_buckets", "increasing bounds");
 
     f.section("output");
-    f.text("dir", c.output.dir, "runs/quickstart");
+    f.text("dir", c.output.dir, defaults.output.dir);
     f.check(!c.output.dir.empty(), "dir", "a directory name");
-    f.integer("checkpoint_every", c.output.checkpoint_every, 1, int64_t{1} << 40, 100);
+    f.integer("checkpoint_every", c.output.checkpoint_every, 1, int64_t{1} << 40, defaults.output.checkpoint_every);
 }
 
 }  // namespace
@@ -277,6 +328,13 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     // a run by steps gets its default warmup now; a run by epochs, from its data in train()
     if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);
     return c;
+}
+
+std::vector<ConfigKey> config_keys() {
+    Config c;
+    KeyLister lister;
+    config_fields(lister, c);
+    return lister.keys;
 }
 
 nlohmann::json Config::resolved() const {

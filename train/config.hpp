@@ -80,8 +80,9 @@ struct DataConfig {
     int64_t test_max_tokens = 0;  // the same for the test examples
 };
 
-inline constexpr EnumName<DType> precision_names[] = {
-    {DType::float32, "float32"}, {DType::bfloat16, "bfloat16"}, {DType::float16, "float16"}};
+inline constexpr EnumName<DType> precision_names[] = {entry_of(dtype_names, DType::float32),
+                                                      entry_of(dtype_names, DType::bfloat16),
+                                                      entry_of(dtype_names, DType::float16)};
 
 struct TrainingConfig {
     int64_t steps = 400;
@@ -166,6 +167,20 @@ struct MatchedGroup {
 };
 std::vector<MatchedGroup> parameter_groups(const Config& c, const Module& model);
 std::vector<ParameterGroup> without_names(const std::vector<MatchedGroup>& groups);
+
+// One key of a config as config_fields (config.cpp) describes it, for the docs: kind "integer",
+// "number" (above_low: the range is (low, high]), "boolean", "string" (names: the allowed ones, if
+// a list), "integers" (each in [low, high]) or "groups"; fallback null for a key without a default
+// (one that may be left out).
+struct ConfigKey {
+    std::string section, key, kind;
+    double low, high;
+    bool above_low;
+    std::vector<std::string> names;
+    nlohmann::json fallback;
+};
+// Every key of every section, in the order a config is read.
+std::vector<ConfigKey> config_keys();
 
 // The quickstart: relative-order classification with relative positions, about ten seconds here.
 nlohmann::json quickstart_config();

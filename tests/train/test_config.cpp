@@ -1,7 +1,11 @@
 // Configs: every kind of bad value reported with its JSON path, optimizer groups, config files,
 // overrides. (The trainer around them is tests/train/test_trainer.cpp.)
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
 
 #include "train/config.hpp"
 #include "train/make_task.hpp"
@@ -208,4 +212,140 @@ TEST_CASE("overrides set values by path, read as JSON when they parse") {
     apply_override(c, "training.epochs=3");
     CHECK_FALSE(c["training"].contains("steps"));
     CHECK(Config::parse(c, "c").training.epochs == 3);
+}
+
+namespace {
+
+// A table row of docs/training.md: | `key` | type | allowed | default | meaning |
+struct DocsRow {
+    std::string type, allowed, fallback;
+};
+
+// The rows of the first table under each "### section" heading of docs/training.md's "## The config".
+std::map<std::string, std::map<std::string, DocsRow>> training_docs_tables() {
+    std::ifstream in(std::string(RELGRAD_SOURCE_DIR) + "/docs/training.md");
+    REQUIRE(in.good());
+    std::map<std::string, std::map<std::string, DocsRow>> tables;
+    std::string line, section;
+    bool in_config = false, in_table = false, table_done = false;
+    auto cells_of = [](const std::string& row) {
+        std::vector<std::string> cells;
+        std::size_t start = 1;
+        for (std::size_t bar; (bar = row.find(" |", start)) != std::string::npos; start = bar + 2) {
+            std::string cell = row.substr(start, bar - start);
+            cell.erase(0, cell.find_first_not_of(' '));
+            cells.push_back(cell);
+        }
+        return cells;
+    };
+    while (std::getline(in, line)) {
+        if (line.rfind("## ", 0) == 0) {
+            in_config = line == "## The config";
+            section.clear();
+        }
+        if (in_config && line.rfind("### ", 0) == 0) {
+            section = line.substr(4);
+            in_table = table_done = false;
+            continue;
+        }
+        if (section.empty() || table_done) continue;
+        if (line.rfind("| `", 0) == 0) {
+            in_table = true;
+            const std::vector<std::string> cells = cells_of(line);
+            REQUIRE(cells.size() == 5);
+            const std::string key = cells[0].substr(1, cells[0].size() - 2);  // inside the backticks
+            tables[section][key] = {cells[1], cells[2], cells[3]};
+        } else if (in_table && line.rfind("|", 0) != 0) {
+            table_done = true;
+        }
+    }
+    return tables;
+}
+
+// "1048576", "2^40", "1e-8", "0.99": a number as the docs write it, or nothing
+std::optional<double> docs_number(std::string text) {
+    while (!text.empty() && (text.back() == ']' || text.back() == ')' || text.back() == ',')) text.pop_back();
+    while (!text.empty() && (text.front() == '(' || text.front() == '[')) text.erase(0, 1);
+    if (const auto power = text.find('^'); power != std::string::npos) {
+        const auto base = docs_number(text.substr(0, power)), exponent = docs_number(text.substr(power + 1));
+        if (!base || !exponent) return std::nullopt;
+        return std::pow(*base, *exponent);
+    }
+    std::size_t used = 0;
+    try {
+        const double value = std::stod(text, &used);
+        if (used == text.size()) return value;
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
+}
+
+// The default cell as a value of the key's kind, or null when it states a rule in words
+// ("4 × `dim`", "min(40, steps / 10)"): those are read, not compared.
+nlohmann::json docs_default(const ConfigKey& key, const std::string& cell) {
+    if (key.kind == "integer" || key.kind == "number") {
+        if (const auto value = docs_number(cell)) return *value;
+    } else if (key.kind == "boolean" && (cell == "true" || cell == "false")) {
+        return cell == "true";
+    } else if (key.kind == "string" && cell == "\"\"") {
+        return "";
+    } else if (key.kind == "string" && cell.size() > 2 && cell.front() == '`' && cell.back() == '`') {
+        return cell.substr(1, cell.size() - 2);
+    } else if (key.kind == "integers" && cell.size() > 2 && cell.front() == '[') {
+        nlohmann::json values = nlohmann::json::array();
+        std::istringstream parts(cell.substr(1, cell.size() - 2));
+        for (std::string part; std::getline(parts, part, ',');) values.push_back(std::stoll(part));
+        return values;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("docs/training.md's key tables show every key of a config with its kind, range and default") {
+    auto tables = training_docs_tables();
+    int compared_defaults = 0;
+    for (const ConfigKey& key : config_keys()) {
+        CAPTURE(key.section);
+        CAPTURE(key.key);
+        REQUIRE(tables[key.section].count(key.key) == 1);
+        const DocsRow row = tables[key.section][key.key];
+        tables[key.section].erase(key.key);
+        // the kind
+        const std::map<std::string, std::string> words = {{"integer", "integer"},   {"number", "number"},
+                                                          {"boolean", "boolean"},   {"string", "string"},
+                                                          {"integers", "integers"}, {"groups", "list of objects"}};
+        CHECK(row.type.find(words.at(key.kind)) != std::string::npos);
+        // the range: "low - high" or "(low, high]", after "each " for a list; a bound in words
+        // ("1 - `batch_size`") is read, not compared
+        if (key.kind == "integer" || key.kind == "number" || key.kind == "integers") {
+            std::string allowed = row.allowed;
+            if (allowed.rfind("each ", 0) == 0) allowed.erase(0, 5);
+            std::istringstream words_of(allowed);
+            std::string low, separator, high;
+            words_of >> low >> separator >> high;
+            if (separator != "-") {  // "(0, 10]": "(0," then "10]"
+                high = separator;
+                CHECK(low.front() == '(');
+                CHECK(key.above_low);
+            } else {
+                CHECK_FALSE(key.above_low);
+            }
+            REQUIRE(docs_number(low).has_value());
+            CHECK(*docs_number(low) == key.low);
+            if (docs_number(high)) CHECK(*docs_number(high) == key.high);
+        }
+        for (const std::string& name : key.names) CHECK(row.allowed.find("`" + name + "`") != std::string::npos);
+        // the default
+        const nlohmann::json documented = docs_default(key, row.fallback);
+        if (!documented.is_null() && !key.fallback.is_null()) {
+            CHECK(documented == key.fallback);
+            ++compared_defaults;
+        }
+    }
+    for (const auto& [section, rows] : tables) {
+        for (const auto& [key, row] : rows)
+            FAIL_CHECK("docs/training.md's " << section << " table has " << key << ", no key of a config");
+    }
+    CHECK(compared_defaults >= 50);  // every default written as a value: the rules in words are the few others
 }
