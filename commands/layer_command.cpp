@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "engine/check.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 #include "engine/system.hpp"
@@ -202,11 +203,9 @@ Tensor load_mask(const fs::path& path, int64_t B, int64_t L, const std::string& 
     const Tensor keep = raw.to(DType::boolean);
     const Shape& s = keep.shape();
     const bool padding_shape = s == Shape{B, L}, square = s == Shape{L, L};
-    if (padding_shape && square && mask_type.empty()) {
-        throw std::invalid_argument(path.string() + ": shape [" + std::to_string(B) + ", " + std::to_string(L) +
-                                    "] could be key padding [B, L] or an attention mask [L, L]; set \"mask_type\" to "
-                                    "\"key_padding\" or \"attention\" in the spec");
-    }
+    RELGRAD_CHECK(!(padding_shape && square && mask_type.empty()), path.string(), ": shape [", B, ", ", L,
+                  "] could be key padding [B, L] or an attention mask [L, L]; set \"mask_type\" to \"key_padding\" "
+                  "or \"attention\" in the spec");
     if (padding_shape && mask_type != "attention") return key_padding_mask(keep);
     if (square && mask_type != "key_padding") return keep;
     if (s == Shape{B, L, L} && mask_type != "key_padding") return keep.unsqueeze(1);
@@ -217,7 +216,7 @@ Tensor load_mask(const fs::path& path, int64_t B, int64_t L, const std::string& 
     const std::string expected = mask_type == "key_padding" ? padding + ", as \"mask_type\" is \"key_padding\""
                                  : mask_type == "attention" ? attention + ", as \"mask_type\" is \"attention\""
                                                             : padding + ", " + attention;
-    throw std::invalid_argument(path.string() + ": expected shape " + expected + ", got " + shape_str(s));
+    RELGRAD_CHECK(false, path.string(), ": expected shape ", expected, ", got ", shape_str(s));
 }
 
 }  // namespace
@@ -241,25 +240,21 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
 
     // read and check every input before computing or writing anything
     const fs::path in(in_dir);
-    if (!fs::is_directory(in)) throw std::invalid_argument(in_dir + ": not a directory");
+    RELGRAD_CHECK(fs::is_directory(in), in_dir, ": not a directory");
     auto require = [&](const std::string& name, const std::string& what) {
         const fs::path path = in / name;
-        if (!fs::exists(path)) throw std::invalid_argument(path.string() + ": missing (" + what + ")");
+        RELGRAD_CHECK(fs::exists(path), path.string(), ": missing (", what, ")");
         return path;
     };
     Tensor x = load_floating(require("x.npy", "the layer's input"), layer.dtype);
     const bool x_fits =
         layer.model_dim > 0 ? x.dim() == 3 && x.size(2) == layer.model_dim : x.dim() >= 1 && x.size(-1) == layer.in_dim;
-    if (!x_fits) {
-        const std::string expected = layer.model_dim > 0 ? shape_pattern({-1, -1, layer.model_dim})
-                                                         : "[..., " + std::to_string(layer.in_dim) + "]";
-        throw std::invalid_argument((in / "x.npy").string() + ": expected shape " + expected + ", got " +
-                                    shape_str(x.shape()));
-    }
+    const std::string expected_x =
+        layer.model_dim > 0 ? shape_pattern({-1, -1, layer.model_dim}) : "[..., " + std::to_string(layer.in_dim) + "]";
+    RELGRAD_CHECK(x_fits, (in / "x.npy").string(), ": expected shape ", expected_x, ", got ", shape_str(x.shape()));
     Tensor mask;
     if (fs::exists(in / "mask.npy")) {
-        if (!layer.takes_mask)
-            throw std::invalid_argument((in / "mask.npy").string() + ": this layer type takes no mask");
+        RELGRAD_CHECK(layer.takes_mask, (in / "mask.npy").string(), ": this layer type takes no mask");
         mask = load_mask(in / "mask.npy", x.size(0), x.size(1), mask_type == "auto" ? "" : mask_type);
     }
     if (layer.causal) mask = combine_masks(mask, causal_mask(x.size(1), x.size(1)));
@@ -273,10 +268,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     for (const auto& [name, current] : layer.module->named_parameters()) {
         const fs::path path = require(name + ".npy", "the parameter " + name + ", shape " + shape_str(current.shape()));
         Tensor value = load_floating(path, layer.dtype);
-        if (value.shape() != current.shape()) {
-            throw std::invalid_argument(path.string() + ": expected shape " + shape_str(current.shape()) +
-                                        " for the parameter " + name + ", got " + shape_str(value.shape()));
-        }
+        RELGRAD_CHECK(value.shape() == current.shape(), path.string(), ": expected shape ", shape_str(current.shape()),
+                      " for the parameter ", name, ", got ", shape_str(value.shape()));
         parameters.push_back(value.to(device).requires_grad_(true));
     }
     layer.module->assign_parameters(parameters);
@@ -286,10 +279,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
     Tensor dy = ones_like(y);
     if (fs::exists(in / "dy.npy")) {
         dy = load_floating(in / "dy.npy", layer.dtype).to(device);
-        if (dy.shape() != y.shape()) {
-            throw std::invalid_argument((in / "dy.npy").string() + ": expected the output's shape " +
-                                        shape_str(y.shape()) + ", got " + shape_str(dy.shape()));
-        }
+        RELGRAD_CHECK(dy.shape() == y.shape(), (in / "dy.npy").string(), ": expected the output's shape ",
+                      shape_str(y.shape()), ", got ", shape_str(dy.shape()));
     }
     y.backward(dy);
 

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <string>
 
 #include "engine/autograd.hpp"
@@ -22,19 +21,15 @@ Tensor key_padding_mask(const std::vector<int64_t>& lengths, int64_t key_len, De
     const int64_t B = static_cast<int64_t>(lengths.size());
     std::vector<double> keep(B * key_len);
     for (int64_t b = 0; b < B; ++b) {
-        if (lengths[b] < 0 || lengths[b] > key_len) {
-            throw std::invalid_argument("key_padding_mask: length " + std::to_string(lengths[b]) + " of sequence " +
-                                        std::to_string(b) + " is outside [0, " + std::to_string(key_len) + "]");
-        }
+        RELGRAD_CHECK(lengths[b] >= 0 && lengths[b] <= key_len, "key_padding_mask: length ", lengths[b],
+                      " of sequence ", b, " is outside [0, ", key_len, "]");
         for (int64_t j = 0; j < key_len; ++j) keep[b * key_len + j] = j < lengths[b];
     }
     return from_vector(keep, {B, 1, 1, key_len}, DType::boolean, device);
 }
 
 Tensor key_padding_mask(const Tensor& keep) {
-    if (keep.dim() != 2) {
-        throw std::invalid_argument("key_padding_mask: expects [B, Lk], got shape " + shape_str(keep.shape()));
-    }
+    RELGRAD_CHECK(keep.dim() == 2, "key_padding_mask: expects [B, Lk], got shape ", shape_str(keep.shape()));
     return keep.to(DType::boolean).reshape({keep.size(0), 1, 1, keep.size(1)});
 }
 
@@ -43,8 +38,7 @@ Tensor causal_mask(int64_t query_len, int64_t key_len, int64_t query_offset, Dev
 }
 
 Tensor local_window_mask(int64_t query_len, int64_t key_len, int64_t window, int64_t query_offset, Device device) {
-    if (window < 0)
-        throw std::invalid_argument("local_window_mask: window must be >= 0, got " + std::to_string(window));
+    RELGRAD_CHECK(window >= 0, "local_window_mask: window must be >= 0, got ", window);
     return pattern_mask(AttentionPattern{Tensor(), false, window, query_offset}, query_len, key_len, device);
 }
 
@@ -97,18 +91,15 @@ Tensor MultiHeadAttention::values(const Tensor& a, const Tensor& v, int64_t, con
 
 Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value, const Tensor& mask,
                                    int64_t query_offset) {
-    if (query.dim() != 3 || key_value.dim() != 3 || query.size(2) != dim || key_value.size(2) != dim ||
-        query.size(0) != key_value.size(0)) {
-        throw std::invalid_argument("attention: query " + shape_str(query.shape()) + " and key/value " +
-                                    shape_str(key_value.shape()) +
-                                    " must be [B, Lq, D] and [B, Lk, D] with D = " + std::to_string(dim));
-    }
+    RELGRAD_CHECK(query.dim() == 3 && key_value.dim() == 3 && query.size(2) == dim && key_value.size(2) == dim &&
+                      query.size(0) == key_value.size(0),
+                  "attention: query ", shape_str(query.shape()), " and key/value ", shape_str(key_value.shape()),
+                  " must be [B, Lq, D] and [B, Lk, D] with D = ", dim);
     const int64_t B = query.size(0), Lq = query.size(1), Lk = key_value.size(1);
-    if (mask.defined() &&
-        broadcast_shapes(mask.shape(), {B, heads, Lq, Lk}, "attention mask") != Shape{B, heads, Lq, Lk}) {
-        throw std::invalid_argument("attention: mask of shape " + shape_str(mask.shape()) +
-                                    " does not broadcast to [B, H, Lq, Lk] = " + shape_str({B, heads, Lq, Lk}));
-    }
+    const Shape scores_shape{B, heads, Lq, Lk};
+    RELGRAD_CHECK(!mask.defined() || broadcast_shapes(mask.shape(), scores_shape, "attention mask") == scores_shape,
+                  "attention: mask of shape ", shape_str(mask.shape()),
+                  " does not broadcast to [B, H, Lq, Lk] = ", shape_str(scores_shape));
     const Tensor q0 = split_heads(w_q.forward(query)), k0 = split_heads(w_k.forward(key_value));
     const Tensor q = at_positions(q0, query_offset), k = at_positions(k0, 0);
     const Tensor v = split_heads(w_v.forward(key_value));
@@ -260,7 +251,7 @@ Tensor RelativeMultiHeadAttention::attend(const Tensor& query_input, const Tenso
             return fused_attention(q, k, v, pattern, scale(), terms);
         }
     }
-    throw std::logic_error("unknown attention implementation");
+    RELGRAD_INTERNAL_ASSERT(false, "an attention form that is not reference, bucketed or fused");
 }
 
 MultiHeadAttention::Scores RelativeMultiHeadAttention::scores(const Tensor& query_input, const Tensor& q,
@@ -368,7 +359,7 @@ Tensor RotaryMultiHeadAttention::attend(const Tensor& query_input, const Tensor&
         case AttentionImpl::bucketed: return MultiHeadAttention::attend(query_input, q, k, v, pattern);
         case AttentionImpl::fused: last_weights = Tensor(); return fused_attention(q, k, v, pattern, scale());
     }
-    throw std::logic_error("unknown attention implementation");
+    RELGRAD_INTERNAL_ASSERT(false, "an attention form that is not reference, bucketed or fused");
 }
 
 // ---------------------------------------------------------------- a bias by distance (ALiBi, T5)
@@ -406,7 +397,7 @@ Tensor DistanceBiasAttention::attend(const Tensor& query_input, const Tensor& q,
             return fused_attention(q, k, v, pattern, scale(), terms);
         }
     }
-    throw std::logic_error("unknown attention implementation");
+    RELGRAD_INTERNAL_ASSERT(false, "an attention form that is not reference, bucketed or fused");
 }
 
 MultiHeadAttention::Scores DistanceBiasAttention::scores(const Tensor& query_input, const Tensor& q, const Tensor& k,
@@ -458,14 +449,11 @@ T5BiasAttention::T5BiasAttention(int64_t d, int64_t h, const RelativeFamilyOptio
       max_distance(options.t5_max_distance),
       bidirectional(bidirectional_),
       shared_table_(shared_table) {
-    if (num_buckets < 4 || max_distance <= num_buckets / 2) {
-        throw std::invalid_argument("T5BiasAttention: t5_buckets " + std::to_string(num_buckets) +
-                                    " must be >= 4 and t5_max_distance " + std::to_string(max_distance) +
-                                    " more than t5_buckets / 2");
-    }
+    RELGRAD_CHECK(num_buckets >= 4 && max_distance > num_buckets / 2, "T5BiasAttention: t5_buckets ", num_buckets,
+                  " must be >= 4 and t5_max_distance ", max_distance, " more than t5_buckets / 2");
     if (shared_table_) {
-        if (shared_table_->num_embeddings != num_buckets || shared_table_->dim != heads)
-            throw std::invalid_argument("T5BiasAttention: a shared table must be [t5_buckets, heads]");
+        RELGRAD_CHECK(shared_table_->num_embeddings == num_buckets && shared_table_->dim == heads,
+                      "T5BiasAttention: a shared table must be [t5_buckets, heads]");
         return;
     }
     own_table_ = std::make_unique<Embedding>(num_buckets, h, init);

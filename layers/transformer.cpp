@@ -113,7 +113,7 @@ TokenEmbedding::TokenEmbedding(int64_t vocab, const TransformerOptions& o, const
 }
 
 Tensor TokenEmbedding::forward(const Tensor& ids, int64_t offset) {
-    if (ids.dim() != 2) throw std::invalid_argument("token ids must be [B, L], got shape " + shape_str(ids.shape()));
+    RELGRAD_CHECK(ids.dim() == 2, "token ids must be [B, L], got shape ", shape_str(ids.shape()));
     // scaled by sqrt(D) as in Vaswani et al.: embeddings drawn with std 0.02 (norm about
     // 0.0176 sqrt(D) after the truncation) would otherwise be about 40 times shorter than the
     // sinusoids (norm sqrt(D/2)) added to them, whatever D; scaled, 40 / sqrt(D) times
@@ -136,8 +136,7 @@ static Tensor run_block(Module& block, bool checkpointed, const std::vector<Tens
 }
 
 Encoder::Encoder(const TransformerOptions& o, const Init& init) : final_norm(o.dim, init), checkpoint(o.checkpoint) {
-    if (o.layers <= 0)
-        throw std::invalid_argument("Transformer: layers must be positive, got " + std::to_string(o.layers));
+    RELGRAD_CHECK(o.layers > 0, "Transformer: layers must be positive, got ", o.layers);
     for (int64_t i = 0; i < o.layers; ++i) {
         const Embedding* t5_table = i > 0 ? shared_t5_table(o, *layers[0]->self_attention) : nullptr;
         layers.push_back(std::make_unique<EncoderLayer>(o, init, t5_table));
@@ -189,10 +188,8 @@ static std::vector<MultiHeadAttention*> self_attentions(const Encoder& encoder) 
 }
 
 static void check_lengths(const Tensor& ids, const std::vector<int64_t>& lengths, const char* what) {
-    if (static_cast<int64_t>(lengths.size()) != ids.size(0)) {
-        throw std::invalid_argument(std::string(what) + ": " + std::to_string(lengths.size()) +
-                                    " lengths for a batch of " + std::to_string(ids.size(0)));
-    }
+    RELGRAD_CHECK(static_cast<int64_t>(lengths.size()) == ids.size(0), what, ": ", lengths.size(),
+                  " lengths for a batch of ", ids.size(0));
 }
 
 SequenceClassifier::SequenceClassifier(int64_t vocab, int64_t classes, const TransformerOptions& o, Pooling pooling_,
@@ -244,11 +241,8 @@ Tensor CausalLanguageModel::forward_incremental(const Tensor& ids, std::vector<K
 
 std::vector<int64_t> CausalLanguageModel::greedy_decode(const std::vector<int64_t>& prompt, int64_t eos,
                                                         int64_t max_tokens, const DecodeProgress& progress) {
-    if (prompt.empty()) throw std::invalid_argument("CausalLanguageModel::greedy_decode: the prompt is empty");
-    if (max_tokens < 0) {
-        throw std::invalid_argument("CausalLanguageModel::greedy_decode: max_tokens must be >= 0, got " +
-                                    std::to_string(max_tokens));
-    }
+    RELGRAD_CHECK(!prompt.empty(), "CausalLanguageModel::greedy_decode: the prompt is empty");
+    RELGRAD_CHECK(max_tokens >= 0, "CausalLanguageModel::greedy_decode: max_tokens must be >= 0, got ", max_tokens);
     NoGradGuard no_grad;
     std::vector<KVCache> caches;
     std::vector<double> input(prompt.begin(), prompt.end());
@@ -331,10 +325,7 @@ std::vector<std::vector<int64_t>> EncoderDecoder::greedy_decode(const Tensor& so
                                                                 const std::vector<int64_t>& source_lengths, int64_t bos,
                                                                 int64_t eos, int64_t max_steps,
                                                                 const DecodeProgress& progress) {
-    if (max_steps < 0) {
-        throw std::invalid_argument("EncoderDecoder::greedy_decode: max_steps must be >= 0, got " +
-                                    std::to_string(max_steps));
-    }
+    RELGRAD_CHECK(max_steps >= 0, "EncoderDecoder::greedy_decode: max_steps must be >= 0, got ", max_steps);
     NoGradGuard no_grad;
     const Tensor memory = encode(source, source_lengths);
     const std::size_t B = source_lengths.size();

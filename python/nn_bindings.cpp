@@ -9,6 +9,7 @@
 #include <pybind11/numpy.h>
 
 #include "engine/autograd.hpp"
+#include "engine/check.hpp"
 #include "layers/attention.hpp"
 #include "python/nn_bindings.hpp"
 #include "python/nn_options.hpp"
@@ -38,11 +39,9 @@ void load_state_dict(Module& module, const py::dict& state) {
     for (const std::string& name : given) {
         if (!expected.count(name)) unexpected += (unexpected.empty() ? "" : ", ") + name;
     }
-    if (!missing.empty() || !unexpected.empty()) {
-        throw std::invalid_argument("load_state_dict: " + (missing.empty() ? "" : "missing " + missing) +
-                                    (missing.empty() || unexpected.empty() ? "" : "; ") +
-                                    (unexpected.empty() ? "" : "unexpected " + unexpected));
-    }
+    RELGRAD_CHECK(
+        missing.empty() && unexpected.empty(), "load_state_dict: ", missing.empty() ? "" : "missing " + missing,
+        missing.empty() || unexpected.empty() ? "" : "; ", unexpected.empty() ? "" : "unexpected " + unexpected);
     // Convert every value first, so that a bad one leaves the module as it was.
     std::vector<Tensor> values;
     for (const auto& [name, parameter] : parameters) {
@@ -50,10 +49,8 @@ void load_state_dict(Module& module, const py::dict& state) {
         Tensor tensor = py::isinstance<Tensor>(value)
                             ? value.cast<Tensor>().detach()
                             : tensor_from(value, py::cast(parameter.dtype()), false, py::none());
-        if (tensor.shape() != parameter.shape()) {
-            throw std::invalid_argument("load_state_dict: " + name + " has shape " + shape_str(tensor.shape()) +
-                                        ", the parameter " + shape_str(parameter.shape()));
-        }
+        RELGRAD_CHECK(tensor.shape() == parameter.shape(), "load_state_dict: ", name, " has shape ",
+                      shape_str(tensor.shape()), ", the parameter ", shape_str(parameter.shape()));
         values.push_back(tensor);
     }
     NoGradGuard no_grad;
@@ -96,9 +93,9 @@ void bind_nn(py::module_& m) {
                 } else if (const auto device = value_named(device_names, where)) {
                     module.to(*device);
                 } else {
-                    throw std::invalid_argument("Module.to: '" + where + "' is neither a dtype (" +
-                                                names_text(names_of(floating_dtype_names)) + ") nor a device (" +
-                                                names_text(names_of(device_names)) + ")");
+                    RELGRAD_CHECK(false, "Module.to: '", where, "' is neither a dtype (",
+                                  names_text(names_of(floating_dtype_names)), ") nor a device (",
+                                  names_text(names_of(device_names)), ")");
                 }
                 return self;
             },
@@ -216,7 +213,7 @@ void bind_nn(py::module_& m) {
         "key_padding_mask",
         [](const py::object& lengths, const std::optional<int64_t>& key_len) {
             if (py::isinstance<Tensor>(lengths)) {
-                if (key_len) throw std::invalid_argument("key_padding_mask: key_len goes with a list of lengths");
+                RELGRAD_CHECK(!key_len, "key_padding_mask: key_len goes with a list of lengths");
                 return key_padding_mask(lengths.cast<Tensor>());
             }
             const auto values = lengths.cast<std::vector<int64_t>>();

@@ -3,6 +3,7 @@
 // everything else the whole stack's.
 #include <optional>
 
+#include "engine/check.hpp"
 #include "layers/transformer.hpp"
 #include "python/nn_bindings.hpp"
 #include "python/nn_options.hpp"
@@ -16,7 +17,7 @@ using Lengths = std::optional<std::vector<int64_t>>;
 // Each row as long as the tensor when no lengths are given.
 std::vector<int64_t> lengths_or_full(const Lengths& lengths, const Tensor& ids) {
     if (lengths) return *lengths;
-    if (ids.dim() != 2) throw std::invalid_argument("ids must be [B, L], got " + shape_str(ids.shape()));
+    RELGRAD_CHECK(ids.dim() == 2, "ids must be [B, L], got ", shape_str(ids.shape()));
     return std::vector<int64_t>(ids.size(0), ids.size(1));
 }
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "engine/check.hpp"
 #include "engine/enum_names.hpp"
 #include "engine/system.hpp"
 #include "train/datasets.hpp"
@@ -27,8 +28,9 @@ const EnumName<TaskKind> task_kinds[] = {
     {TaskKind::pairs, "pairs"},         {TaskKind::language_model, "language_model"}};
 
 TaskKind task_kind_from_name(const std::string& kind) {
-    if (const auto found = value_named(task_kinds, kind)) return *found;
-    throw std::invalid_argument("unknown task kind '" + kind + "'");
+    const auto found = value_named(task_kinds, kind);
+    RELGRAD_CHECK(found, "unknown task kind '", kind, "'");
+    return *found;
 }
 
 // parse(): each field read from its section of the document and checked; the first bad value is
@@ -387,22 +389,18 @@ void require_utf8(const std::string& text, const std::string& what) {
 
 void apply_override(nlohmann::json& document, const std::string& assignment) {
     const std::size_t equals = assignment.find('=');
-    if (equals == std::string::npos || equals == 0) {
-        throw std::invalid_argument("--set " + assignment + ": expected path.to.key=value");
-    }
+    RELGRAD_CHECK(equals != std::string::npos && equals != 0, "--set ", assignment, ": expected path.to.key=value");
     const std::string path = assignment.substr(0, equals), text = assignment.substr(equals + 1);
     // JSON (duplicate keys refused), or else a plain string such as reverse or runs/x
     nlohmann::json value = nlohmann::json::accept(text) ? parse_json(text, "--set " + path) : nlohmann::json(text);
     require_utf8(text, "--set " + path);
-    if (!document.is_object()) {
-        throw std::invalid_argument("--set " + assignment + ": the config is not a JSON object {...}");
-    }
+    RELGRAD_CHECK(document.is_object(), "--set ", assignment, ": the config is not a JSON object {...}");
     nlohmann::json* node = &document;
     std::size_t start = 0;
     while (true) {
         const std::size_t dot = path.find('.', start);
         const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-        if (key.empty()) throw std::invalid_argument("--set " + assignment + ": empty key in '" + path + "'");
+        RELGRAD_CHECK(!key.empty(), "--set ", assignment, ": empty key in '", path, "'");
         if (dot == std::string::npos) {
             if (value.is_null()) {
                 node->erase(key);  // back to the default
@@ -413,7 +411,7 @@ void apply_override(nlohmann::json& document, const std::string& assignment) {
         }
         if (!node->contains(key)) (*node)[key] = nlohmann::json::object();
         node = &(*node)[key];
-        if (!node->is_object()) throw std::invalid_argument("--set " + assignment + ": '" + key + "' is not a section");
+        RELGRAD_CHECK(node->is_object(), "--set ", assignment, ": '", key, "' is not a section");
         start = dot + 1;
     }
 }
