@@ -66,6 +66,14 @@ void bind_ops(py::module_& m) {
             return dropout(x, p, training, gen);
         },
         py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("seed") = 0);
+    m.def(
+        "dropout_add",
+        [](const Tensor& residual, const Tensor& x, double p, bool training, uint64_t seed) {
+            Generator gen(seed);
+            return dropout_add(residual, x, p, training, gen);
+        },
+        py::arg("residual"), py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("seed") = 0,
+        "residual + dropout(x, p) in one pass, the same mask as dropout(x, p, training, seed)");
     py::enum_<Reduction>(m, "Reduction").value("mean", Reduction::mean).value("sum", Reduction::sum);
     m.def("cross_entropy", &cross_entropy, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100,
           py::arg("reduction") = Reduction::mean);

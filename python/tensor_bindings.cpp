@@ -404,6 +404,8 @@ void bind_tensor(py::module_& m) {
                                    return t.transpose(0, 1);
                                })
         .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
+        .def("slice", &Tensor::slice, py::arg("dim"), py::arg("start"), py::arg("end"), py::arg("step") = 1,
+             "the view of elements start, start + step, ... before end along dim, as t[..., start:end:step]")
         .def("unsqueeze", &Tensor::unsqueeze, py::arg("dim"))
         .def("squeeze", &Tensor::squeeze, py::arg("dim"))
         .def("__getitem__", &index_tensor)

@@ -219,6 +219,7 @@ Tolerance tolerance_of(const std::string& op) {
         {"log_softmax", {once, once}},
         {"layer_norm", {once, once}},
         {"dropout", {once, once}},
+        {"dropout_add", {once, once}},
         {"cross_entropy", {0.001, once}},
         {"attention", {once, once}},
         // the backward reads the saved 16-bit output z (D_i = dz_i . z_i), as FlashAttention's does

@@ -99,3 +99,13 @@ def test_docstrings_list_every_option():
     for key in nn.EncoderLayer(dim=8, heads=2).options:
         assert "\n  " + key + ": " in doc, key
     assert "\n  k: an integer in [0, 4096] (default 8)" in nn.RelativeMultiHeadAttention.__init__.__doc__
+
+
+@pytest.mark.parametrize("layer", [nn.MultiHeadAttention, nn.RelativeMultiHeadAttention, nn.GatedPositionAttention,
+                                   nn.RotaryMultiHeadAttention, nn.AlibiAttention, nn.T5BiasAttention])
+def test_attention_sizes_given_by_position_are_checked_as_keywords_are(layer):
+    with pytest.raises(ValueError, match=r"'dim': got 0, expected an integer in \[1, 8192\]"):
+        layer(0, 1)
+    with pytest.raises(ValueError, match=r"'heads': got 3, expected a divisor of dim = 64"):
+        layer(64, 3)
+    assert layer(64, 4).head_dim == 16

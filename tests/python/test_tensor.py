@@ -559,3 +559,26 @@ def test_backward_releases_the_gil():
         done.set()
         ticker.join()
     assert during > 0
+
+
+def test_dropout_add_is_the_residual_plus_dropout_with_the_same_mask():
+    rng = np.random.default_rng(3)
+    residual = relgrad.tensor(rng.standard_normal((4, 6)), requires_grad=True)
+    x = relgrad.tensor(rng.standard_normal((4, 6)), requires_grad=True)
+    fused = relgrad.dropout_add(residual, x, 0.5, seed=11)
+    apart = residual + relgrad.dropout(x, 0.5, seed=11)
+    np.testing.assert_array_equal(fused.numpy(), apart.numpy())
+    assert 0 < (fused.numpy() == residual.numpy()).sum() < fused.numel()  # some dropped, some kept
+    fused.sum().backward()
+    np.testing.assert_array_equal(residual.grad.numpy(), np.ones((4, 6)))
+    np.testing.assert_array_equal(x.grad.numpy() != 0, fused.numpy() != residual.numpy())
+
+
+def test_slice_is_the_view_that_indexing_with_a_step_gives():
+    t = relgrad.tensor(np.arange(24.0).reshape(4, 6), requires_grad=True)
+    view = t.slice(1, 1, 6, 2)
+    np.testing.assert_array_equal(view.numpy(), t[:, 1:6:2].numpy())
+    view.sum().backward()
+    expected = np.zeros((4, 6))
+    expected[:, 1:6:2] = 1
+    np.testing.assert_array_equal(t.grad.numpy(), expected)
