@@ -166,3 +166,31 @@ def test_a_job_array_lists_the_sweep_and_runs_one_run_a_task(tmp_path, monkeypat
         experiments.main()
     assert refused.value.code == 2
     assert capsys.readouterr().err == "experiments.py: --only 4: the sweep has 4 runs, 0 to 3 (see --list)\n"
+
+
+def test_results_md_section_6_tables_are_the_records_as_plot_results_prints_them(capsys):
+    # docs/results.md copies the tables that plot_results prints from docs/results/data/family:
+    # each printed row must be in the page as printed, so a record and the page cannot drift apart.
+    family = plot_results.family_runs(plot_results.load("family"))
+    plot_results.family_tables(family)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    page = open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8").read().splitlines()
+    assert len(printed) > 20
+    missing = [line for line in printed if line not in page]
+    assert not missing, "docs/results.md lacks these rows as the records give them:\n" + "\n".join(missing)
+
+
+def test_precision_md_accuracies_are_the_records_of_the_precision_experiments():
+    # docs/precision.md's "What 16 bits cost in accuracy" quotes each seed's test accuracy from
+    # docs/results/data/precision*/results.json, to three decimals.
+    page = open(os.path.join(ROOT, "docs", "precision.md"), encoding="utf-8").read().splitlines()
+    page = page[page.index("### What 16 bits cost in accuracy"):]
+    rows = {"quickstart": "precision", "sentiment, IMDB": "precision-sentiment"}
+    for label, experiment in rows.items():
+        row = next(line for line in page if line.startswith(f"| {label} |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")][1:4]
+        results = plot_results.load(experiment)
+        for precision, cell in zip(("float32", "bfloat16", "float16"), cells):
+            quoted = [float(item.split("(")[0]) for item in cell.split(", ")]
+            recorded = results[precision]["accuracy"]["values"]
+            assert quoted == pytest.approx(recorded, abs=5e-4), f"{label}, {precision}: {quoted} against {recorded}"
