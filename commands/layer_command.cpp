@@ -240,7 +240,8 @@ void run_layer_command(const std::string& spec_path, const std::string& in_dir, 
 
     // read and check every input before computing or writing anything
     const fs::path in(in_dir);
-    RELGRAD_CHECK(fs::is_directory(in), in_dir, ": not a directory");
+    RELGRAD_CHECK(fs::exists(in), in_dir, ": does not exist (--in, the directory of x.npy and the parameters)");
+    RELGRAD_CHECK(fs::is_directory(in), in_dir, ": not a directory (--in, the directory of x.npy and the parameters)");
     auto require = [&](const std::string& name, const std::string& what) {
         const fs::path path = in / name;
         RELGRAD_CHECK(fs::exists(path), path.string(), ": missing (", what, ")");

@@ -93,7 +93,12 @@ extern "C" void on_interrupt(int signal_number) {
 
 // --profile: where the steps' time went (engine/profile.hpp), against this machine's product rate
 void print_profile(const relgrad::Profile& profile) {
-    if (profile.rows.empty()) return;  // a run of one step has only its warm-up
+    if (profile.rows.empty()) {  // the first step this process runs warms up and is not timed
+        std::printf(
+            "\nprofile: no step to show: only the first step this process ran (a warm-up, not timed) was "
+            "run; profile a run of two steps or more\n");
+        return;
+    }
     std::printf("\nprofile of the training steps after the first (%.1f s):\n%s", profile.seconds,
                 relgrad::profile_table(profile, relgrad::measure_gemm_gflops()).c_str());
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,25 +30,58 @@ namespace fs = std::filesystem;
 
 py::object to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
-// The JSON path ("/training/learning_rate") of the first float in a config dict that JSON cannot
-// hold (NaN, infinity), or "" when there is none; walked with a stack of its own, not recursion.
-std::string non_json_number(const py::dict& config) {
-    std::vector<std::pair<py::handle, std::string>> pending = {{config, ""}};
+// Checks what a config dict holds before it becomes JSON: a float JSON cannot hold (NaN, infinity)
+// and a dict or list that holds itself (json.dumps would refuse it; a walk would not end) are
+// std::invalid_argument naming the JSON path ("/training/learning_rate"). Walked with a stack of
+// its own, not recursion; `open` holds the containers from the root to the one being walked.
+void require_json_values(const py::dict& config) {
+    struct Step {
+        py::handle value;
+        std::string path;
+        bool leaving;  // the walk has finished this container's items
+    };
+    std::vector<Step> pending = {{config, "", false}};
+    std::set<PyObject*> open;
     while (!pending.empty()) {
-        const auto [value, path] = pending.back();
+        const Step step = pending.back();
         pending.pop_back();
-        if (py::isinstance<py::float_>(value)) {
-            if (!std::isfinite(value.cast<double>())) return path;
-        } else if (py::isinstance<py::dict>(value)) {
-            for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(value)) {
-                pending.push_back({item, path + "/" + py::str(key).cast<std::string>()});
+        if (step.leaving) {
+            open.erase(step.value.ptr());
+            continue;
+        }
+        if (py::isinstance<py::float_>(step.value)) {
+            RELGRAD_CHECK(std::isfinite(step.value.cast<double>()), "config: ", step.path,
+                          " is NaN or infinite, a number JSON cannot hold");
+            continue;
+        }
+        const bool dict = py::isinstance<py::dict>(step.value);
+        if (!dict && !py::isinstance<py::list>(step.value) && !py::isinstance<py::tuple>(step.value)) continue;
+        RELGRAD_CHECK(open.insert(step.value.ptr()).second, "config: ", step.path.empty() ? "/" : step.path,
+                      " refers back to a dict or list that holds it (a circular reference, which JSON cannot hold)");
+        pending.push_back({step.value, step.path, true});
+        if (dict) {
+            for (const auto& [key, item] : py::reinterpret_borrow<py::dict>(step.value)) {
+                pending.push_back({item, step.path + "/" + py::str(key).cast<std::string>(), false});
             }
-        } else if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+        } else {
             std::size_t index = 0;
-            for (const py::handle item : value) pending.push_back({item, path + "/" + std::to_string(index++)});
+            for (const py::handle item : step.value) {
+                pending.push_back({item, step.path + "/" + std::to_string(index++), false});
+            }
         }
     }
-    return "";
+}
+
+// A prompt as UTF-8; a str that has none (a lone surrogate, "\\ud800") is a ValueError naming it.
+std::string prompt_text(const py::str& prompt, const char* method) {
+    const py::object bytes = py::reinterpret_steal<py::object>(PyUnicode_AsUTF8String(prompt.ptr()));
+    if (!bytes) {
+        PyErr_Clear();
+        RELGRAD_CHECK(false, method,
+                      ": prompt is not valid Unicode text (it holds a lone surrogate, which UTF-8 cannot "
+                      "encode)");
+    }
+    return bytes.cast<std::string>();
 }
 
 // A config document from a dict (read as the JSON it would be written as), a path to a JSON file,
@@ -59,8 +93,7 @@ nlohmann::json config_document(const py::object& config, const std::vector<std::
         document = quickstart_config();
     } else if (py::isinstance<py::dict>(config)) {
         name = "config";
-        const std::string not_json = non_json_number(config.cast<py::dict>());
-        RELGRAD_CHECK(not_json.empty(), "config: ", not_json, " is NaN or infinite, a number JSON cannot hold");
+        require_json_values(config.cast<py::dict>());
         const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
         document = parse_json(text, name);
     } else if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__")) {
@@ -177,18 +210,22 @@ void bind_run(py::module_& m) {
             py::arg("data") = py::none(), "As `relgrad eval`: the metrics on the test data, or on the file data")
         .def(
             "generate",
-            [](const Run& run, const std::string& prompt, int64_t max_tokens) {
-                return generate(run.dir, prompt, max_tokens);
+            [](const Run& run, const py::str& prompt, int64_t max_tokens) {
+                RELGRAD_CHECK(max_tokens >= 1, "generate: max_tokens must be positive, got ", max_tokens);
+                const std::string text = prompt_text(prompt, "generate");
+                py::gil_scoped_release release;
+                return generate(run.dir, text, max_tokens);
             },
-            py::arg("prompt"), py::arg("max_tokens") = 32, py::call_guard<py::gil_scoped_release>(),
+            py::arg("prompt"), py::arg("max_tokens") = 32,
             "As `relgrad generate`: the greedy continuation or target for a prompt")
         .def(
             "attention",
-            [](const Run& run, const std::string& prompt) {
+            [](const Run& run, const py::str& prompt) {
+                const std::string text = prompt_text(prompt, "attention");
                 std::vector<Tensor> weights;
                 {
                     py::gil_scoped_release release;
-                    weights = attention_weights(run.dir, prompt);
+                    weights = attention_weights(run.dir, text);
                 }
                 py::list arrays;
                 for (const Tensor& w : weights) arrays.append(to_numpy(w.to(Device::cpu).contiguous()));

@@ -254,8 +254,9 @@ Tensor tensor_over_numpy(const py::array& array) {
     std::size_t span = array.size() == 0 ? 0 : static_cast<std::size_t>(itemsize);  // bytes from the first element
     for (py::ssize_t d = 0; d < array.ndim(); ++d) {
         const py::ssize_t stride = array.strides(d);
-        RELGRAD_CHECK(array.shape(d) <= 1 || (stride > 0 && stride % itemsize == 0), "from_numpy: dim ", d,
-                      " has a stride of ", stride,
+        // an empty array shares no element: any strides will do (NumPy gives its dims stride 0)
+        RELGRAD_CHECK(array.shape(d) <= 1 || array.size() == 0 || (stride > 0 && stride % itemsize == 0),
+                      "from_numpy: dim ", d, " has a stride of ", stride,
                       " bytes; relgrad shares arrays whose strides are positive multiples of the element size (",
                       itemsize, "), so a reversed or broadcast array needs relgrad.tensor(a), a copy");
         shape.push_back(array.shape(d));
@@ -264,12 +265,21 @@ Tensor tensor_over_numpy(const py::array& array) {
     }
     const Shape packed = contiguous_strides(shape);
     for (std::size_t d = 0; d < shape.size(); ++d) {
-        if (shape[d] <= 1) strides[d] = packed[d];
+        if (shape[d] <= 1 || array.size() == 0) strides[d] = packed[d];
     }
-    // The owner: a reference to the array, dropped with the GIL held whichever thread frees the storage.
-    std::shared_ptr<void> owner(new py::object(array), [](void* held) {
+    // The owner holds the array (so that it lives as long as the tensor) and a weak reference to it
+    // and to every array below it whose memory it views (its .base chain): NumPy refuses to resize
+    // an array that has weak references ("referenced by another array"), even with
+    // refcheck=False, so the memory cannot be freed under the tensor. Both are dropped with the GIL
+    // held, whichever thread frees the storage.
+    auto* held = new std::vector<py::object>{array};
+    const py::object weak_reference = py::module_::import("weakref").attr("ref");
+    for (py::object part = array; py::isinstance<py::array>(part); part = part.attr("base")) {
+        held->push_back(weak_reference(part));
+    }
+    std::shared_ptr<void> owner(held, [](void* objects) {
         py::gil_scoped_acquire gil;
-        delete static_cast<py::object*>(held);
+        delete static_cast<std::vector<py::object>*>(objects);
     });
     auto impl = std::make_shared<TensorImpl>();
     impl->storage = std::make_shared<Storage>(const_cast<void*>(array.data()), span, std::move(owner));

@@ -271,3 +271,14 @@ run_relgrad(2 generate ${work}/no_run --prompt hello)
 expect_one_line_error("no_run: not a trained run")
 run_relgrad(2 data fetch imagenet --dir ${work}/data)
 expect_one_line_error("imagenet")
+
+# --profile: a table of the steps after the first; a run whose only step is the untimed first one
+# says so rather than printing nothing
+run_relgrad(0 train --set training.steps=1 --profile --out ${work}/profiled_one)
+if(NOT out MATCHES "profile: no step to show: only the first step this process ran")
+  message(FATAL_ERROR "train --profile with one step printed:\n${out}")
+endif()
+run_relgrad(0 train --set training.steps=2 --profile --out ${work}/profiled_two)
+if(NOT out MATCHES "profile of the training steps after the first" OR out MATCHES "no step to show")
+  message(FATAL_ERROR "train --profile with two steps printed:\n${out}")
+endif()

@@ -253,3 +253,15 @@ TEST_CASE("a spec's attention and feed-forward sizes default as a config's model
     w.write_spec(R"({"type": "feed_forward", "dim": 5})");  // ff_dim = 4 dim
     CHECK(w.error() == (w.in / "fc1.weight.npy").string() + ": missing (the parameter fc1.weight, shape [20, 5])");
 }
+
+TEST_CASE("a missing --in directory is named as missing, a file as no directory") {
+    Workspace w;
+    w.write_spec(R"({"type": "linear", "in_features": 2, "out_features": 2})");
+    const std::string missing = (w.root / "nowhere").string(), file = w.spec.string();
+    CHECK_THROWS_WITH_AS(run_layer_command(w.spec.string(), missing, w.out.string()),
+                         (missing + ": does not exist (--in, the directory of x.npy and the parameters)").c_str(),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(run_layer_command(w.spec.string(), file, w.out.string()),
+                         (file + ": not a directory (--in, the directory of x.npy and the parameters)").c_str(),
+                         std::invalid_argument);
+}

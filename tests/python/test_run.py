@@ -63,6 +63,18 @@ def test_bad_configs_raise_value_error(config, overrides, message):
         relgrad.train(config, set=overrides)
 
 
+def test_a_config_that_holds_itself_is_a_value_error_not_a_hang():
+    looped = {"model": {}}
+    looped["model"]["x"] = looped
+    in_a_list = {"evaluation": {"length_buckets": [8]}}
+    in_a_list["evaluation"]["length_buckets"].append(in_a_list["evaluation"]["length_buckets"])
+    for config, path in ((looped, "/model/x"), (in_a_list, "/evaluation/length_buckets/1")):
+        with pytest.raises(ValueError, match=f"config: {path} refers back to a dict or list that holds it"):
+            relgrad.validate(config)
+    shared = {"lengths": [8, 24]}  # one list twice, without a loop, is what JSON writes twice
+    assert relgrad.validate({"task": {"train_lengths": shared["lengths"], "test_lengths": shared["lengths"]}})
+
+
 def test_bad_config_arguments(tmp_path):
     with pytest.raises(TypeError, match="a config is a dict"):
         relgrad.train(42)
@@ -147,6 +159,12 @@ def test_run_errors(run_dir, tmp_path):
         run.attention("4 banana")
     with pytest.raises(ValueError, match="generates its own test data"):
         run.evaluate(data="x.tsv")
+    # Python's own words: the keyword, not the command line's flag; a str UTF-8 cannot hold, named
+    with pytest.raises(ValueError, match="generate: max_tokens must be positive, got 0"):
+        run.generate("4 5", max_tokens=0)
+    for method in (run.generate, run.attention):
+        with pytest.raises(ValueError, match=f"{method.__name__}: prompt is not valid Unicode text"):
+            method("4 \ud800")
 
 
 def test_training_releases_the_gil(tmp_path):

@@ -582,3 +582,26 @@ def test_slice_is_the_view_that_indexing_with_a_step_gives():
     expected = np.zeros((4, 6))
     expected[:, 1:6:2] = 1
     np.testing.assert_array_equal(t.grad.numpy(), expected)
+
+
+def test_numpy_memory_cannot_be_freed_under_a_tensor_that_shares_it():
+    a = np.arange(10.0)
+    t = relgrad.from_numpy(a)
+    with pytest.raises(ValueError, match="cannot resize"):
+        a.resize(2 * 10**6, refcheck=False)  # would free the buffer t reads
+    np.testing.assert_array_equal(t.numpy(), np.arange(10.0))
+    base = np.arange(12.0)
+    over_a_view = relgrad.from_numpy(base[2:])
+    with pytest.raises(ValueError, match="cannot resize"):
+        base.resize(2 * 10**6, refcheck=False)  # the memory the view shares is base's
+    np.testing.assert_array_equal(over_a_view.numpy(), np.arange(2.0, 12.0))
+    del t, over_a_view
+    gc.collect()
+    a.resize(20, refcheck=False)  # free again once no tensor shares it
+    base.resize(20, refcheck=False)
+
+
+def test_from_numpy_shares_empty_arrays_of_any_shape():
+    for shape in [(0,), (3, 0), (0, 4), (2, 0, 5)]:
+        t = relgrad.from_numpy(np.zeros(shape, np.float32))
+        assert tuple(t.shape) == shape and t.numel() == 0
