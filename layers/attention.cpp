@@ -100,10 +100,11 @@ Tensor MultiHeadAttention::forward(const Tensor& query, const Tensor& key_value,
     RELGRAD_CHECK(!mask.defined() || broadcast_shapes(mask.shape(), scores_shape, "attention mask") == scores_shape,
                   "attention: mask of shape ", shape_str(mask.shape()),
                   " does not broadcast to [B, H, Lq, Lk] = ", shape_str(scores_shape));
+    const AttentionPattern pattern{mask, causal, window, query_offset};
+    check_pattern(pattern, Lq, "attention");  // before any position is computed from it
     const Tensor q0 = split_heads(w_q.forward(query)), k0 = split_heads(w_k.forward(key_value));
     const Tensor q = at_positions(q0, query_offset), k = at_positions(k0, 0);
     const Tensor v = split_heads(w_v.forward(key_value));
-    AttentionPattern pattern{mask, causal, window, query_offset};
     if (keep_score_parts) last_score_parts = score_parts(query, q0, k0, q, k, v, pattern);
     return w_o.forward(merge_heads(attend(query, q, k, v, pattern)));
 }

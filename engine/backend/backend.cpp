@@ -272,7 +272,7 @@ void Backend::pattern_mask(const AttentionPattern& pattern, Tensor& out) {
     require_on_device("pattern_mask", {&out});
     RELGRAD_CHECK(out.dim() == 2 && out.dtype() == DType::boolean && out.is_contiguous(), "pattern_mask: out ",
                   shape_str(out.shape()), " must be a contiguous bool [Lq, Lk]");
-    check_window(pattern, "pattern_mask");
+    check_pattern(pattern, out.size(0), "pattern_mask");
     if (out.numel() == 0) return;
     do_pattern_mask(pattern.causal, pattern.window, pattern.query_offset, out);
 }

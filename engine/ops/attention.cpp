@@ -175,7 +175,7 @@ namespace relgrad {
 static void check_fused_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionPattern& pattern,
                                const ClippedRelativeTerms& rel) {
     check_attention_inputs(q, k, v, pattern.mask, RelativeTerms{}, "fused_attention");
-    check_window(pattern, "fused_attention");
+    check_pattern(pattern, q.size(2), "fused_attention");
     require_same_device({q, rel.table_k, rel.table_v, rel.distance_bias}, "fused_attention");
     const bool tables = rel.table_k.defined() || rel.table_v.defined();
     if (rel.distance_bias.defined()) {
@@ -213,7 +213,7 @@ Tensor combine_masks(const Tensor& a, const Tensor& b) {
 // The rules written by the device's kernel (Backend::pattern_mask), and the given mask and-ed in.
 Tensor pattern_mask(const AttentionPattern& pattern, int64_t query_len, int64_t key_len, Device device) {
     const ProfileScope profiled("pattern_mask");
-    check_window(pattern, "attention");
+    check_pattern(pattern, query_len, "attention");
     if (!pattern.causal && pattern.window < 0) return pattern.mask;
     Tensor visible = empty({query_len, key_len}, DType::boolean, device);  // "shape [-1, 4] has a negative size"
     backend_for(device).pattern_mask(pattern, visible);
@@ -329,7 +329,9 @@ RopeTables rope_tables(int64_t length, int64_t head_dim, int64_t first_position,
                        Device device) {
     RELGRAD_CHECK(length >= 0 && head_dim >= 0 && head_dim % 2 == 0, "rope: length ", length, " and head dim ",
                   head_dim, " must be >= 0, the head dim even");
-    RELGRAD_CHECK(first_position >= 0, "rope: first position ", first_position, " must be >= 0");
+    RELGRAD_CHECK(first_position >= 0 && first_position <= kMaxPosition - length, "rope: first position ",
+                  first_position, " must be in [0, 2^40 - L] = [0, ", kMaxPosition - length, "] for L = ", length,
+                  " positions");
     RELGRAD_CHECK(std::isfinite(base) && base > 0, "rope: base ", base, " must be a positive number");
     const int64_t pairs = head_dim / 2;
     std::vector<double> cos_values(length * pairs), sin_values(length * pairs);

@@ -1,5 +1,6 @@
 // Masks, multi-head attention, relative attention (reference = bucketed = fused), gated mixing.
 #include <algorithm>
+#include <limits>
 
 #include "engine/autograd.hpp"
 #include "layer_check.hpp"
@@ -413,7 +414,10 @@ TEST_CASE("RoPE: rotated q . k depends on j - i alone, and the rotation keeps le
                  {std::cos(1.0), std::sin(1.0)}, 1e-15);
     CHECK_THROWS_WITH_AS(rope(random_input({2, 3}, 1), 0), "rope: x [2, 3] must be [..., L, Dh] with Dh even",
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(rope(q, -1), "rope: first position -1 must be >= 0", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(rope(q, -1),
+                         "rope: first position -1 must be in [0, 2^40 - L] = [0, 1099511627775] for L = 1 positions",
+                         std::invalid_argument);
+    CHECK_THROWS_AS(rope(q, std::numeric_limits<int64_t>::max()), std::invalid_argument);  // p + l would overflow
     CHECK_THROWS_AS(rope(q, 0, 0.0), std::invalid_argument);
     Generator gen(1);
     CHECK_THROWS_WITH_AS(
@@ -574,5 +578,30 @@ TEST_CASE("score parts: content + position is the layer's own score, in every sc
             CHECK(max_difference(parts.value_share, expected) <= 1e-12);
         }
         layer->keep_score_parts = false;
+    }
+}
+
+TEST_CASE("a query_offset past 2^40 positions is refused by every scheme, before any position overflows") {
+    Generator gen(2);
+    const Init init{gen, DType::float64};
+    RelativeOptions relative;
+    RelativeFamilyOptions family;
+    std::vector<std::unique_ptr<MultiHeadAttention>> layers;
+    layers.push_back(std::make_unique<MultiHeadAttention>(8, 2, init));
+    layers.push_back(std::make_unique<RelativeMultiHeadAttention>(8, 2, relative, AttentionImpl::bucketed, init));
+    layers.push_back(std::make_unique<RotaryMultiHeadAttention>(8, 2, 10000, AttentionImpl::fused, init));
+    layers.push_back(std::make_unique<AlibiAttention>(8, 2, AttentionImpl::reference, init));
+    layers.push_back(std::make_unique<T5BiasAttention>(8, 2, family, true, AttentionImpl::bucketed, init));
+    const Tensor x = random_input({1, 3, 8}, 4);
+    for (const auto& layer : layers) {
+        for (int64_t offset : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 40) - 2, int64_t{-1}}) {
+            CAPTURE(offset);
+            CHECK_THROWS_WITH_AS(layer->forward(x, x, Tensor(), offset),
+                                 ("attention: query_offset " + std::to_string(offset) +
+                                  " must be in [0, 2^40 - Lq] = [0, 1099511627773] for Lq = 3 queries")
+                                     .c_str(),
+                                 std::invalid_argument);
+        }
+        CHECK(layer->forward(x, x, Tensor(), (int64_t{1} << 40) - 3).size(1) == 3);  // the last that fits
     }
 }
