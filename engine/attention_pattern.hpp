@@ -20,20 +20,22 @@ struct AttentionPattern {
     int64_t window = -1;       // if >= 0, only keys with |j - (query_offset + i)| <= window
     int64_t query_offset = 0;  // also shifts the relative distances
 };
-// The largest position a query may have (query_offset + i): distances and sums of positions stay
-// far inside int64, and a position past it indexes no table a model can have.
+// The largest distance of a query's position (query_offset + i) from key 0, either way: distances
+// and sums of positions stay far inside int64, and a position past it indexes no table a model
+// can have. (A negative query_offset puts the queries before the first key.)
 constexpr int64_t kMaxPosition = int64_t{1} << 40;
 
 // Throws for what no pattern of `query_len` queries can have: "<op>: window -2 must be >= 0 (or -1
-// for none)", or a query_offset outside [0, 2^40 - query_len].
+// for none)", or a query_offset outside [-2^40, 2^40 - query_len].
 inline void check_pattern(const AttentionPattern& pattern, int64_t query_len, const char* op) {
     if (pattern.window < -1) {
         throw std::invalid_argument(std::string(op) + ": window " + std::to_string(pattern.window) +
                                     " must be >= 0 (or -1 for none)");
     }
-    if (pattern.query_offset < 0 || pattern.query_offset > kMaxPosition - query_len) {
+    if (pattern.query_offset < -kMaxPosition || pattern.query_offset > kMaxPosition - query_len) {
         throw std::invalid_argument(std::string(op) + ": query_offset " + std::to_string(pattern.query_offset) +
-                                    " must be in [0, 2^40 - Lq] = [0, " + std::to_string(kMaxPosition - query_len) +
+                                    " must be in [-2^40, 2^40 - Lq] = [-1099511627776, " +
+                                    std::to_string(kMaxPosition - query_len) +
                                     "] for Lq = " + std::to_string(query_len) + " queries");
     }
 }

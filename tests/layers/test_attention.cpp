@@ -581,7 +581,8 @@ TEST_CASE("score parts: content + position is the layer's own score, in every sc
     }
 }
 
-TEST_CASE("a query_offset past 2^40 positions is refused by every scheme, before any position overflows") {
+TEST_CASE(
+    "a query_offset more than 2^40 positions from the keys is refused by every scheme, before any position overflows") {
     Generator gen(2);
     const Init init{gen, DType::float64};
     RelativeOptions relative;
@@ -594,11 +595,12 @@ TEST_CASE("a query_offset past 2^40 positions is refused by every scheme, before
     layers.push_back(std::make_unique<T5BiasAttention>(8, 2, family, true, AttentionImpl::bucketed, init));
     const Tensor x = random_input({1, 3, 8}, 4);
     for (const auto& layer : layers) {
-        for (int64_t offset : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 40) - 2, int64_t{-1}}) {
+        for (int64_t offset : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 40) - 2,
+                               std::numeric_limits<int64_t>::min(), -(int64_t{1} << 40) - 1}) {
             CAPTURE(offset);
             CHECK_THROWS_WITH_AS(layer->forward(x, x, Tensor(), offset),
                                  ("attention: query_offset " + std::to_string(offset) +
-                                  " must be in [0, 2^40 - Lq] = [0, 1099511627773] for Lq = 3 queries")
+                                  " must be in [-2^40, 2^40 - Lq] = [-1099511627776, 1099511627773] for Lq = 3 queries")
                                      .c_str(),
                                  std::invalid_argument);
         }
