@@ -20,7 +20,7 @@
 
 #include "commands/explorer_assets.hpp"
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/run_directory.hpp"

@@ -14,7 +14,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 #include "train/make_task.hpp"

@@ -4,7 +4,7 @@
 // kernels on the emulated cuda device against the CPU's, on the shapes the op tests do not reach.
 // No gradient check here: this file tests the execution model and kernel values, not an op's
 // derivative; every op's and layer's gradient check runs on this device in its own test
-// (tests/engine/check.hpp, tests/layers/layer_check.hpp).
+// (tests/engine/test_helpers.hpp, tests/layers/layer_check.hpp).
 #include <doctest/doctest.h>
 
 #include <array>

@@ -11,7 +11,7 @@
 #include <limits>
 #include <tuple>
 
-#include "check.hpp"
+#include "test_helpers.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
 #ifdef RELGRAD_TEST_CUDA
 #include "engine/backend/cuda/cuda_backend.hpp"

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <functional>
 
-#include "../engine/check.hpp"
+#include "../engine/test_helpers.hpp"
 #include "commands/run_commands.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"

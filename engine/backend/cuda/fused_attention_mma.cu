@@ -8,7 +8,7 @@
 
 #include "engine/backend/cuda/fused_attention.hpp"
 #include "engine/backend/cuda/mma.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {
