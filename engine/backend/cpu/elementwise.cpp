@@ -1,6 +1,7 @@
-// The CPU's elementwise kernels (engine/ops/elementwise.cpp, and the copies of views.cpp): xtensor
-// expressions over the tensors' own strided memory (xt::adapt, no copies), and plain loops the
-// compiler vectorizes for the packed common cases.
+// The CPU's elementwise kernels (engine/ops/elementwise.cpp, the copies of views.cpp, and rope's
+// rotation of pairs for engine/ops/attention.cpp): xtensor expressions over the tensors' own
+// strided memory (xt::adapt, no copies), and plain loops the compiler vectorizes for the packed
+// common cases.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
