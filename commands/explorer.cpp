@@ -1,3 +1,5 @@
+// The explorer (explorer.hpp, docs/explorer.md). One file: the runs it holds, the page it serves
+// and its HTTP API, one handler per route, all over the one Explorer class.
 #include "commands/explorer.hpp"
 
 #include <malloc.h>

@@ -1,3 +1,5 @@
+// The trainer (trainer.hpp). One file: train() and the parts only it calls (a step, a batch in
+// shards, what a run reports, several processes), each a section below, in the order train() uses them.
 #include "train/trainer.hpp"
 
 #include <omp.h>

@@ -1,6 +1,7 @@
 // The trainer: a short run whose loss falls, determinism over threads and devices, resume,
 // interruption, corrupt checkpoints, divergence, the file tasks. (No gradient check: the models
 // trained here are gradient-checked in tests/layers/; this file checks the training loop around them.)
+// One file: the trainer's test program (train.trainer), every test a run of train().
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
