@@ -6,7 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "train/tokenizer.hpp"
 #include "train/json_reader.hpp"
 

@@ -1,3 +1,5 @@
+// The explorer (explorer.hpp, docs/explorer.md). One file: the runs it holds, the page it serves
+// and its HTTP API, one handler per route, all over the one Explorer class.
 #include "commands/explorer.hpp"
 
 #include <malloc.h>
@@ -20,7 +22,7 @@
 
 #include "commands/explorer_assets.hpp"
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "layers/transformer.hpp"
 #include "train/run_directory.hpp"

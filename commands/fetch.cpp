@@ -17,7 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "commands/converters.hpp"
 #include "train/datasets.hpp"

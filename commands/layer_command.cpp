@@ -9,7 +9,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 #include "engine/system.hpp"

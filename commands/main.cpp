@@ -34,8 +34,8 @@
 #include <omp.h>
 
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
-#include "engine/op_checks.hpp"
+#include "engine/errors.hpp"
+#include "engine/op_gradchecks.hpp"
 #include "engine/system.hpp"
 #include "train/config.hpp"
 #include "train/datasets.hpp"

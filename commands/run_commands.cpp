@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"
 #include "train/config.hpp"

@@ -6,7 +6,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
 #include "engine/system.hpp"

@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {

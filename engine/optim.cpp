@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/npy.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"

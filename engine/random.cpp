@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

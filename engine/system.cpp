@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

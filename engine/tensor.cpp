@@ -11,7 +11,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

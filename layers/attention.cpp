@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {

@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "engine/attention_pattern.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad {

@@ -8,7 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/gradcheck.hpp"
 #include "python/bindings.hpp"
 

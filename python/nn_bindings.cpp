@@ -9,7 +9,7 @@
 #include <pybind11/numpy.h>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "layers/attention.hpp"
 #include "python/nn_bindings.hpp"
 #include "python/nn_options.hpp"

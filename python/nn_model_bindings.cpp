@@ -3,7 +3,7 @@
 // everything else the whole stack's.
 #include <optional>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "layers/transformer.hpp"
 #include "python/nn_bindings.hpp"
 #include "python/nn_options.hpp"

@@ -9,7 +9,7 @@
 
 #include <omp.h>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
 #include "engine/system.hpp"

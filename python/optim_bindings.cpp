@@ -9,7 +9,7 @@
 
 #include <pybind11/stl.h>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/optim.hpp"
 #include "python/bindings.hpp"
 

@@ -11,7 +11,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "layers/module.hpp"
 #include "python/bindings.hpp"

@@ -12,7 +12,7 @@
 #include <pybind11/stl.h>
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "python/bindings.hpp"
 

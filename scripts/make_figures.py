@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 """Draws the figures of docs/ from relgrad itself, as SVG files that are the same bytes on every run.
+One file: every figure, one function each, sharing the drawing helpers and the byte-stable SVG writer.
 
     /usr/bin/python3 scripts/make_figures.py [--build build] [--out docs/figures]
 

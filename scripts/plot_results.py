@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots of the experiments (scripts/experiments.py) into docs/results/, from the records of their
-runs in docs/results/data/ (no run directory or relgrad program is needed).
+runs in docs/results/data/ (no run directory or relgrad program is needed). One file: every plot
+of docs/results/, one function each, reading the same records.
 
     python3 scripts/plot_results.py
 

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/enum_names.hpp"
 #include "engine/system.hpp"
 #include "train/datasets.hpp"

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/tensor.hpp"
 #include "train/tokenizer.hpp"
 #include "train/json_reader.hpp"

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "layers/options.hpp"
 
 namespace relgrad {

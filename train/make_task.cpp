@@ -5,7 +5,7 @@
 #include <functional>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <map>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

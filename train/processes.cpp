@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 #ifdef RELGRAD_WITH_MPI
 #include <mpi.h>

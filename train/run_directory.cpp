@@ -4,7 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 

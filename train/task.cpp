@@ -1,7 +1,7 @@
 #include "train/task.hpp"
 
 #include "engine/autograd.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "train/tokenizer.hpp"
 

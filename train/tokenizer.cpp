@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/enum_names.hpp"
 #include "train/json_reader.hpp"
 

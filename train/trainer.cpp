@@ -1,3 +1,5 @@
+// The trainer (trainer.hpp). One file: train() and the parts only it calls (a step, a batch in
+// shards, what a run reports, several processes), each a section below, in the order train() uses them.
 #include "train/trainer.hpp"
 
 #include <omp.h>
@@ -14,7 +16,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/system.hpp"
 #include "train/json_reader.hpp"
 #include "train/make_task.hpp"

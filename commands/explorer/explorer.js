@@ -1,6 +1,7 @@
 // relgrad explorer: the page's behaviour (docs/explorer.md). Every number it shows comes from the
 // API (or, in an exported file, from the same answers stored in the page); nothing is re-derived
 // here. Charts are plain SVG, so that each one exports as SVG and, drawn on a canvas, as PNG.
+// One file: the page's one script, embedded in the program beside page.html and style.css.
 'use strict';
 
 // ---------------------------------------------------------------- where the data comes from

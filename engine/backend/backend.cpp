@@ -1,6 +1,6 @@
 // What every backend does alike: the checks each kernel starts with and the setup of the matrix
 // products, before the device's own kernels (the do_ list, cpu/ and cuda/); the defaults of the
-// optional kernels; the wording of the bad values the kernels find (kernel_checks.hpp); and the
+// optional kernels; the wording of the bad values the kernels find (kernel_errors.hpp); and the
 // table of backends by device.
 #include "engine/backend/backend.hpp"
 
@@ -21,8 +21,8 @@
 #endif
 
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
+#include "engine/backend/kernel_errors.hpp"
+#include "engine/errors.hpp"
 #include "engine/profile.hpp"
 
 namespace relgrad {

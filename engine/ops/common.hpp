@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/tensor.hpp"
 
 namespace relgrad {

@@ -5,7 +5,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 #include "engine/profile.hpp"

@@ -2,7 +2,7 @@
 // gather <-> scatter_add and index_select <-> index_add are each other's backward.
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 #include "engine/profile.hpp"

@@ -1,7 +1,7 @@
 // Matrix products through BLAS.
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/ops/common.hpp"
 #include "engine/profile.hpp"

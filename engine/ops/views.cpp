@@ -7,7 +7,7 @@
 
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 #include "engine/ops.hpp"
 #include "engine/profile.hpp"
 

@@ -1,5 +1,5 @@
 // The graph: accumulation, topological order, freeing, NoGradGuard, errors.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include "engine/autograd.hpp"
 #include "engine/gradcheck.hpp"

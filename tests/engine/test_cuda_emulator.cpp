@@ -4,7 +4,8 @@
 // kernels on the emulated cuda device against the CPU's, on the shapes the op tests do not reach.
 // No gradient check here: this file tests the execution model and kernel values, not an op's
 // derivative; every op's and layer's gradient check runs on this device in its own test
-// (tests/engine/check.hpp, tests/layers/layer_check.hpp).
+// (tests/engine/test_helpers.hpp, tests/layers/layer_check.hpp). One file: the emulator's one test
+// program, each test kernel written beside the test that runs it.
 #include <doctest/doctest.h>
 
 #include <array>

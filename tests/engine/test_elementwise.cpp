@@ -1,5 +1,5 @@
 // Elementwise ops: values, broadcasting, errors, gradients.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include <limits>
 

@@ -1,7 +1,7 @@
 // The worked examples of docs/engine.md ("A backward pass by hand" and its two subsections, a
 // tensor used twice inside the graph and the backward of broadcasting), number for number, each
 // ending in the gradient check of the same function.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include "engine/autograd.hpp"
 #include "engine/gradcheck.hpp"

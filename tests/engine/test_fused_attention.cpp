@@ -4,14 +4,14 @@
 // independent of the thread count; the same on the guarded CPU device, and the bucketed fallback
 // of a device without fused kernels; the CUDA kernels (on the test build's cuda device) to 1e-12
 // and deterministic; bfloat16 on the CPU within the 16-bit kernels' error; gradient-checked; bad
-// input rejected.
+// input rejected. One file: the fused_attention op on every device, one test program per engine family.
 #include <omp.h>
 
 #include <algorithm>
 #include <limits>
 #include <tuple>
 
-#include "check.hpp"
+#include "test_helpers.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
 #ifdef RELGRAD_TEST_CUDA
 #include "engine/backend/cuda/cuda_backend.hpp"

@@ -1,5 +1,5 @@
 // gradcheck itself: it must catch wrong, non-deterministic and biased backward functions.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include "engine/autograd.hpp"
 

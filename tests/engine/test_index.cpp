@@ -1,5 +1,5 @@
 // Indexing: gather, scatter_add, index_select, embedding.
-#include "check.hpp"
+#include "test_helpers.hpp"
 #include "engine/backend/backend.hpp"
 
 using namespace relgrad;

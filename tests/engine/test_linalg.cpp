@@ -1,5 +1,5 @@
 // matmul: values against a plain triple loop, layouts BLAS reads in place, batches, gradients.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;

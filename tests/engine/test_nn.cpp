@@ -1,5 +1,5 @@
 // softmax, log_softmax, layer_norm, dropout, cross_entropy.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include "engine/backend/backend.hpp"
 

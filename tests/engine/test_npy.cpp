@@ -1,7 +1,7 @@
 // .npy files: round trips, NumPy's exact header layout, every NumPy numeric dtype in either byte
 // order and in Fortran order, and clear errors on bad files and headers.
 // (No differentiable code here, so no gradcheck.)
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include <unistd.h>
 

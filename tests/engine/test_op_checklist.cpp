@@ -1,6 +1,6 @@
 // The checklist of adding an op, enforced. Every op that engine/ops.hpp declares, and every view
 // of Tensor that has a gradient check, must have:
-//   - a registered gradient check (engine/op_checks.cpp), a case named "op" or "op/variant"; the
+//   - a registered gradient check (engine/op_gradchecks.cpp), a case named "op" or "op/variant"; the
 //     16-bit run of each case then needs a stated tolerance, which tests/engine/test_precision.cpp
 //     requires (it fails on a case without one);
 //   - a Python binding: def("op", ...) in one of python/*.cpp;
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "engine/op_checks.hpp"
+#include "engine/op_gradchecks.hpp"
 #include <doctest/doctest.h>
 
 using namespace relgrad;
@@ -98,7 +98,7 @@ TEST_CASE("every op has a gradient check, a Python binding and a row in docs/eng
     const std::map<std::string, std::string> rows = docs_rows();
     for (const std::string& op : ops) {
         CAPTURE(op);
-        CHECK_MESSAGE(registered.count(op), "no gradient check is registered in engine/op_checks.cpp");
+        CHECK_MESSAGE(registered.count(op), "no gradient check is registered in engine/op_gradchecks.cpp");
         CHECK_MESSAGE(std::regex_search(bindings, std::regex("def\\(\\s*\"" + op + "\"")),
                       "no Python binding in python/");
         const auto row = rows.find(op);

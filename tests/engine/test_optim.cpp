@@ -4,7 +4,7 @@
 #include <fstream>
 #include <limits>
 
-#include "check.hpp"
+#include "test_helpers.hpp"
 #include "engine/optim.hpp"
 
 using namespace relgrad;

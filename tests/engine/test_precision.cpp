@@ -1,10 +1,10 @@
 // bfloat16 and float16: the conversions (rounding to nearest even, subnormals, overflow, inf and
-// NaN), and every registered op case (engine/op_checks.cpp) computed in each against float64, on
+// NaN), and every registered op case (engine/op_gradchecks.cpp) computed in each against float64, on
 // every device, within the tolerances stated below.
 // No gradient check here: this file measures how far 16-bit results (outputs and gradients) are
 // from float64 ones; the float64 gradient check of every one of these op cases runs in
 // tests/engine/test_gradcheck.cpp.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 #include <algorithm>
 #include <cmath>

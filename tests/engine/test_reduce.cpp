@@ -1,5 +1,5 @@
 // Reductions: values over dims, keepdim, ties in max, errors, gradients.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;

@@ -1,5 +1,5 @@
 // concat and stack; the view ops' gradients are checked in test_tensor.
-#include "check.hpp"
+#include "test_helpers.hpp"
 
 using namespace relgrad;
 using namespace relgrad::testing;

@@ -1,5 +1,5 @@
 // The Tensor: storage, strides, views without copies, dtypes, factories.
-#include "check.hpp"
+#include "test_helpers.hpp"
 #include "engine/backend/backend.hpp"
 
 #include <limits>

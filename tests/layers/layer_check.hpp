@@ -1,7 +1,7 @@
 // Gradient checks of whole layers: with respect to the inputs and every parameter.
 #pragma once
 
-#include "../engine/check.hpp"
+#include "../engine/test_helpers.hpp"
 #include "engine/gradcheck.hpp"
 #include "layers/module.hpp"
 

@@ -1,4 +1,5 @@
 // Masks, multi-head attention, relative attention (reference = bucketed = fused), gated mixing.
+// One file: the tests of layers/attention.hpp, as tests/layers/ has one program per layer family.
 #include <algorithm>
 #include <limits>
 

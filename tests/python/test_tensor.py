@@ -1,5 +1,7 @@
 """relgrad.Tensor from Python: NumPy in and out, lifetimes, operators, indexing, autograd, errors,
-and gradients of composed expressions against PyTorch."""
+and gradients of composed expressions against PyTorch. One file: everything
+relgrad.Tensor does from Python (tests/python/ has one file per part of the module: Tensor, nn,
+options, runs, scripts)."""
 import gc
 import sys
 import threading

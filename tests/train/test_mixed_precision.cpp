@@ -5,7 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "../engine/check.hpp"
+#include "../engine/test_helpers.hpp"
 #include "commands/run_commands.hpp"
 #include "engine/optim.hpp"
 #include "layers/basic.hpp"

@@ -1,13 +1,14 @@
 // The trainer: a short run whose loss falls, determinism over threads and devices, resume,
 // interruption, corrupt checkpoints, divergence, the file tasks. (No gradient check: the models
 // trained here are gradient-checked in tests/layers/; this file checks the training loop around them.)
+// One file: the trainer's test program (train.trainer), every test a run of train().
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
-#include "../engine/check.hpp"
+#include "../engine/test_helpers.hpp"
 #include "commands/run_commands.hpp"
 #include "engine/npy.hpp"
 #include "engine/system.hpp"

@@ -7,8 +7,8 @@
 
 #include "engine/backend/cpu/attention_rows.hpp"
 #include "engine/backend/cpu/cpu_backend.hpp"
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
+#include "engine/backend/kernel_errors.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

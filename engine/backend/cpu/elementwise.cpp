@@ -1,6 +1,7 @@
-// The CPU's elementwise kernels (engine/ops/elementwise.cpp, and the copies of views.cpp): xtensor
-// expressions over the tensors' own strided memory (xt::adapt, no copies), and plain loops the
-// compiler vectorizes for the packed common cases.
+// The CPU's elementwise kernels (engine/ops/elementwise.cpp, the copies of views.cpp, and rope's
+// rotation of pairs for engine/ops/attention.cpp): xtensor expressions over the tensors' own
+// strided memory (xt::adapt, no copies), and plain loops the compiler vectorizes for the packed
+// common cases.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,8 +18,8 @@
 
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/backend/cpu/strided_loops.hpp"
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
+#include "engine/backend/kernel_errors.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

@@ -1,4 +1,5 @@
 // Fused relative attention on the CPU: tiled, with an online softmax, in memory linear in L.
+// One file: the forward and the backward walk the same tiles with the same helpers (below).
 //
 // Per (batch, head), with c = scale, r = r(i, j) the clipped distance bucket, E_K and E_V the
 // head's tables, QE = Q E_K^T [Lq, K], and only the visible keys j of each query i:

@@ -2,8 +2,8 @@
 // checked against its dim as it is used.
 #include "engine/backend/cpu/cpu_backend.hpp"
 #include "engine/backend/cpu/strided_loops.hpp"
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
+#include "engine/backend/kernel_errors.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 

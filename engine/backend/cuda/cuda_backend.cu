@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "engine/backend/kernel_checks.hpp"
-#include "engine/check.hpp"
+#include "engine/backend/kernel_errors.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {

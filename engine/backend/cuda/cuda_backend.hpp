@@ -26,7 +26,7 @@ namespace RELGRAD_CUDA_NAMESPACE {
 // int64 value) is not waited for: the kernel stores it in the backend's one error record, and the
 // host reads that record when it next waits for the device anyway, at its next copy from the device
 // (a training step reads its loss: once a step at least), and throws there the
-// std::invalid_argument the CPU backend throws at once, worded by kernel_checks.hpp. The first
+// std::invalid_argument the CPU backend throws at once, worded by kernel_errors.hpp. The first
 // report since the last read is the one thrown; each launch that may report has a serial.
 struct DeviceError {
     int64_t launch = 0;           // the serial of the launch that stored it; 0: none yet

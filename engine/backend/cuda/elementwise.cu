@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
-#include "engine/backend/kernel_checks.hpp"
+#include "engine/backend/kernel_errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {

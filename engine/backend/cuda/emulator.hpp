@@ -36,7 +36,9 @@
 //
 // What it cannot show: timing, memory coalescing, bank conflicts, real concurrency between blocks
 // (they run one at a time), atomics (relgrad's kernels use none), the tensor cores' rounding.
-// docs/backends.md says more.
+// docs/backends.md says more. The implementation is in emulator/, one file per part (fibers,
+// launches, warp points, shared memory and its race check, device memory); emulator/state.hpp says
+// how they fit.
 #pragma once
 
 #include <cstddef>

@@ -37,7 +37,7 @@
 #include <type_traits>
 
 #include "engine/backend/cuda/fused_attention.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "engine/backend/cuda/cuda_backend.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {

@@ -1,14 +1,15 @@
 // Fused relative attention on tensor cores: the forward and the backward's kernels of
 // FlashAttention-2's shape, for float32, bfloat16 and float16 operands at head widths 32, 64 and
 // 128, read in their own dtype (docs/cuda_tiling.md has the tiles, fused_attention.cu the math and
-// the scalar kernels everything else takes).
+// the scalar kernels everything else takes). One file: the four kernels share the fragment loaders
+// and tile loops above them, and are instantiated here for every input type and head width.
 #include <algorithm>
 #include <limits>
 #include <type_traits>
 
 #include "engine/backend/cuda/fused_attention.hpp"
 #include "engine/backend/cuda/mma.hpp"
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 namespace relgrad {
 namespace RELGRAD_CUDA_NAMESPACE {

@@ -8,7 +8,7 @@
 
 #include <doctest/doctest.h>
 
-#include "engine/op_checks.hpp"
+#include "engine/op_gradchecks.hpp"
 #include "engine/ops.hpp"
 
 namespace relgrad::testing {
@@ -40,7 +40,7 @@ inline void check_same_values(const std::vector<double>& on_device, const std::v
     }
 }
 
-// Runs every registered gradient check of `op` (engine/op_checks.cpp) and fails with the
+// Runs every registered gradient check of `op` (engine/op_gradchecks.cpp) and fails with the
 // gradcheck report of each case that does not pass. Each case runs on the CPU and on every other
 // device (other_devices); each must pass, with the same outputs and analytic gradients as on the
 // CPU (and on guarded_cpu exactly the same errors), so an op that reads device memory from the host,

@@ -24,7 +24,7 @@ struct PrecisionResult {
 
 struct OpCheck {
     std::string name;
-    std::function<GradcheckResult(Device device)> run;  // with the inputs on `device`
+    std::function<GradcheckResult(Device device)> run;                  // with the inputs on `device`
     std::function<PrecisionResult(DType dtype, Device device)> run_in;  // bfloat16 or float16
 };
 

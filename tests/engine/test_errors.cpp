@@ -1,7 +1,7 @@
-// engine/check.hpp: each macro throws its own exception type with the parts as the message, and
+// engine/errors.hpp: each macro throws its own exception type with the parts as the message, and
 // evaluates the parts only when its condition is false.
 // (No differentiable code here, so no gradcheck.)
-#include "engine/check.hpp"
+#include "engine/errors.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "engine/op_checks.hpp"
+#include "engine/op_gradchecks.hpp"
 
 #include <algorithm>
 #include <cmath>
