@@ -168,9 +168,18 @@ def test_a_job_array_lists_the_sweep_and_runs_one_run_a_task(tmp_path, monkeypat
     assert capsys.readouterr().err == "experiments.py: --only 4: the sweep has 4 runs, 0 to 3 (see --list)\n"
 
 
-def test_results_md_section_6_tables_are_the_records_as_plot_results_prints_them(capsys):
+def committed_records(monkeypatch):
+    """plot_results reading docs/results/data/ and configs/ as it does run from the repository's root."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(plot_results, "DATA", os.path.join("docs", "results", "data"))
+    plot_results.record.cache_clear()
+    plot_results.paper.cache_clear()
+
+
+def test_results_md_section_6_tables_are_the_records_as_plot_results_prints_them(capsys, monkeypatch):
     # docs/results.md copies the tables that plot_results prints from docs/results/data/family:
     # each printed row must be in the page as printed, so a record and the page cannot drift apart.
+    committed_records(monkeypatch)
     family = plot_results.family_runs(plot_results.load("family"))
     plot_results.family_tables(family)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
@@ -180,7 +189,8 @@ def test_results_md_section_6_tables_are_the_records_as_plot_results_prints_them
     assert not missing, "docs/results.md lacks these rows as the records give them:\n" + "\n".join(missing)
 
 
-def test_precision_md_accuracies_are_the_records_of_the_precision_experiments():
+def test_precision_md_accuracies_are_the_records_of_the_precision_experiments(monkeypatch):
+    committed_records(monkeypatch)
     # docs/precision.md's "What 16 bits cost in accuracy" quotes each seed's test accuracy from
     # docs/results/data/precision*/results.json, to three decimals.
     page = open(os.path.join(ROOT, "docs", "precision.md"), encoding="utf-8").read().splitlines()
