@@ -112,7 +112,7 @@ int run_train(const relgrad::Config& config, relgrad::TrainOptions options, cons
     if (profile_steps) options.profile = &profile;
     const nlohmann::json summary = relgrad::train(config, options);
     if (summary.contains("rank")) return 0;  // a process of several other than rank 0: rank 0 reports
-    print_profile(profile);
+    if (profile_steps) print_profile(profile);
     if (summary.contains("stopped_at")) {
         const bool interrupted = interrupting_signal != 0;
         std::fprintf(interrupted ? stderr : stdout,
