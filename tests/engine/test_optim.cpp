@@ -183,5 +183,14 @@ TEST_CASE("the loss scaler skips a step whose gradients overflowed, halves, and 
     CHECK(scaler.scale() == 8);
     CHECK_THROWS_AS(scaler.restore(0, 0, 0), std::invalid_argument);
     CHECK_THROWS_AS(scaler.restore(8, 3, 0), std::invalid_argument);  // never as many as growth_interval
+    // scales halving and doubling never reach: not a power of two, or below the normal doubles
+    for (double unreachable : {12.0, 1e300, 5e-324, std::ldexp(1.0, -1030)}) {
+        CAPTURE(unreachable);
+        CHECK_THROWS_WITH_AS(scaler.restore(unreachable, 0, 0),
+                             doctest::Contains("is no scale a run reaches: halving and doubling"),
+                             std::invalid_argument);
+    }
+    scaler.restore(std::ldexp(1.0, -1000), 0, 0);  // tiny, but a power of two and normal
+    CHECK(scaler.scale() == std::ldexp(1.0, -1000));
     CHECK_THROWS_AS(LossScaler(LossScalerOptions{1024, 1.0, 0.5, 10}), std::invalid_argument);
 }
