@@ -25,10 +25,10 @@ using nlohmann::json;
 
 namespace {
 
-// Every size of a spec that no options description bounds (in_features, out_features, dim and
-// heads of the plain layers, max_positions) is at most 2^20, and no parameter may have more than
-// 2^28 elements (1 GiB in float32): checked on the sizes read, before anything is allocated, so
-// that the error names the key.
+// Every size of a spec that no options description bounds (in_features, out_features,
+// max_positions, the dim of sinusoidal, learned_positions and layer_norm) is at most 2^20, and no
+// parameter may have more than 2^28 elements (1 GiB in float32): checked on the sizes read, before
+// anything is allocated, so that the error names the key.
 constexpr int64_t kMostSize = int64_t{1} << 20;
 constexpr int64_t kMostElements = int64_t{1} << 28;
 

@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
+#include "engine/errors.hpp"
 #include "engine/host_device.hpp"
 #include "engine/tensor.hpp"
 
@@ -25,20 +24,21 @@ struct AttentionPattern {
 // can have. (A negative query_offset puts the queries before the first key.)
 constexpr int64_t kMaxPosition = int64_t{1} << 40;
 
-// Throws for what no pattern of `query_len` queries can have: "<op>: window -2 must be >= 0 (or -1
-// for none)", or a query_offset outside [-2^40, 2^40 - query_len].
-inline void check_pattern(const AttentionPattern& pattern, int64_t query_len, const char* op) {
-    if (pattern.window < -1) {
-        throw std::invalid_argument(std::string(op) + ": window " + std::to_string(pattern.window) +
-                                    " must be >= 0 (or -1 for none)");
-    }
-    if (pattern.query_offset < -kMaxPosition || pattern.query_offset > kMaxPosition - query_len) {
-        throw std::invalid_argument(std::string(op) + ": query_offset " + std::to_string(pattern.query_offset) +
-                                    " must be in [-2^40, 2^40 - Lq] = [-1099511627776, " +
-                                    std::to_string(kMaxPosition - query_len) +
-                                    "] for Lq = " + std::to_string(query_len) + " queries");
-    }
+// Throws "<op>: query_offset ... must be in [-2^40, 2^40 - Lq] ..." for an offset that puts a
+// query of `query_len` further than that from key 0.
+inline void check_query_offset(int64_t query_offset, int64_t query_len, const char* op) {
+    RELGRAD_CHECK(query_offset >= -kMaxPosition && query_offset <= kMaxPosition - query_len, op, ": query_offset ",
+                  query_offset, " must be in [-2^40, 2^40 - Lq] = [", -kMaxPosition, ", ", kMaxPosition - query_len,
+                  "] for Lq = ", query_len, " queries");
 }
+
+// Throws for what no pattern of `query_len` queries can have: "<op>: window -2 must be >= 0 (or -1
+// for none)", or a query_offset check_query_offset refuses.
+inline void check_pattern(const AttentionPattern& pattern, int64_t query_len, const char* op) {
+    RELGRAD_CHECK(pattern.window >= -1, op, ": window ", pattern.window, " must be >= 0 (or -1 for none)");
+    check_query_offset(pattern.query_offset, query_len, op);
+}
+
 // Whether the causal and window rules let a query see a key at `distance` = j - (query_offset + i)
 // from it (the mask aside).
 RELGRAD_HOST_DEVICE inline bool seen_by_rules(bool causal, int64_t window, int64_t distance) {

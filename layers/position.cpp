@@ -86,7 +86,7 @@ RelativePositionEmbedding::RelativePositionEmbedding(int64_t head_dim_, int64_t 
 }
 
 Tensor RelativePositionEmbedding::index(int64_t query_len, int64_t key_len, int64_t query_offset) const {
-    check_pattern(AttentionPattern{Tensor(), false, -1, query_offset}, query_len, "RelativePositionEmbedding");
+    check_query_offset(query_offset, query_len, "RelativePositionEmbedding");
     std::vector<double> r(query_len * key_len);
     for (int64_t i = 0; i < query_len; ++i) {
         for (int64_t j = 0; j < key_len; ++j) {
