@@ -390,17 +390,13 @@ json Explorer::look(int64_t id, const std::string& prompt) {
     std::vector<int64_t> ids;
     try {
         ids = prompt_ids(loaded, prompt, "prompt");
+    } catch (const PromptTooLong& e) {
+        throw ApiError(413, e.what());
     } catch (const std::invalid_argument& e) {
         throw ApiError(400, e.what());
     }
     if (ids.empty()) throw ApiError(400, "prompt: the prompt has no tokens");
     const int64_t tokens = static_cast<int64_t>(ids.size());
-    const TransformerOptions& model = loaded.config.model.transformer;
-    if (model.position == PositionMode::learned && tokens > model.max_positions) {
-        throw ApiError(413, "the prompt has " + std::to_string(tokens) +
-                                " tokens; this run's learned positions end at " + std::to_string(model.max_positions) +
-                                " (model.max_positions)");
-    }
     if (tokens > limits_.max_prompt_tokens) {
         throw ApiError(413, "the prompt has " + std::to_string(tokens) + " tokens; the explorer shows at most " +
                                 std::to_string(limits_.max_prompt_tokens));

@@ -144,11 +144,22 @@ int run_train(const relgrad::Config& config, relgrad::TrainOptions options, cons
     return 0;
 }
 
-// validate: the task built (its data read), and the optimizer's groups with the parameters each caught.
-void print_parameter_groups(const relgrad::Config& config) {
+// validate: the task built (its data read), the memory its first step needs, and the optimizer's
+// groups with the parameters each caught.
+void print_task(const relgrad::Config& config, const std::string& config_path) {
     relgrad::Generator init_gen(config.training.seed);
     std::optional<relgrad::Tokenizer> tokenizer;
     const std::unique_ptr<relgrad::Task> task = relgrad::make_task(config, relgrad::Init{init_gen}, tokenizer);
+    const bool by_epochs = config.training.epochs > 0;
+    std::printf("%s: valid (task %s, %s positions, %lld %s)\n", config_path.c_str(),
+                relgrad::task_kind_name(config.task.kind),
+                relgrad::position_mode_name(config.model.transformer.position),
+                static_cast<long long>(by_epochs ? config.training.epochs : config.training.steps),
+                by_epochs ? "epochs" : "steps");
+    const relgrad::MemoryLimit limit = relgrad::memory_limit();
+    std::printf("memory: the first step needs %s; this process may have %s (%s)\n",
+                task->memory_estimate.describe().c_str(), relgrad::readable_bytes(limit.bytes).c_str(),
+                limit.source.c_str());
     std::printf("optimizer groups (a parameter joins the first that matches its name):\n");
     for (const relgrad::MatchedGroup& g : relgrad::parameter_groups(config, task->model())) {
         const std::string name = g.match.empty() ? "the rest" : "\"" + g.match + "\"";
@@ -340,14 +351,7 @@ int run(int argc, char** argv) {
             return run_train(config, train_options, hint, profile_steps);
         }
         if (validate->parsed()) {
-            const relgrad::Config config = load_config(config_path, overrides, "");
-            const bool by_epochs = config.training.epochs > 0;
-            std::printf("%s: valid (task %s, %s positions, %lld %s)\n", config_path.c_str(),
-                        relgrad::task_kind_name(config.task.kind),
-                        relgrad::position_mode_name(config.model.transformer.position),
-                        static_cast<long long>(by_epochs ? config.training.epochs : config.training.steps),
-                        by_epochs ? "epochs" : "steps");
-            print_parameter_groups(config);
+            print_task(load_config(config_path, overrides, ""), config_path);
             return 0;
         }
         if (eval->parsed()) {
@@ -391,6 +395,8 @@ int run(int argc, char** argv) {
         return 2;
     } catch (const relgrad::TrainingDiverged& e) {
         return relgrad::Processes::ending("relgrad: " + one_line(e.what()), 1);
+    } catch (const std::filesystem::filesystem_error& e) {  // a path that skipped relgrad's own checks
+        return relgrad::Processes::ending("relgrad: error: " + one_line(relgrad::filesystem_error_line(e)), 2);
     } catch (const std::bad_alloc& e) {  // relgrad's own say what could not be allocated
         return relgrad::Processes::ending("relgrad: error: out of memory: " + one_line(e.what()), 2);
     } catch (const std::exception& e) {

@@ -21,7 +21,7 @@ using nlohmann::json;
 
 LoadedRun load_run(const std::string& run_dir, const std::string& test_file, bool weights_kept, Device device) {
     const fs::path dir(run_dir);
-    const fs::path checkpoint = readable_checkpoint(dir);
+    const CheckpointReader checkpoint(dir);  // the writer's next swap waits until the model is loaded
     LoadedRun run;
     json document = read_json_file(dir / "config.json");
     if (!test_file.empty()) {
@@ -36,7 +36,7 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     run.tokenizer = saved_tokenizer(dir, run.config.task.kind);
     Generator gen(run.config.training.seed);
     run.task = make_task(run.config, Init{gen, DType::float32}, run.tokenizer);
-    run.task->model().load((checkpoint / "model").string());
+    run.task->model().load((checkpoint.path() / "model").string());
     run.task->model().to(device);
     // in the precision it trained in: the same values as casting the float32 weights at each use
     if (run.config.training.precision != DType::float32) run.task->model().to(run.config.training.precision);
@@ -44,9 +44,35 @@ LoadedRun load_run(const std::string& run_dir, const std::string& test_file, boo
     return run;
 }
 
-std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
-    RELGRAD_CHECK(prompt.find_first_not_of(" \t\r\n") != std::string::npos, command, ": the prompt is empty");
-    if (run.tokenizer) return run.tokenizer->encode(prompt);
+namespace {
+
+// Refuses a prompt of `length` tokens that the model cannot read: past the rows of its learned
+// positions, or, unless its attention is fused, whose attention scores and weights, two
+// [H, L, L] tensors per layer, would not fit in the memory the process may have.
+void check_prompt_fits(const LoadedRun& run, int64_t length, const char* command) {
+    const TransformerOptions& t = run.config.model.transformer;
+    const std::string prompt = std::string(command) + ": ";
+    if (t.position == PositionMode::learned && length > t.max_positions) {
+        throw PromptTooLong(prompt + "the prompt has " + std::to_string(length) +
+                            " tokens, but the model's learned positions cover " + std::to_string(t.max_positions) +
+                            " (the longest input it was trained for); give a shorter prompt");
+    }
+    if (t.impl == AttentionImpl::fused) return;  // O(L) memory
+    const double bytes = static_cast<double>(t.heads) * static_cast<double>(length) * static_cast<double>(length) *
+                         static_cast<double>(dtype_size(run.config.training.precision));
+    const MemoryLimit limit = memory_limit();
+    if (2 * bytes > limit.bytes) {
+        const std::string L = std::to_string(length);
+        throw PromptTooLong(prompt + "a prompt of " + L + " tokens needs attention weights [" +
+                            std::to_string(t.heads) + ", " + L + ", " + L + "] of " + readable_bytes(bytes) +
+                            " in each layer, with their scores " + readable_bytes(2 * bytes) +
+                            ", and this process may have " + readable_bytes(limit.bytes) + " (" + limit.source +
+                            "); give a shorter prompt (generate with model.attention = fused keeps no [L, L] tensor)");
+    }
+}
+
+// A synthetic task's prompt: space-separated symbol ids.
+std::vector<int64_t> symbol_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
     std::vector<int64_t> ids;
     std::istringstream words(prompt);
     for (std::string word; words >> word;) {
@@ -60,6 +86,15 @@ std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt,
                       "' is not a symbol id in [4, ", run.config.task.vocab, ") of this synthetic task");
         ids.push_back(id);
     }
+    return ids;
+}
+
+}  // namespace
+
+std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command) {
+    RELGRAD_CHECK(prompt.find_first_not_of(" \t\r\n") != std::string::npos, command, ": the prompt is empty");
+    std::vector<int64_t> ids = run.tokenizer ? run.tokenizer->encode(prompt) : symbol_ids(run, prompt, command);
+    check_prompt_fits(run, static_cast<int64_t>(ids.size()), command);
     return ids;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,17 @@ struct LoadedRun {
 LoadedRun load_run(const std::string& run_dir, const std::string& test_file = "", bool weights_kept = false,
                    Device device = Device::cpu);
 
+// A prompt longer than the model can read: past its learned positions, or with attention weights
+// the process has no memory for. Bad input (an std::invalid_argument); the explorer answers it
+// with 413.
+struct PromptTooLong : std::invalid_argument {
+    using std::invalid_argument::invalid_argument;
+};
+
 // A prompt as token ids: the run's tokenizer, or for a synthetic task space-separated symbol ids
-// (std::invalid_argument, the message starting with `command`, for an empty prompt or another word).
+// (std::invalid_argument, the message starting with `command`, for an empty prompt or another
+// word; PromptTooLong for a prompt past its learned positions, or, unless its attention is fused,
+// with [H, L, L] attention weights the process has no memory for).
 std::vector<int64_t> prompt_ids(const LoadedRun& run, const std::string& prompt, const char* command);
 // Token ids as text: the run's tokenizer, or for a synthetic task the ids separated by spaces.
 std::string output_text(const LoadedRun& run, const std::vector<int64_t>& ids);

@@ -253,19 +253,19 @@ bool LossScaler::unscale(const std::vector<Tensor>& parameters) {
 }
 
 void LossScaler::restore(double scale, int64_t clean_steps, int64_t skipped_steps) {
-    RELGRAD_CHECK(scale > 0 && std::isfinite(scale) && clean_steps >= 0 && clean_steps < options_.growth_interval &&
-                      skipped_steps >= 0,
-                  "LossScaler: a scale > 0 and finite, 0 <= clean steps < ", options_.growth_interval,
-                  " and skipped steps >= 0, got ", scale, ", ", clean_steps, ", ", skipped_steps);
     // Halving and doubling the initial scale reach only initial * 2^n, and only normal doubles (a
     // scale that small would have made every gradient inf long before): 5e-324 or 3 * 2^10 is no
     // scale a run can have left.
     int exponent = 0;
     const bool by_halving_and_doubling = options_.growth_factor != 2 || options_.backoff_factor != 0.5 ||
                                          std::frexp(scale / options_.initial_scale, &exponent) == 0.5;
-    RELGRAD_CHECK(scale >= std::numeric_limits<double>::min() && by_halving_and_doubling, "LossScaler: scale ", scale,
-                  " is no scale a run reaches: halving and doubling ", options_.initial_scale,
+    RELGRAD_CHECK(std::isfinite(scale) && scale >= std::numeric_limits<double>::min() && by_halving_and_doubling,
+                  "scale ", scale, " is no scale a run reaches: halving and doubling ", options_.initial_scale,
                   " give only powers of two, each a normal double");
+    RELGRAD_CHECK(clean_steps >= 0 && clean_steps < options_.growth_interval, "clean_steps ", clean_steps,
+                  ": expected a count in [0, ", options_.growth_interval, ") (the scale grows at ",
+                  options_.growth_interval, ")");
+    RELGRAD_CHECK(skipped_steps >= 0, "skipped_steps ", skipped_steps, ": expected a count >= 0");
     scale_ = scale;
     clean_steps_ = clean_steps;
     skipped_steps_ = skipped_steps;

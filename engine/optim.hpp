@@ -95,7 +95,8 @@ public:
     bool unscale(const std::vector<Tensor>& parameters);
     int64_t clean_steps() const { return clean_steps_; }      // since the scale last changed
     int64_t skipped_steps() const { return skipped_steps_; }  // in all
-    // Where a checkpoint left it: a scale > 0 and finite, counts >= 0 (std::invalid_argument else).
+    // Where a checkpoint left it: a scale that halving and doubling reach, 0 <= clean_steps <
+    // growth_interval, skipped_steps >= 0; std::invalid_argument naming the field else.
     void restore(double scale, int64_t clean_steps, int64_t skipped_steps);
 
 private:

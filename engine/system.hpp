@@ -1,5 +1,5 @@
 // relgrad: what relgrad asks of the operating system: a file read whole, a file or a directory
-// replaced whole, and the peak memory of the process.
+// replaced whole, a lock on a file or directory, and the peak memory of the process.
 //
 // A directory is replaced in three moves: the new content is written into <dir>.partial/, then
 // two renames swap it in, dir/ -> dir.previous/ and dir.partial/ -> dir/, and the old content is
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace relgrad {
@@ -27,12 +28,22 @@ void require_regular_file(const std::filesystem::path& path, const std::string& 
 //     runs/x/config.json: is a directory, expected the run's config
 std::string read_file(const std::filesystem::path& path, const std::string& what);
 // The same file opened for reading a part at a time (binary), with the same checks and errors.
+// Its stream buffer's underflow throws std::ios_base::failure when read(2) fails (EIO, say, for
+// /proc/self/mem); a reader catches it and calls read_failed.
 std::ifstream open_file(const std::filesystem::path& path, const std::string& what);
+// Throws the one-line error (std::invalid_argument) for a read of `path` that failed just now:
+//     /proc/self/mem: read failed (Input/output error), expected a data file
+[[noreturn]] void read_failed(const std::filesystem::path& path, const std::string& what);
 
 // Writes `bytes` to <path>.partial, then renames it to path: a reader sees the old file or the new
 // one, whole, never a part (a full disk leaves the old file and no .partial behind). Errors are
 // std::runtime_error: "out/y.npy: cannot write (disk full? permission denied?)".
 void write_file(const std::filesystem::path& path, const std::string& bytes);
+
+// A std::filesystem::filesystem_error in one line, the path first and the system's reason, not
+// libstdc++'s words: "runs/loop: Too many levels of symbolic links". The command line and Python
+// report every such error this way.
+std::string filesystem_error_line(const std::filesystem::filesystem_error& error);
 
 // Creates the directory `dir` (and its parents) for what a command writes; a file in the way, or a
 // directory that cannot be made, is std::invalid_argument naming it and `what` it was to be:
@@ -49,6 +60,28 @@ void finish_replacing(const std::filesystem::path& dir);
 // returns whether dir/ exists.
 bool recover_directory(const std::filesystem::path& dir);
 
+// An flock(2) on a file or a directory: shared (any number of holders) or exclusive (one, and no
+// shared holder). The kernel releases it when the FileLock is destroyed or its process ends in
+// any way, so a process killed with SIGKILL leaves no stale lock. The trainer's one writer per
+// run and its checkpoint swap use it (train/run_directory.hpp).
+class FileLock {
+public:
+    enum class Kind { shared, exclusive };
+    // Waits until `path` (an existing file or directory, opened for reading) can be locked.
+    FileLock(const std::filesystem::path& path, Kind kind);
+    // An exclusive lock on the file `path` (created if missing) if no one holds it now, its
+    // content then replaced by `note` (say, the holder's pid); nothing if another holds it.
+    static std::optional<FileLock> try_exclusive(const std::filesystem::path& path, const std::string& note);
+    FileLock(FileLock&& other) noexcept;
+    FileLock& operator=(FileLock&&) = delete;
+    FileLock(const FileLock&) = delete;
+    ~FileLock();
+
+private:
+    explicit FileLock(int fd) : fd_(fd) {}
+    int fd_;
+};
+
 // FNV-1a (64 bits) of `size` bytes, going on from `hash` (a fingerprint of several pieces): what
 // finds that memory or a file changed, not a cryptographic hash (it does not stop a forgery).
 constexpr uint64_t kFingerprintStart = 14695981039346656037ull;
@@ -64,5 +97,18 @@ void set_thread_count(int64_t threads, const std::string& what);
 
 // The most memory the process has held resident so far, in MiB.
 double peak_rss_mib();
+
+// The most memory this process may have, in bytes, and what sets it (`source`): the least of the
+// machine's physical memory, its cgroup's limit (memory.max, or cgroup v1's
+// memory.limit_in_bytes) and the address space RLIMIT_AS (ulimit -v) leaves beyond what the
+// process maps already.
+struct MemoryLimit {
+    double bytes;
+    std::string source;
+};
+MemoryLimit memory_limit();
+
+// A size in bytes as people read it: "512 bytes", "3.0 KiB", "1.2 GiB".
+std::string readable_bytes(double bytes);
 
 }  // namespace relgrad

@@ -12,6 +12,7 @@
 #include "engine/autograd.hpp"
 #include "engine/backend/backend.hpp"
 #include "engine/errors.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -180,14 +181,8 @@ namespace {
 
 // "cannot allocate 4.0 TiB on the cpu for a [1099511627776] float32 tensor"
 OutOfMemory out_of_memory(std::size_t nbytes, Device device, const Shape& shape, DType dtype) {
-    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double amount = static_cast<double>(nbytes);
-    int unit = 0;
-    for (; amount >= 1024 && unit < 6; ++unit) amount /= 1024;
-    char size[32];
-    std::snprintf(size, sizeof size, unit == 0 ? "%.0f %s" : "%.1f %s", amount, units[unit]);
-    return OutOfMemory(std::string("cannot allocate ") + size + " on the " + device_name(device) + " for a " +
-                       shape_str(shape) + " " + dtype_name(dtype) + " tensor");
+    return OutOfMemory("cannot allocate " + readable_bytes(static_cast<double>(nbytes)) + " on the " +
+                       device_name(device) + " for a " + shape_str(shape) + " " + dtype_name(dtype) + " tensor");
 }
 
 }  // namespace

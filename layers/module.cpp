@@ -19,7 +19,15 @@ namespace relgrad {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// a shape without memory: one zero, broadcast
+Tensor shape_only(const Shape& shape, DType dtype) { return zeros(Shape(shape.size(), 1), dtype).expand(shape); }
+
+}  // namespace
+
 Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
+    if (init.shapes_only) return shape_only(shape, init.dtype);
     std::vector<double> values = host_values(shape, init.dtype);
     for (double& v : values) {
         do v = init.gen.next_normal();
@@ -31,6 +39,7 @@ Tensor truncated_normal(const Shape& shape, double std, const Init& init) {
 
 Tensor xavier_uniform(const Shape& shape, const Init& init) {
     RELGRAD_CHECK(shape.size() == 2, "xavier_uniform: needs a [fan_out, fan_in] shape");
+    if (init.shapes_only) return shape_only(shape, init.dtype);
     const double bound = std::sqrt(6.0 / static_cast<double>(shape[0] + shape[1]));
     std::vector<double> values = host_values(shape, init.dtype);
     for (double& v : values) v = (2 * init.gen.next_uniform() - 1) * bound;

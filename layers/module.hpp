@@ -15,10 +15,14 @@
 
 namespace relgrad {
 
-// What every layer constructor needs to create its parameters.
+// What every layer constructor needs to create its parameters. With shapes_only, the weights are
+// shapes without memory (truncated_normal and xavier_uniform return one zero broadcast to the
+// shape, stride 0): a model built so costs only its small vectors, and counts its parameters
+// exactly before the real one is allocated (train/make_task.hpp's memory estimate).
 struct Init {
     Generator& gen;
     DType dtype = DType::float32;
+    bool shapes_only = false;
 };
 
 // N(0, std^2) redrawn outside +-2 std (as BERT and GPT-2 initialise embeddings)

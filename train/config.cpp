@@ -307,6 +307,15 @@ bool reads_files(TaskKind kind) {
     return kind == TaskKind::classification || kind == TaskKind::pairs || kind == TaskKind::language_model;
 }
 
+int64_t longest_input(const TaskConfig& task, int64_t longest) {
+    // a source or target of `longest` tokens (+2: bos/eos); addition's source holds two numbers and
+    // '+', its sum one digit more than a number; decoder-only, source, bos and target are one
+    // input, read while decoding up to one token past the target
+    const bool addition = task.kind == TaskKind::addition;
+    const int64_t source = addition ? 2 * longest + 1 : longest, target = addition ? longest + 1 : longest;
+    return task.decoder_only ? source + target + 2 : std::max(source, target) + 2;
+}
+
 bool is_pair_task(TaskKind kind) {
     return kind == TaskKind::copy || kind == TaskKind::reverse || kind == TaskKind::dedupe || kind == TaskKind::sort ||
            kind == TaskKind::addition || kind == TaskKind::pairs;
@@ -317,16 +326,10 @@ Config Config::parse(const nlohmann::json& document, const std::string& file) {
     FieldReader reader(document, file);
     config_fields(reader, c);
     reader.finish();
-    TransformerOptions& t = c.model.transformer;
-    // learned positions need a vector for the longest input: a source or target of `longest` tokens
-    // (+2: bos/eos); addition's source holds two numbers and '+', its sum one digit more than a
-    // number; decoder-only, source, bos and target are one input, read while decoding up to one
-    // token past the target
-    const int64_t longest =
-        reads_files(c.task.kind) ? c.data.max_length : std::max(c.task.train_lengths[1], c.task.test_lengths[1]);
-    const bool addition = c.task.kind == TaskKind::addition;
-    const int64_t source = addition ? 2 * longest + 1 : longest, target = addition ? longest + 1 : longest;
-    t.max_positions = c.task.decoder_only ? source + target + 2 : std::max(source, target) + 2;
+    // learned positions need a vector for the longest input
+    c.model.transformer.max_positions =
+        longest_input(c.task, reads_files(c.task.kind) ? c.data.max_length
+                                                       : std::max(c.task.train_lengths[1], c.task.test_lengths[1]));
     // a run by steps gets its default warmup now; a run by epochs, from its data in train()
     if (c.training.epochs == 0) c.training.warmup_steps = c.training.warmup(c.training.steps);
     return c;

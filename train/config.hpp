@@ -63,6 +63,10 @@ struct TaskConfig {
     bool reversed_sum = false;  // addition: the sum least significant digit first
 };
 
+// The positions the longest input of `task` takes when its texts (a synthetic task's lengths) have
+// up to `longest` tokens: what learned positions need rows for.
+int64_t longest_input(const TaskConfig& task, int64_t longest);
+
 // Files for classification (TSV label<TAB>text or JSONL {"text", "label"}), pairs (TSV
 // source<TAB>target or JSONL {"source", "target"}) and language_model (plain text).
 struct DataConfig {

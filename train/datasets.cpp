@@ -64,10 +64,14 @@ void for_each_line(const std::string& path, Each each) {
         ++line.number;
         line.text.clear();
         std::char_traits<char>::int_type byte;
-        while ((byte = bytes.sbumpc()) != '\n' && byte != std::char_traits<char>::eof()) {
-            RELGRAD_CHECK_RUNTIME(line.text.size() < kMaxLineBytes, line.where(),
-                                  ": longer than the 1 MiB a line of a data file may hold");
-            line.text.push_back(static_cast<char>(byte));
+        try {
+            while ((byte = bytes.sbumpc()) != '\n' && byte != std::char_traits<char>::eof()) {
+                RELGRAD_CHECK_RUNTIME(line.text.size() < kMaxLineBytes, line.where(),
+                                      ": longer than the 1 MiB a line of a data file may hold");
+                line.text.push_back(static_cast<char>(byte));
+            }
+        } catch (const std::ios_base::failure&) {
+            read_failed(line.where(), "a data file");
         }
         more = byte == '\n';
         if (line.number == 1) skip_byte_order_mark(line.text);

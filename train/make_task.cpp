@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "engine/errors.hpp"
+#include "engine/system.hpp"
 
 namespace relgrad {
 
@@ -16,6 +17,50 @@ namespace {
 std::vector<int64_t> at_least_one(std::vector<int64_t> ids) {
     if (ids.empty()) ids.push_back(Tokenizer::unk);
     return ids;
+}
+
+// ---------------------------------------------------------------- memory
+
+// The parameters of the model config `c` trains, counted on the model built without memory.
+int64_t parameter_count(const Config& c, int64_t vocab, int64_t classes) {
+    Generator gen(0);
+    const Init shapes{gen, DType::float32, /*shapes_only=*/true};
+    const TransformerOptions& t = c.model.transformer;
+    std::unique_ptr<Module> model;
+    if (c.task.kind == TaskKind::language_model || c.task.decoder_only) {
+        model = std::make_unique<CausalLanguageModel>(vocab, t, shapes);
+    } else if (is_pair_task(c.task.kind)) {
+        model = std::make_unique<EncoderDecoder>(vocab, vocab, t, shapes);
+    } else {
+        model = std::make_unique<SequenceClassifier>(vocab, classes, t, c.model.pooling, shapes);
+    }
+    int64_t count = 0;
+    for (const Tensor& p : model->parameters()) count += p.numel();
+    return count;
+}
+
+// Refuses a task whose first step needs more memory than this process may have, before its model
+// is allocated (a cpu run's: a GPU's memory is the GPU's to refuse), naming what drives it.
+void require_memory(const Config& c, const MemoryEstimate& estimate, int64_t vocab) {
+    if (c.training.device == Device::cuda) return;
+    const MemoryLimit limit = memory_limit();
+    const TransformerOptions& t = c.model.transformer;
+    RELGRAD_CHECK(estimate.total() <= limit.bytes, "the run does not fit in memory: its first step needs ",
+                  estimate.describe(), ", and this process may have ", readable_bytes(limit.bytes), " (", limit.source,
+                  "); /model/layers ", t.layers, ", /model/dim ", t.dim, ", /model/ff_dim ", t.ff_dim,
+                  ", a vocabulary of ", vocab, " tokens and /training/batch_size ", c.training.batch_size,
+                  " drive it: make them smaller");
+}
+
+// The task T built from `args`, once the memory estimate of its model (a vocabulary of `vocab`,
+// `classes` classes) fits; the task carries it.
+template <class T, class... Args>
+std::unique_ptr<Task> fitted(const Config& c, int64_t vocab, int64_t classes, Args&&... args) {
+    const MemoryEstimate estimate = estimate_memory(c, vocab, classes);
+    require_memory(c, estimate, vocab);
+    std::unique_ptr<Task> task = std::make_unique<T>(std::forward<Args>(args)...);
+    task->memory_estimate = estimate;
+    return task;
 }
 
 // "data:NAME/FILE" names a file of a fetched data set in the data cache (relgrad data fetch).
@@ -118,22 +163,21 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
     const TaskConfig& t = c.task;
     const uint64_t seed = c.training.seed;
     if (t.kind == TaskKind::relative_order) {
-        return std::make_unique<ClassificationTask>(
-            c.model, t.vocab, 2,
-            make_relative_order_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.distance,
-                                     seed),
-            make_relative_order_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.distance,
-                                     seed + 1),
-            init);
+        return fitted<ClassificationTask>(c, t.vocab, 2, c.model, t.vocab, 2,
+                                          make_relative_order_task(t.train_examples, t.train_lengths[0],
+                                                                   t.train_lengths[1], t.vocab, t.distance, seed),
+                                          make_relative_order_task(t.test_examples, t.test_lengths[0],
+                                                                   t.test_lengths[1], t.vocab, t.distance, seed + 1),
+                                          init);
     }
     if (t.kind == TaskKind::symbol_at) {
-        return std::make_unique<ClassificationTask>(
-            c.model, t.vocab, t.vocab - 6,  // the symbols 6 .. vocab-1
-            make_symbol_at_task(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, t.symbol_position,
-                                seed),
-            make_symbol_at_task(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, t.symbol_position,
-                                seed + 1),
-            init);
+        return fitted<ClassificationTask>(c, t.vocab, t.vocab - 6, c.model, t.vocab,
+                                          t.vocab - 6,  // the symbols 6 .. vocab-1
+                                          make_symbol_at_task(t.train_examples, t.train_lengths[0], t.train_lengths[1],
+                                                              t.vocab, t.symbol_position, seed),
+                                          make_symbol_at_task(t.test_examples, t.test_lengths[0], t.test_lengths[1],
+                                                              t.vocab, t.symbol_position, seed + 1),
+                                          init);
     }
     auto make = [&t](int64_t count, int64_t min_length, int64_t max_length, int64_t vocab, uint64_t seed) {
         switch (t.kind) {
@@ -148,9 +192,9 @@ std::unique_ptr<Task> make_synthetic_task(const Config& c, const Init& init) {
     std::vector<TokenPair> train = make(t.train_examples, t.train_lengths[0], t.train_lengths[1], t.vocab, seed),
                            test = make(t.test_examples, t.test_lengths[0], t.test_lengths[1], t.vocab, seed + 1);
     if (t.decoder_only) {
-        return std::make_unique<PromptAnswerTask>(c.model, t.vocab, std::move(train), std::move(test), init);
+        return fitted<PromptAnswerTask>(c, t.vocab, 0, c.model, t.vocab, std::move(train), std::move(test), init);
     }
-    return std::make_unique<SequencePairTask>(c.model, t.vocab, std::move(train), std::move(test), init);
+    return fitted<SequencePairTask>(c, t.vocab, 0, c.model, t.vocab, std::move(train), std::move(test), init);
 }
 
 // classification: labels are the distinct labels of the training data, in sorted order
@@ -183,8 +227,9 @@ std::unique_ptr<Task> make_classification_task(const Config& c, const DataConfig
     std::vector<LabeledTokens> test_examples = short_enough(
         encode(test, d.test.empty() ? d.train + " (its held-out part; the rest has no such example)" : d.test),
         d.test_max_tokens, "test_max_tokens", test_source(d), length);
-    return std::make_unique<ClassificationTask>(c.model, tokenizer->vocab_size(), static_cast<int64_t>(labels.size()),
-                                                std::move(train_examples), std::move(test_examples), init);
+    const int64_t vocab = tokenizer->vocab_size(), classes = static_cast<int64_t>(labels.size());
+    return fitted<ClassificationTask>(c, vocab, classes, c.model, vocab, classes, std::move(train_examples),
+                                      std::move(test_examples), init);
 }
 
 std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, const Init& init,
@@ -206,17 +251,30 @@ std::unique_ptr<Task> make_pairs_task(const Config& c, const DataConfig& d, cons
     std::vector<TokenPair> test_pairs =
         short_enough(encode(test), d.test_max_tokens, "test_max_tokens", test_source(d), length);
     if (c.task.decoder_only) {
-        return std::make_unique<PromptAnswerTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
-                                                  std::move(test_pairs), init);
+        return fitted<PromptAnswerTask>(c, tokenizer->vocab_size(), 0, c.model, tokenizer->vocab_size(),
+                                        std::move(train_pairs), std::move(test_pairs), init);
     }
-    return std::make_unique<SequencePairTask>(c.model, tokenizer->vocab_size(), std::move(train_pairs),
-                                              std::move(test_pairs), init);
+    return fitted<SequencePairTask>(c, tokenizer->vocab_size(), 0, c.model, tokenizer->vocab_size(),
+                                    std::move(train_pairs), std::move(test_pairs), init);
 }
 
 // language_model: one token stream, the last held_out part (or the test file) for evaluation,
 // cut into chunks of max_length + 1 tokens that overlap by one (each token is a target once)
 std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig& d, const Init& init,
                                                std::optional<Tokenizer>& tokenizer) {
+    // A text is held whole with its token ids (8 bytes each, a token at most a byte) and their
+    // chunks (as many again): one the process has no memory for is refused before it is read.
+    const MemoryLimit limit = memory_limit();
+    for (const std::string& path : {d.train, d.test}) {
+        std::error_code error;  // a missing file: read_text names it
+        const double bytes = path.empty() ? 0 : static_cast<double>(std::filesystem::file_size(path, error));
+        constexpr double kBytesPerByte = 1 + 8 + 8;
+        RELGRAD_CHECK(error || kBytesPerByte * bytes <= limit.bytes, path, ": ", readable_bytes(bytes),
+                      " of text need about ", readable_bytes(kBytesPerByte * bytes),
+                      " to tokenize (the text, and 16 bytes a token for its ids and their chunks), and this process "
+                      "may have ",
+                      readable_bytes(limit.bytes), " (", limit.source, "); use a smaller file");
+    }
     std::string train_text = read_text(d.train), test_text;
     if (d.test.empty()) {
         const std::size_t cut =
@@ -239,21 +297,59 @@ std::unique_ptr<Task> make_language_model_task(const Config& c, const DataConfig
         tokenizer = tokenizer_for(d, counts);
     }
     auto chunks = [&](const std::string& text, const std::string& where) {
-        const std::vector<int64_t> ids = tokenizer->encode(text);
-        RELGRAD_CHECK(ids.size() >= 2, where, ": too little text for a language model (under 2 tokens)");
-        std::vector<std::vector<int64_t>> out;
-        for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
-            const std::size_t end = std::min(ids.size(), start + d.max_length + 1);
-            out.emplace_back(ids.begin() + start, ids.begin() + end);
+        try {
+            const std::vector<int64_t> ids = tokenizer->encode(text);
+            RELGRAD_CHECK(ids.size() >= 2, where, ": too little text for a language model (under 2 tokens)");
+            std::vector<std::vector<int64_t>> out;
+            for (std::size_t start = 0; start + 1 < ids.size(); start += d.max_length) {
+                const std::size_t end = std::min(ids.size(), start + d.max_length + 1);
+                out.emplace_back(ids.begin() + start, ids.begin() + end);
+            }
+            return out;
+        } catch (const std::bad_alloc&) {  // the data's fault, not the model's (make_task's catch below)
+            throw std::invalid_argument(where + ": not enough memory to tokenize it");
         }
-        return out;
     };
-    return std::make_unique<LanguageModelTask>(c.model, tokenizer->vocab_size(), chunks(train_text, d.train),
-                                               chunks(test_text, d.test.empty() ? d.train + " (held out)" : d.test),
-                                               d.tokenizer == Tokenizer::Kind::character, init);
+    return fitted<LanguageModelTask>(c, tokenizer->vocab_size(), 0, c.model, tokenizer->vocab_size(),
+                                     chunks(train_text, d.train),
+                                     chunks(test_text, d.test.empty() ? d.train + " (held out)" : d.test),
+                                     d.tokenizer == Tokenizer::Kind::character, init);
 }
 
 }  // namespace
+
+std::string MemoryEstimate::describe() const {
+    return "about " + readable_bytes(total()) + " (" + std::to_string(parameters) + " parameters: weights " +
+           readable_bytes(weights) + ", gradients " + readable_bytes(gradients) + ", AdamW's moments " +
+           readable_bytes(moments) + "; activations " + readable_bytes(activations) + ")";
+}
+
+MemoryEstimate estimate_memory(const Config& c, int64_t vocab, int64_t classes) {
+    const TransformerOptions& t = c.model.transformer;
+    MemoryEstimate e;
+    e.parameters = parameter_count(c, vocab, classes);
+    const double count = static_cast<double>(e.parameters), sixteen_bit = c.training.precision != DType::float32;
+    e.weights = count * (4 + 2 * sixteen_bit);
+    e.gradients = 4 * count;
+    e.moments = 8 * count;
+    // the activations of one shard of a batch of the longest training inputs
+    const int64_t shards = c.training.shards.value_or(1);
+    const double rows = static_cast<double>((c.training.batch_size + shards - 1) / shards);
+    const double length = static_cast<double>(
+        longest_input(c.task, reads_files(c.task.kind) ? c.data.max_length : c.task.train_lengths[1]));
+    const double d = static_cast<double>(t.dim), f = static_cast<double>(t.ff_dim), h = static_cast<double>(t.heads);
+    const double attention = t.impl == AttentionImpl::fused ? 4 * h : 4 * h * length;
+    const double per_layer = 16 * d + 4 * f + attention;  // values per token
+    // an encoder-decoder's decoder layer adds cross-attention: about half a layer more
+    const double layers =
+        static_cast<double>(t.layers) * (is_pair_task(c.task.kind) && !c.task.decoder_only ? 2.5 : 1.0);
+    const double kept = t.checkpoint ? layers * d + per_layer : layers * per_layer;
+    const bool predicts_tokens = c.task.kind == TaskKind::language_model || is_pair_task(c.task.kind);
+    const double outputs = predicts_tokens ? 3 * static_cast<double>(vocab) : 0;  // logits, softmax, gradient
+    const double value_bytes = sixteen_bit ? 3 : 4;  // 16-bit values, and the float32 ones among them (a mean)
+    e.activations = rows * length * (kept + 4 * d + outputs) * value_bytes;
+    return e;
+}
 
 std::unique_ptr<Task> make_task(const Config& c, const Init& init, std::optional<Tokenizer>& tokenizer) {
     try {

@@ -1,8 +1,14 @@
 #include "train/run_directory.hpp"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/errors.hpp"
 #include "engine/system.hpp"
@@ -61,20 +67,92 @@ void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& opti
                                 {"clean_steps", scaler->clean_steps()},
                                 {"skipped_steps", scaler->skipped_steps()}};
     }
+    state["seal"] = checkpoint_seal(state);
     write_file(partial / "state.json", state.dump() + "\n");
+    const FileLock no_reader_loading(dir.parent_path(), FileLock::Kind::exclusive);
     finish_replacing(dir);
 }
 
-bool recovered_checkpoint(const fs::path& run) { return recover_directory(run / "checkpoint"); }
+std::string checkpoint_seal(json state) {
+    state.erase("seal");
+    const std::string text = state.dump();  // keys in order, numbers as they round-trip
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint(text.data(), text.size())));
+    return hex;
+}
+
+bool recovered_checkpoint(const fs::path& run) {
+    if (!fs::is_directory(run)) return false;
+    const FileLock no_reader_loading(run, FileLock::Kind::exclusive);
+    return recover_directory(run / "checkpoint");
+}
+
+namespace {
+
+// The lock of a writer of `run`, which is created if missing; nothing if another process holds it.
+std::optional<FileLock> try_lock_for_writing(const fs::path& run) {
+    create_output_directory(run, "the run's directory");
+    return FileLock::try_exclusive(run / "lock", std::to_string(::getpid()) + "\n");
+}
+
+}  // namespace
+
+RunWriter::RunWriter(const fs::path& run) : run_(run), created_(!fs::exists(run)), lock_(try_lock_for_writing(run)) {
+    const fs::path lock_path = run / "lock";
+    if (!lock_) {
+        // the holder's pid, once it has written it (a holder that has just created the file has
+        // not yet): the pid is a courtesy, and the refusal stands without it
+        std::string holder;
+        for (int attempt = 0; attempt < 100 && holder.empty(); ++attempt) {
+            if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            try {
+                holder = read_file(lock_path, "the lock file");
+            } catch (const std::exception&) {
+            }
+            holder = holder.substr(0, holder.find_first_not_of("0123456789"));
+        }
+        RELGRAD_CHECK_RUNTIME(false, run.string(), ": another relgrad process",
+                              holder.empty() ? std::string() : " (pid " + holder + ")",
+                              " is training this run; wait for it to end or choose another --out");
+    }
+}
+
+RunWriter::RunWriter(RunWriter&& other) noexcept
+    : run_(std::move(other.run_)), created_(other.created_), lock_(std::move(other.lock_)) {
+    other.created_ = false;
+    other.lock_.reset();
+}
+
+RunWriter::~RunWriter() {
+    if (!lock_ || !created_) return;
+    std::error_code ignored;  // a destructor reports nothing: what cannot be removed stays
+    for (const fs::directory_entry& entry : fs::directory_iterator(run_, ignored)) {
+        if (entry.path().filename() != "lock") return;  // the run wrote something: it stays
+    }
+    fs::remove(run_ / "lock", ignored);  // still holding the lock, so no other writer has begun
+    fs::remove(run_, ignored);
+}
+
+namespace {
 
 fs::path readable_checkpoint(const fs::path& run) {
     for (const char* name : {"checkpoint", "checkpoint.previous"}) {
         if (fs::exists(run / name / "state.json")) return run / name;
     }
     RELGRAD_CHECK(!fs::is_directory(run / "checkpoint"), (run / "checkpoint" / "state.json").string(),
-                  ": missing, expected the checkpoint's state (an incomplete checkpoint)");
+                  ": missing, expected the checkpoint's state (deleted, or an incomplete checkpoint)");
     RELGRAD_CHECK(false, run.string(), ": not a trained run (needs config.json and checkpoint/)");
 }
+
+std::optional<FileLock> swap_lock_if_directory(const fs::path& run) {
+    if (!fs::is_directory(run)) return std::nullopt;  // readable_checkpoint says what is wrong
+    return std::optional<FileLock>(std::in_place, run, FileLock::Kind::shared);
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const fs::path& run)
+    : swap_lock_(swap_lock_if_directory(run)), path_(readable_checkpoint(run)) {}
 
 // state.json's record of the run: its identity, and the fingerprints of the two halves
 void check_run_record(const fs::path& dir, const json& state, const json& run) {
@@ -96,15 +174,18 @@ void check_run_record(const fs::path& dir, const json& state, const json& run) {
 }
 
 int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler, const json& run) {
-    RELGRAD_CHECK(fs::exists(dir / "state.json"), "--resume: no checkpoint in ", dir.string());
     const fs::path state_path = dir / "state.json";
+    RELGRAD_CHECK(fs::exists(dir), "--resume: no checkpoint in ", dir.string(), " (the run stopped before its first)");
+    RELGRAD_CHECK(fs::exists(state_path), state_path.string(),
+                  ": missing, expected the checkpoint's state (deleted, or an incomplete checkpoint)");
     const json state = read_json_file(state_path);
     const char* expected = scaler ? "{\"step\": a whole number, \"run\": the run's config, \"files\": "
                                     "{\"model\": a fingerprint, \"optimizer\": a fingerprint}, \"loss_scaler\": "
                                     "{\"scale\": a number, \"clean_steps\": a whole number, \"skipped_steps\": a "
-                                    "whole number}} (a float16 run)"
+                                    "whole number}, \"seal\": a fingerprint} (a float16 run)"
                                   : "{\"step\": a whole number, \"run\": the run's config, \"files\": "
-                                    "{\"model\": a fingerprint, \"optimizer\": a fingerprint}}";
+                                    "{\"model\": a fingerprint, \"optimizer\": a fingerprint}, \"seal\": a "
+                                    "fingerprint}";
     const auto fingerprint_at = [&](const char* half) {
         return state.contains("files") && state["files"].is_object() && state["files"].size() == 2 &&
                state["files"].contains(half) && state["files"][half].is_string();
@@ -116,10 +197,22 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, Lo
                                        state["loss_scaler"]["scale"].is_number() &&
                                        is_int64(state["loss_scaler"].value("clean_steps", json())) &&
                                        is_int64(state["loss_scaler"].value("skipped_steps", json())));
-    RELGRAD_CHECK(state.is_object() && state.size() == (scaler ? 4u : 3u) && state.contains("step") &&
-                      is_int64(state["step"]) && state["step"].get<int64_t>() >= 0 && scaler_ok && record_ok,
+    // a checkpoint written before checkpoints were sealed has no seal
+    const bool sealed = state.is_object() && state.contains("seal");
+    RELGRAD_CHECK(state.is_object() && state.size() == (scaler ? 4u : 3u) + (sealed ? 1 : 0) &&
+                      state.contains("step") && is_int64(state["step"]) && state["step"].get<int64_t>() >= 0 &&
+                      (!sealed || state["seal"].is_string()) && scaler_ok && record_ok,
                   state_path.string(), ": expected ", expected, ", got ", json_excerpt(state));
+    // first the run: a state.json of another run (or nested too deep to print) is refused by name
     check_run_record(dir, state, run);
+    if (sealed) {
+        RELGRAD_CHECK(state["seal"].get<std::string>() == checkpoint_seal(state), state_path.string(),
+                      ": edited since it was written (its seal ", state["seal"].get<std::string>(),
+                      " is not that of its step, run, files and loss_scaler)");
+    } else {
+        std::cerr << "relgrad: warning: " << state_path.string()
+                  << " has no seal (written by an earlier relgrad); its step and loss scaler are taken as they are\n";
+    }
     const int64_t step = state["step"].get<int64_t>();
     int64_t skipped = 0;
     if (scaler) {
@@ -128,8 +221,10 @@ int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, Lo
         try {
             scaler->restore(saved["scale"].get<double>(), saved["clean_steps"].get<int64_t>(), skipped);
         } catch (const std::invalid_argument& e) {
-            throw std::invalid_argument(state_path.string() + ": " + e.what());
+            throw std::invalid_argument(state_path.string() + ": loss_scaler: " + e.what());
         }
+        RELGRAD_CHECK(skipped <= step, state_path.string(), ": loss_scaler: skipped_steps ", skipped,
+                      ": expected at most the step, ", step);
     }
     model.load((dir / "model").string());
     optimizer.load((dir / "optimizer").string());

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "train/config.hpp"
@@ -26,6 +27,27 @@ struct LossCounts {
     int64_t tokens = 0, targets = 0;
 };
 
+// What a run's first training step holds in memory, in bytes, estimated before the model is
+// allocated:
+//   weights      the parameters (counted exactly: the model built with Init::shapes_only) in
+//                float32, and in bfloat16 and float16 also their 16-bit copy
+//   gradients    float32, one per parameter
+//   moments      AdamW's m and v, float32
+//   activations  what the forward keeps for the backward, for one shard of training.batch_size
+//                examples of the longest training input: per token and layer about 16 D + 4 F
+//                values, plus 4 H L attention weights (reference, bucketed) or 4 H (fused), the
+//                embeddings and the output's logits, 4 bytes each (3 in 16 bits: a mean of the
+//                16-bit values and the float32 ones); with gradient checkpointing, each block's
+//                input and one block's
+// The activations are an estimate; tests/train/test_trainer.cpp holds the total within a factor of
+// two of what the first step of runs of each kind held (peak_live_mib).
+struct MemoryEstimate {
+    int64_t parameters = 0;
+    double weights = 0, gradients = 0, moments = 0, activations = 0;
+    double total() const { return weights + gradients + moments + activations; }
+    // "about 1.2 GiB: 10,000,000 parameters (weights 38.1 MiB, ...), activations 1.1 GiB"
+    std::string describe() const;
+};
 class Task {
 public:
     virtual ~Task() = default;
@@ -53,6 +75,9 @@ public:
     virtual std::vector<MultiHeadAttention*> attention_layers() = 0;
     // A classifier's probability of each class for one input; the other tasks answer with generate().
     virtual std::vector<double> class_probabilities(const std::vector<int64_t>& tokens);
+
+    // What its first training step holds in memory, as make_task estimated it.
+    MemoryEstimate memory_estimate;
 
     // When set, evaluate() calls it after every batch with (batches done, batches in all), so that
     // a long evaluation can show its progress.

@@ -33,21 +33,28 @@ namespace {
 
 // ---------------------------------------------------------------- the output directory
 
-// A fresh run needs an output directory without a run in it. --resume needs an unfinished run
-// there, trained with the same config (what run_identity leaves out aside), and
-// returns that run's tokenizer: the ids its checkpoint was trained on.
-std::optional<Tokenizer> checked_output_directory(const fs::path& out, const json& resolved,
-                                                  const TrainOptions& options) {
+// The run directory as rank 0 holds it: the one writer's lock (train/run_directory.hpp), and on
+// --resume the run's tokenizer, the ids its checkpoint was trained on.
+struct OutputDirectory {
+    RunWriter writer;
+    std::optional<Tokenizer> tokenizer;
+};
+
+// A fresh run needs an output directory without a run in it, --resume an unfinished run there
+// trained with the same config (what run_identity leaves out aside); each checked once this
+// process is the run's one writer, so no other can start or end a run there meanwhile.
+OutputDirectory checked_output_directory(const fs::path& out, const json& resolved, const TrainOptions& options) {
     std::error_code error;
     RELGRAD_CHECK(!fs::exists(out, error) || fs::is_directory(out, error), out.string(),
                   ": not a directory, expected the run's directory (output.dir)");
+    RELGRAD_CHECK(!options.resume || fs::exists(out / "config.json", error), "--resume: no run in ", out.string());
+    RunWriter writer(out);
     if (!options.resume) {
         const bool holds_a_run = recovered_checkpoint(out);
         RELGRAD_CHECK(!holds_a_run, out.string(),
                       " already holds a run; pass --resume to continue it or choose another --out");
-        return std::nullopt;
+        return {std::move(writer), std::nullopt};
     }
-    RELGRAD_CHECK(fs::exists(out / "config.json"), "--resume: no run in ", out.string());
     RELGRAD_CHECK(!fs::exists(out / "summary.json"), "--resume: the run in ", out.string(),
                   " is finished (it has summary.json)");
     // read back through the parser, so that a key added to relgrad since has its default
@@ -55,7 +62,7 @@ std::optional<Tokenizer> checked_output_directory(const fs::path& out, const jso
     const std::string differs = first_difference(run_identity(resolved), run_identity(saved));
     RELGRAD_CHECK(differs.empty(), "--resume: ", differs, " differs from the config ", out.string(),
                   " was trained with");
-    return saved_tokenizer(out, parse_task_kind(saved));
+    return {std::move(writer), saved_tokenizer(out, parse_task_kind(saved))};
 }
 
 // metrics.jsonl of a run resumed at `step` must hold exactly the lines the run wrote up to that
@@ -124,7 +131,6 @@ struct Start {
 Start first_step(const fs::path& out, const Config& config, const json& resolved,
                  const std::optional<Tokenizer>& tokenizer, const TrainOptions& options, int64_t total_steps,
                  Module& model, AdamW& optimizer, LossScaler* scaler, bool writes) {
-    if (writes) create_output_directory(out, "the run's directory");
     if (!options.resume) {
         if (!writes) return {};
         write_json_file(out / "config.json", resolved);
@@ -538,8 +544,10 @@ json train(const Config& requested, const TrainOptions& requested_options) {
     const fs::path out(config.output.dir);
     const json resolved = config.resolved(), identity = run_identity(resolved);
     std::optional<Tokenizer> tokenizer;
+    std::optional<OutputDirectory> output;  // rank 0's, its lock held until the run ends
     if (processes.leader()) {
-        tokenizer = checked_output_directory(out, resolved, options);
+        output.emplace(checked_output_directory(out, resolved, options));
+        tokenizer = output->tokenizer;
         if (options.resume) recovered_checkpoint(out);  // a checkpoint cut short, put back before anyone reads
     }
     check_processes_agree(processes, config, identity);  // and the others wait for rank 0's checks

@@ -131,8 +131,27 @@ execute_process(COMMAND sh -c "ulimit -v 2000000; exec \"$0\" --help" ${RELGRAD}
                 OUTPUT_QUIET ERROR_QUIET)
 set(address_space_limits ${code})
 run_relgrad(0 validate ${work}/good.json)
-if(NOT out MATCHES "good.json: valid \\(task relative_order, relative positions, 3 steps\\)")
+if(NOT out MATCHES "good.json: valid \\(task relative_order, relative positions, 3 steps\\)\nmemory: the first step needs about [0-9.]+ [KM]iB \\([0-9]+ parameters: weights [^;]+; activations [^)]+\\); this process may have [0-9.]+ [MGT]iB \\(")
   message(FATAL_ERROR "validate good.json printed:\n${out}")
+endif()
+# the memory a run needs is estimated before anything is allocated: more than the process may
+# have is refused at once, by validate and train alike, naming the keys (64 layers of width 8192
+# need some 800 GiB), and nothing is written
+foreach(command validate train)
+  run_relgrad(2 ${command} ${work}/good.json --set model.layers=64 --set model.dim=8192 --set model.heads=8
+              --set model.ff_dim=32768 --set output.dir=${work}/too_big_run)
+  expect_one_line_error("^relgrad: error: the run does not fit in memory: its first step needs about [0-9.]+ [TG]iB \\([0-9]+ parameters: weights [0-9.]+ GiB, gradients [0-9.]+ GiB, AdamW's moments [0-9.]+ GiB; activations [0-9.]+ [MG]iB\\), and this process may have [0-9.]+ [MGT]iB \\((physical memory|the cgroup's memory limit|RLIMIT_AS .*)\\); /model/layers 64, /model/dim 8192, /model/ff_dim 32768, a vocabulary of 16 tokens and /training/batch_size 32 drive it: make them smaller\n$")
+  if(EXISTS ${work}/too_big_run)
+    message(FATAL_ERROR "${command}: a run refused for its memory still wrote ${work}/too_big_run")
+  endif()
+endforeach()
+if(address_space_limits EQUAL 0)  # 2 GiB the run would need, under a 1.5 GB address space
+  execute_process(COMMAND sh -c "ulimit -v 1500000; exec \"$0\" train \"$1\" --set model.layers=8 --set model.dim=1024 --set model.heads=8 --set model.ff_dim=4096 --out \"$2\""
+                          ${RELGRAD} ${work}/good.json ${work}/too_big_run RESULT_VARIABLE code ERROR_VARIABLE err)
+  expect_one_line_error("^relgrad: error: the run does not fit in memory: its first step needs about 2\\.[0-9] GiB .*, and this process may have [0-9.]+ [MG]iB \\(RLIMIT_AS \\(ulimit -v\\), less what the process maps already\\); /model/layers 8, /model/dim 1024,")
+  if(NOT code EQUAL 2 OR EXISTS ${work}/too_big_run)
+    message(FATAL_ERROR "a run past ulimit -v: exit code ${code}, or it wrote ${work}/too_big_run")
+  endif()
 endif()
 run_relgrad(2 validate ${work}/bad.json)
 expect_one_line_error("^relgrad: error: .*bad.json: /training/learning_rate: got -1, expected a number in \\(0, 10\\]")
@@ -261,9 +280,50 @@ run_relgrad(0 train ${work}/good.json --out ${work}/trained)
 file(WRITE ${work}/trained/checkpoint/state.json "{\"step\": 3, \"extra\": 1}")
 file(REMOVE ${work}/trained/summary.json)
 run_relgrad(2 train ${work}/good.json --out ${work}/trained --resume)
-expect_one_line_error("^relgrad: error: .*state.json: expected {\"step\": a whole number, \"run\": the run's config, \"files\": {\"model\": a fingerprint, \"optimizer\": a fingerprint}}, got {\"extra\":1,\"step\":3}")
+expect_one_line_error("^relgrad: error: .*state.json: expected {\"step\": a whole number, \"run\": the run's config, \"files\": {\"model\": a fingerprint, \"optimizer\": a fingerprint}, \"seal\": a fingerprint}, got {\"extra\":1,\"step\":3}")
 file(RENAME ${work}/trained/checkpoint ${work}/trained/checkpoint.previous)
 run_relgrad(0 eval ${work}/trained)  # eval reads a checkpoint left as checkpoint.previous/
+
+# prompts the model cannot read: past its learned positions (here 12: up to 10 tokens, <bos>,
+# <eos>), or with [H, L, L] attention weights the process has no memory for
+run_relgrad(0 train ${work}/good.json --set model.position=learned --set task.train_lengths=[8,10]
+            --set task.test_lengths=[8,10] --out ${work}/learned)
+string(REPEAT "5 " 12 prompt)
+run_relgrad(0 attention ${work}/learned --prompt "${prompt}" --out ${work}/learned_weights)
+run_relgrad(2 attention ${work}/learned --prompt "${prompt} 5" --out ${work}/learned_weights)
+expect_one_line_error("^relgrad: error: attention: the prompt has 13 tokens, but the model's learned positions cover 12 \\(the longest input it was trained for\\); give a shorter prompt\n$")
+if(address_space_limits EQUAL 0)
+  string(REPEAT "5 " 20000 prompt)
+  execute_process(COMMAND sh -c "ulimit -v 4000000; exec \"$0\" attention \"$1\" --prompt \"$2\" --out \"$3\""
+                          ${RELGRAD} ${work}/trained ${prompt} ${work}/long_weights RESULT_VARIABLE code ERROR_VARIABLE err)
+  expect_one_line_error("^relgrad: error: attention: a prompt of 20000 tokens needs attention weights \\[[0-9]+, 20000, 20000\\] of [0-9.]+ GiB in each layer, with their scores [0-9.]+ GiB, and this process may have [0-9.]+ [MG]iB \\(RLIMIT_AS \\(ulimit -v\\), less what the process maps already\\); give a shorter prompt \\(generate with model.attention = fused keeps no \\[L, L\\] tensor\\)\n$")
+  if(NOT code EQUAL 2 OR EXISTS ${work}/long_weights)
+    message(FATAL_ERROR "attention with a 20000-token prompt under 4 GB: exit code ${code}, or it wrote weights")
+  endif()
+endif()
+
+# paths the system refuses, in one line naming the path and the system's reason
+file(CREATE_LINK loop ${work}/loop SYMBOLIC)
+run_relgrad(2 eval ${work}/loop)
+expect_one_line_error("^relgrad: error: [^ ]*/loop[^ ]*: Too many levels of symbolic links\n$")
+run_relgrad(2 train ${work}/good.json --out ${work}/loop/run)
+expect_one_line_error("^relgrad: error: [^ ]*/loop[^ ]*: .*Too many levels of symbolic links\\)?\n$")
+string(REPEAT "a" 300 long_name)
+run_relgrad(2 eval ${work}/${long_name})
+expect_one_line_error("^relgrad: error: [^ ]*/aaaa[^ ]*: File name too long\n$")
+if(address_space_limits EQUAL 0)  # a 300 MB text, held with its ids and chunks, past 4 GB: refused unread
+  execute_process(COMMAND truncate -s 300M ${work}/big.txt RESULT_VARIABLE code)
+  execute_process(COMMAND sh -c "ulimit -v 4000000; exec \"$0\" train \"$1\" --set task.kind=language_model --set data.train=\"$2\" --out \"$3\""
+                          ${RELGRAD} ${work}/good.json ${work}/big.txt ${work}/big_text_run
+                  RESULT_VARIABLE code ERROR_VARIABLE err)
+  expect_one_line_error("^relgrad: error: [^ ]*/big.txt: 300.0 MiB of text need about [0-9.]+ GiB to tokenize \\(the text, and 16 bytes a token for its ids and their chunks\\), and this process may have [0-9.]+ [MG]iB \\(RLIMIT_AS .*\\); use a smaller file\n$")
+  file(REMOVE ${work}/big.txt)
+endif()
+if(EXISTS /proc/self/mem)  # a regular file whose read fails (EIO)
+  run_relgrad(2 train ${work}/good.json --set task.kind=\"language_model\" --set data.train=\"/proc/self/mem\"
+              --out ${work}/mem_run)
+  expect_one_line_error("^relgrad: error: /proc/self/mem: read failed \\(Input/output error\\), expected a data file\n$")
+endif()
 
 run_relgrad(2 eval ${work}/no_run)
 expect_one_line_error("no_run: not a trained run")

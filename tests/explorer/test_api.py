@@ -170,7 +170,7 @@ BAD_REQUESTS = [
     ("POST", "api/runs/0/attention", json.dumps({"prompt": " ".join(["5"] * 600)}).encode(), 413,
      "600 tokens; the explorer shows at most 256"),
     ("POST", "api/runs/2/attention", json.dumps({"prompt": " ".join(["5"] * 17)}).encode(), 413,
-     "17 tokens; this run's learned positions end at 16 (model.max_positions)"),
+     "the prompt has 17 tokens, but the model's learned positions cover 16"),
     ("POST", "api/runs/0/attention", json.dumps({"prompt": "4 " * 40000}).encode(), 413, "larger than this server"),
 ]
 

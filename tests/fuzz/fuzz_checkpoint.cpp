@@ -1,24 +1,26 @@
 // fuzz_checkpoint: a damaged checkpoint, loaded as `relgrad train --resume` loads one, and then
 // evaluated as `relgrad eval` would. LLVMFuzzerInitialize trains a tiny run once (relgrad::train,
-// 2 steps of a 1-layer model of width 8 with relative positions, under the scratch directory),
+// 2 steps of a 1-layer model of width 8 with relative positions, in float16 so that state.json
+// holds a loss scaler, under the scratch directory),
 // checks that evaluate_run (commands/run_commands.hpp) reads it, and builds the run's task (model and
 // data) and optimizer once. Each input then replaces ONE file of the run's checkpoint/: the first
-// byte picks the file (modulo their count, in sorted path order: model/*.npy, model/manifest.json,
-// optimizer/m.*.npy, optimizer/step.txt, optimizer/v.*.npy, state.json), the other bytes are its
-// new content. Unless that file is state.json, state.json's fingerprints of the two halves are
-// brought up to date (as an edit that updates them too would), so that the checks behind them are
-// reached. The checkpoint is loaded into that model and optimizer by load_checkpoint
-// (train/run_directory.hpp, the resume path) and, when it loads, the model is evaluated on the
-// run's test set; then the files are put back. Refusals are std::exceptions; weights the checks let
-// through must only give numbers, never a crash or undefined behaviour. (The model is reused, not
-// rebuilt per input: building one precomputes a 512 x 512 relative index, which under the
-// sanitizers costs more than the rest of an input; a load that succeeds replaces every parameter
-// and moment, so an evaluation depends only on the checkpoint it follows.)
-// Seeds (corpus/checkpoint/): each file's selector byte followed by its content in such a run
-// (so valid), and damaged versions of them (truncated, wrong shape, a bad step count, a manifest
-// missing a parameter, naming one more or giving a size of 1e30, a step nested 100,000 levels
-// deep). A seed whose selector points at another file than intended (a changed model) is still a
-// valid input, only a less interesting one; regenerate them with
+// byte picks the file (modulo their count plus one, in sorted path order: model/*.npy,
+// model/manifest.json, optimizer/m.*.npy, optimizer/step.txt, optimizer/v.*.npy, state.json, and
+// last state.json again, resealed), the other bytes are its new content. Unless that file is
+// state.json, state.json's fingerprints of the two halves and its seal are brought up to date (as
+// an edit that updates them too would), so that the checks behind them are reached; state.json
+// picked the second way gets its seal brought up to date, so that what it holds (the loss scaler
+// above all) reaches the checks behind the seal. The checkpoint is loaded into that model and optimizer by
+// load_checkpoint (train/run_directory.hpp, the resume path) and, when it loads, the model is evaluated on the run's
+// test set; then the files are put back. Refusals are std::exceptions; weights the checks let through must only give
+// numbers, never a crash or undefined behaviour. (The model is reused, not rebuilt per input: building one precomputes
+// a 512 x 512 relative index, which under the sanitizers costs more than the rest of an input; a load that succeeds
+// replaces every parameter and moment, so an evaluation depends only on the checkpoint it follows.) Seeds
+// (corpus/checkpoint/): each file's selector byte followed by its content in such a run (so valid), and damaged
+// versions of them (truncated, wrong shape, a bad step count, a manifest missing a parameter, naming one more or giving
+// a size of 1e30, a step nested 100,000 levels deep, a loss scaler edited under its seal, or resealed with a scale or a
+// count no run reaches). A seed whose selector points at another file than intended (a changed model) is still a valid
+// input, only a less interesting one; regenerate them with
 //     RELGRAD_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/checkpoint build-fuzz/tests/fuzz/fuzz_checkpoint
 #include <algorithm>
 #include <exception>
@@ -27,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/optim.hpp"
@@ -46,8 +49,24 @@ fs::path run;                         // the trained run
 relgrad::Config config;               // its config
 std::unique_ptr<relgrad::Task> task;  // its task, and the optimizer of its model
 std::unique_ptr<relgrad::AdamW> optimizer;
+relgrad::LossScaler scaler;                // float16's, restored by each load
 std::vector<fs::path> files;               // the files of run/checkpoint/, sorted
 std::map<fs::path, std::string> pristine;  // their content as trained
+
+// Whether a JSON value is nested at most `levels` deep, measured without recursion: dump()
+// recurses once per level, and an input may nest 500,000 levels.
+bool nested_at_most(const nlohmann::json& value, int levels) {
+    std::vector<std::pair<const nlohmann::json*, int>> pending{{&value, 1}};
+    while (!pending.empty()) {
+        const auto [next, level] = pending.back();
+        pending.pop_back();
+        if (level > levels) return false;
+        if (next->is_structured()) {
+            for (const nlohmann::json& child : *next) pending.push_back({&child, level + 1});
+        }
+    }
+    return true;
+}
 
 std::string read_bytes(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
@@ -71,7 +90,13 @@ nlohmann::json tiny_config(const fs::path& out) {
               {"distance", 1},
               {"train_examples", 8},
               {"test_examples", 4}}},
-            {"training", {{"steps", 2}, {"batch_size", 4}, {"warmup_steps", 1}, {"threads", 1}, {"log_every", 1}}},
+            {"training",
+             {{"steps", 2},
+              {"batch_size", 4},
+              {"warmup_steps", 1},
+              {"threads", 1},
+              {"log_every", 1},
+              {"precision", "float16"}}},
             {"evaluation", {{"every", 2}, {"batch_size", 4}, {"length_buckets", {4, 8}}}},
             {"output", {{"dir", out.string()}, {"checkpoint_every", 2}}}};
 }
@@ -80,12 +105,16 @@ nlohmann::json tiny_config(const fs::path& out) {
 // checkpoint's small files and its first tensor of each kind, valid and damaged.
 void write_seeds(const fs::path& dir) {
     fs::create_directories(dir);
+    const auto write_seed = [&](const std::string& name, std::size_t selector, const std::string& content) {
+        write_file(dir / name, std::string(1, static_cast<char>(selector)) + content);
+        std::printf("%s: selector %zu, %s\n", name.c_str(), selector,
+                    selector < files.size() ? fs::relative(files[selector], run / "checkpoint").string().c_str()
+                                            : "state.json, resealed");
+    };
     const auto seed = [&](const std::string& name, const fs::path& file, const std::string& content) {
         const auto at = std::find(files.begin(), files.end(), file);
         if (at == files.end()) finding("fuzz_checkpoint: no file " + file.string() + " in the tiny run");
-        write_file(dir / name, std::string(1, static_cast<char>(at - files.begin())) + content);
-        std::printf("%s: file %zu, %s\n", name.c_str(), static_cast<std::size_t>(at - files.begin()),
-                    fs::relative(file, run / "checkpoint").string().c_str());
+        write_seed(name, static_cast<std::size_t>(at - files.begin()), content);
     };
     const fs::path checkpoint = run / "checkpoint";
     const fs::path model_npy = *std::find_if(files.begin(), files.end(), [&](const fs::path& f) {
@@ -132,6 +161,23 @@ void write_seeds(const fs::path& dir) {
     seed("broken_tensor_shape", model_npy, reshaped);
     seed("broken_state_deep", checkpoint / "state.json",
          "{\"step\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+    // the loss scaler: edited under the seal (refused by it), and resealed with values no run reaches
+    nlohmann::json sealed = nlohmann::json::parse(pristine[checkpoint / "state.json"]);
+    const nlohmann::json scaler_saved = sealed["loss_scaler"];
+    sealed["loss_scaler"]["scale"] = scaler_saved["scale"].get<double>() / 2;
+    seed("broken_scaler_unsealed", checkpoint / "state.json", sealed.dump());
+    write_seed("valid_state_resealed", files.size(), pristine[checkpoint / "state.json"]);
+    for (const auto& [name, key, value] :
+         {std::tuple<const char*, const char*, nlohmann::json>{"broken_scaler_huge", "scale", 1e300},
+          {"broken_scaler_denormal", "scale", 5e-324},
+          {"broken_scaler_not_power", "scale", 3 * 65536.0},
+          {"broken_scaler_clean", "clean_steps", 2000},
+          {"broken_scaler_skipped", "skipped_steps", 3},
+          {"broken_scaler_negative", "skipped_steps", -1}}) {
+        nlohmann::json edited = nlohmann::json::parse(pristine[checkpoint / "state.json"]);
+        edited["loss_scaler"][key] = value;
+        write_seed(name, files.size(), edited.dump());  // the harness reseals it
+    }
 }
 
 }  // namespace
@@ -159,7 +205,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         optimizer =
             std::make_unique<relgrad::AdamW>(relgrad::without_names(relgrad::parameter_groups(config, task->model())),
                                              config.training.adamw);  // as train() builds it
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr,
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, &scaler,
                                  relgrad::run_identity(config.resolved()));
     } catch (const std::exception& e) {
         finding(std::string("fuzz_checkpoint: the tiny run does not load: ") + e.what());
@@ -173,9 +219,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
-    const fs::path& file = files[data[0] % files.size()];
+    const std::size_t selector = data[0] % (files.size() + 1);  // the last: state.json, resealed
     const fs::path state = run / "checkpoint" / "state.json";
-    write_file(file, std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1));
+    const fs::path& file = selector < files.size() ? files[selector] : state;
+    const std::string_view content(reinterpret_cast<const char*>(data) + 1, size - 1);
+    write_file(file, content);
     if (file != state) {
         nlohmann::json fresh = nlohmann::json::parse(pristine[state]);
         for (const char* half : {"model", "optimizer"}) {
@@ -184,12 +232,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             } catch (const std::exception&) {  // a file that cannot be read: load_checkpoint says so
             }
         }
+        fresh["seal"] = relgrad::checkpoint_seal(fresh);
         write_file(state, fresh.dump());
+    } else if (selector == files.size()) {
+        // parsed as load_checkpoint parses it (a duplicate key, deep nesting: left for it to refuse)
+        nlohmann::json edited = nlohmann::json::parse(content, nullptr, false);
+        if (edited.is_object() && nested_at_most(edited, 32)) {
+            edited["seal"] = relgrad::checkpoint_seal(edited);
+            write_file(state, edited.dump());
+        }
     }
 
     bool loaded = false;
     try {
-        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, nullptr,
+        relgrad::load_checkpoint(run / "checkpoint", task->model(), *optimizer, &scaler,
                                  relgrad::run_identity(config.resolved()));
         loaded = true;
     } catch (const std::exception&) {

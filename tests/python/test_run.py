@@ -140,7 +140,7 @@ def test_run_errors(run_dir, tmp_path):
     shutil.copytree(run_dir, incomplete)
     (incomplete / "checkpoint" / "state.json").unlink()
     with pytest.raises(ValueError, match=r"checkpoint/state.json: missing, expected the checkpoint's state "
-                                         r"\(an incomplete checkpoint\)"):
+                                         r"\(deleted, or an incomplete checkpoint\)"):
         relgrad.load_run(str(incomplete))
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -165,6 +165,18 @@ def test_run_errors(run_dir, tmp_path):
     for method in (run.generate, run.attention):
         with pytest.raises(ValueError, match=f"{method.__name__}: prompt is not valid Unicode text"):
             method("4 \ud800")
+
+
+def test_a_prompt_past_the_learned_positions_is_refused(tmp_path):
+    # relative_order trains and tests on up to 16 tokens here: 18 positions with <bos> and <eos>
+    lengths = ["task.train_lengths=[8,12]", "task.test_lengths=[8,16]", "model.position=\"learned\""]
+    out = str(tmp_path / "learned")
+    relgrad.train(out=out, set=SMALL + lengths)
+    run = relgrad.load_run(out)
+    assert len(run.attention(" ".join(["5"] * 18))) == 1  # one layer's weights
+    with pytest.raises(ValueError, match=r"^attention: the prompt has 19 tokens, but the model's learned positions "
+                                         r"cover 18 \(the longest input it was trained for\); give a shorter prompt$"):
+        run.attention(" ".join(["5"] * 19))
 
 
 def test_training_releases_the_gil(tmp_path):

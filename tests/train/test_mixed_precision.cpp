@@ -113,9 +113,49 @@ TEST_CASE("a float16 run stopped and resumed ends as the uninterrupted one, loss
     // a checkpoint without its loss scaler is refused for a float16 run
     c["output"]["dir"] = (dir.path / "broken").string();
     train(Config::parse(c, "c.json"), stop);
-    write_file(dir.path / "broken" / "checkpoint" / "state.json", "{\"step\": 5}\n");
+    const fs::path state_path = dir.path / "broken" / "checkpoint" / "state.json";
+    const std::string saved = read_file(state_path, "state.json");
+    write_file(state_path, "{\"step\": 5}\n");
     CHECK_THROWS_WITH_AS(train(Config::parse(c, "c.json"), resume), doctest::Contains("(a float16 run)"),
                          std::invalid_argument);
+
+    // the loss scaler is sealed: any edit of it is refused, even to a scale a run could reach
+    const nlohmann::json state = nlohmann::json::parse(saved);
+    REQUIRE(state["step"] == 5);
+    const double scale = state["loss_scaler"]["scale"].get<double>();
+    auto resume_with = [&](const char* key, const nlohmann::json& value, bool resealed) {
+        nlohmann::json edited = state;
+        edited["loss_scaler"][key] = value;
+        if (resealed) edited["seal"] = checkpoint_seal(edited);  // as an edit that knows the seal
+        write_file(state_path, edited.dump());
+        try {
+            train(Config::parse(c, "c.json"), resume);
+        } catch (const std::invalid_argument& e) {
+            write_file(state_path, saved);
+            return std::string(e.what());
+        }
+        write_file(state_path, saved);
+        return std::string("resumed");
+    };
+    const std::string edited = state_path.string() + ": edited since it was written (its seal ";
+    CHECK(resume_with("scale", scale / 2, false).rfind(edited, 0) == 0);
+    CHECK(resume_with("clean_steps", state["loss_scaler"]["clean_steps"].get<int64_t>() + 1, false).rfind(edited, 0) ==
+          0);
+    CHECK(resume_with("skipped_steps", 0, false).rfind(edited, 0) == 0);
+    // and behind the seal, values no run reaches, each named
+    const std::string field = state_path.string() + ": loss_scaler: ";
+    CHECK(resume_with("scale", 1e300, true) ==
+          field +
+              "scale 1e+300 is no scale a run reaches: halving and doubling 65536 give only powers of two, "
+              "each a normal double");
+    CHECK(resume_with("scale", 5e-324, true).rfind(field + "scale 4.94066e-324 is no scale", 0) == 0);
+    CHECK(resume_with("scale", scale * 3, true).rfind(field + "scale ", 0) == 0);
+    CHECK(resume_with("clean_steps", 2000, true) ==
+          field + "clean_steps 2000: expected a count in [0, 2000) (the scale grows at 2000)");
+    CHECK(resume_with("skipped_steps", -1, true) == field + "skipped_steps -1: expected a count >= 0");
+    CHECK(resume_with("skipped_steps", 6, true) == field + "skipped_steps 6: expected at most the step, 5");
+    // resealed and reachable, the scaler's own value is taken (nothing else can tell it from the real one)
+    CHECK(resume_with("scale", scale, true) == "resumed");
 }
 
 TEST_CASE("float16 gradients below 6e-8 vanish without loss scaling and survive with it") {

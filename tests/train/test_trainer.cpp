@@ -491,14 +491,16 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
     resume.resume = true;
     int copies = 0;
     auto write = [](const fs::path& file, const std::string& text) { std::ofstream(file) << text; };
-    // state.json's fingerprints of the two halves brought up to date, as an edit that updates them
-    // too would: what the checks behind them see (a state.json without them is left alone)
+    // state.json's fingerprints of the two halves and its seal brought up to date, as an edit that
+    // updates them too would: what the checks behind them see (a state.json without them is left
+    // alone)
     auto refresh_fingerprints = [&](const fs::path& checkpoint) {
         if (!fs::is_regular_file(checkpoint / "state.json")) return;
         std::ifstream in(checkpoint / "state.json");
         nlohmann::json state = nlohmann::json::parse(in, nullptr, false);
         if (!state.is_object() || !state.contains("files")) return;
         for (const char* half : {"model", "optimizer"}) state["files"][half] = directory_fingerprint(checkpoint / half);
+        if (state.contains("seal")) state["seal"] = checkpoint_seal(state);
         write(checkpoint / "state.json", state.dump());
     };
     // the stopped run copied, changed by `corrupt` (its fingerprints refreshed unless told not to),
@@ -543,7 +545,7 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
           }) == named(checkpoint / "state.json") + ": /step: the key is given twice");
     const std::string expected_state =
         ": expected {\"step\": a whole number, \"run\": the run's config, \"files\": {\"model\": a fingerprint, "
-        "\"optimizer\": a fingerprint}}, got ";
+        "\"optimizer\": a fingerprint}, \"seal\": a fingerprint}, got ";
     CHECK(resume_error([&](const fs::path& run) {
               write(run / "checkpoint" / "state.json", "{\"step\": 8, \"loss\": 1}");
           }) == named(checkpoint / "state.json") + expected_state + "{\"loss\":1,\"step\":8}");
@@ -552,6 +554,16 @@ TEST_CASE("a corrupt or inconsistent checkpoint is refused, naming the file and 
               edit_state(run, [](nlohmann::json& state) { state.erase("run"); });
           })
               .rfind(without_run, 0) == 0);
+
+    // the seal: an edit of state.json that keeps its shape and fingerprints is found, however small
+    const std::string edited = named(checkpoint / "state.json") + ": edited since it was written (its seal ";
+    CHECK(resume_error([&](const fs::path& run) { edit_state(run, [](nlohmann::json& state) { state["step"] = 7; }); },
+                       false)
+              .rfind(edited, 0) == 0);
+    // a checkpoint of an earlier relgrad has no seal: it resumes (a warning says so)
+    CHECK(
+        resume_error([&](const fs::path& run) { edit_state(run, [](nlohmann::json& state) { state.erase("seal"); }); },
+                     false) == "resumed");
 
     // the run it belongs to: the same config (seed, steps, dropout...), and its own two halves
     const fs::path other = base.path / "other_seed";
@@ -850,4 +862,80 @@ TEST_CASE("file tasks: classification, sequence pairs and language modelling tra
     CHECK_THROWS_WITH_AS(Config::parse(c, "c"),
                          "c: /data/train: got nothing, expected the training file of a classification task",
                          std::invalid_argument);
+}
+
+TEST_CASE("the memory estimate counts every parameter, holds the first step within 2x, and allocates nothing big") {
+    TempDir dir("relgrad_test_train_memory");
+    // exact: the model built without memory has the real one's parameters, for every model kind
+    // and the options that add parameters
+    const std::vector<std::vector<std::pair<std::string, nlohmann::json>>> variants = {
+        {},
+        {{"/model/position", "none"}},
+        {{"/model/position", "learned"}},
+        {{"/model/position", "gated"}, {"/model/token_gate", true}},
+        {{"/model/share_across_heads", false}, {"/model/rank", 3}, {"/model/k_left", 2}},
+        {{"/model/relative_values", false}},
+        {{"/model/position", "rope"}},
+        {{"/model/position", "t5"}, {"/model/t5_share_layers", true}},
+        {{"/model/position", "alibi"}, {"/model/pooling", "first"}},
+        {{"/task/kind", "symbol_at"}, {"/task/vocab", 12}, {"/task/symbol_position", 1}},
+        {{"/task/kind", "copy"}, {"/model/layers", 2}},
+        {{"/task/kind", "copy"}, {"/model/position", "t5"}},
+        {{"/task/kind", "addition"}, {"/task/vocab", 15}, {"/task/decoder_only", true}, {"/model/position", "learned"}},
+    };
+    for (const auto& variant : variants) {
+        nlohmann::json c = tiny_run(dir.path);
+        for (const auto& [pointer, value] : variant) c[nlohmann::json::json_pointer(pointer)] = value;
+        CAPTURE(c.dump());
+        const Config config = Config::parse(c, "c.json");
+        Generator gen(1);
+        std::optional<Tokenizer> no_tokenizer;
+        const std::unique_ptr<Task> task = make_task(config, Init{gen}, no_tokenizer);
+        int64_t count = 0;
+        for (const Tensor& p : task->model().parameters()) count += p.numel();
+        CHECK(task->memory_estimate.parameters == count);
+        CHECK(task->memory_estimate.gradients == 4.0 * static_cast<double>(count));
+        CHECK(task->memory_estimate.moments == 8.0 * static_cast<double>(count));
+    }
+
+    // the whole first step, against what it held (peak_live_mib): a classifier, an encoder-decoder,
+    // fused attention, gradient checkpointing and bfloat16
+    const std::vector<std::vector<std::pair<std::string, nlohmann::json>>> runs = {
+        {{"/model/dim", 64}, {"/model/ff_dim", 256}, {"/task/train_lengths", {32, 64}}},
+        {{"/model/dim", 64}, {"/model/ff_dim", 256}, {"/task/kind", "copy"}, {"/task/train_lengths", {16, 32}}},
+        {{"/model/dim", 64}, {"/model/ff_dim", 256}, {"/task/train_lengths", {32, 64}}, {"/model/attention", "fused"}},
+        {{"/model/dim", 64}, {"/model/layers", 3}, {"/training/gradient_checkpointing", true}},
+        {{"/model/dim", 64}, {"/training/precision", "bfloat16"}, {"/task/train_lengths", {32, 64}}},
+    };
+    int index = 0;
+    for (const auto& variant : runs) {
+        nlohmann::json c = tiny_run(dir.path / ("run" + std::to_string(index++)));
+        c["training"]["steps"] = 1;
+        c["training"]["batch_size"] = 32;
+        for (const auto& [pointer, value] : variant) c[nlohmann::json::json_pointer(pointer)] = value;
+        CAPTURE(c.dump());
+        const Config config = Config::parse(c, "c.json");
+        Generator gen(1);
+        std::optional<Tokenizer> no_tokenizer;
+        const double estimate = make_task(config, Init{gen}, no_tokenizer)->memory_estimate.total() / 1048576.0;
+        reset_peak_memory();  // the peak of this run alone
+        const double held = train(config, {})["peak_live_mib"].get<double>();
+        CAPTURE(estimate);
+        CAPTURE(held);
+        CHECK(estimate >= held / 2);
+        CHECK(estimate <= held * 2);
+    }
+
+    // the estimate of a model of 800 GiB is made with a few MiB: its weights have no memory
+    nlohmann::json huge = tiny_run(dir.path / "huge");
+    huge["model"] = {{"layers", 64}, {"dim", 8192}, {"heads", 8}, {"ff_dim", 32768}};
+    reset_peak_memory();
+    const double live_before = static_cast<double>(memory_stats().live_bytes);
+    const MemoryEstimate estimate = estimate_memory(Config::parse(huge, "c.json"), 16, 2);
+    CHECK(estimate.parameters > 64 * 12 * int64_t{8192} * 8192);
+    CHECK(static_cast<double>(memory_stats().peak_live_bytes) - live_before < 64.0 * 1048576);
+    CHECK_THROWS_WITH_AS(train(Config::parse(huge, "c.json"), {}),
+                         doctest::Contains("the run does not fit in memory: its first step needs about"),
+                         std::invalid_argument);
+    CHECK_FALSE(fs::exists(dir.path / "huge"));
 }
