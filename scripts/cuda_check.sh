@@ -2,7 +2,10 @@
 # The checks that need an NVIDIA GPU, in one run (each step has a time limit; together at most
 # 555 s, and less where the steps finish early):
 #   1. build with the CUDA backend for the GPU at hand (RELGRAD_CUDA=ON),
-#   2. the test suite with its cuda device on the GPU (RELGRAD_CUDA_EMULATOR=0), not the emulator,
+#   2. the test suite with its cuda device on the GPU (RELGRAD_CUDA_EMULATOR=0), not the emulator
+#      (test_fused_attention's tensor-core cases among them: many key tiles, two query blocks,
+#      wide clipping, offsets, narrow and sliding windows, in tf32 and both 16-bit types; and the
+#      scalar kernels' gradient check over several tiles),
 #   3. the fused attention tests under compute-sanitizer, memcheck and racecheck,
 #   4. the quickstart on the GPU and on the CPU, side by side,
 #   5. the benchmark: relgrad's fused CUDA kernels against PyTorch on the same GPU

@@ -148,6 +148,46 @@ __global__ void scale_then_bump_neighbour(const double* x, double* out) {
     __syncwarp();
     out[lane] = tile[lane];
 }
+// Each lane writes its slot, the warp meets at `Point` (a shuffle, an mma.sync, or __syncwarp),
+// then reads its neighbour's slot: only __syncwarp orders the write before the read.
+// out[t] = x[t + 1].
+enum class WarpPoint { shuffle, mma, syncwarp };
+template <WarpPoint Point>
+__global__ void neighbour_after_point(const double* x, double* out) {
+    RELGRAD_SHARED(double, tile, 32);
+    const unsigned lane = threadIdx.x;
+    tile[lane] = x[lane];
+    if (Point == WarpPoint::shuffle) static_cast<void>(__shfl_sync(0xffffffffu, 1.0, 0));
+    if (Point == WarpPoint::mma) {
+        float d[4];
+        const uint32_t a[4] = {}, b[2] = {};
+        const float c[4] = {};
+        relgrad::mma_sync<relgrad::MmaInputs::tf32>(d, a, b, c);
+    }
+    if (Point == WarpPoint::syncwarp) __syncwarp();
+    out[lane] = tile[(lane + 1) % 32];
+}
+// A tile read by warp 0, then refilled by warp 1's cp.async: with a barrier between the read and
+// the copy's issue, or with only one between the issue and the wait (where the copy lands). A GPU
+// may write the destination any time after the issue, so only the first is right.
+// out[t] = x[t + 1], then out[32 + t] = x[32 + t].
+template <bool barrier_before_issue>
+__global__ void refill_after_read(const double* x, double* out) {
+    RELGRAD_DYNAMIC_SHARED(double, tile);  // [32]
+    const unsigned t = threadIdx.x;        // 64 threads
+    if (t < 32) tile[t] = x[t];
+    __syncthreads();
+    if (t < 32) out[t] = tile[(t + 1) % 32];
+    if (barrier_before_issue) __syncthreads();
+    if (t >= 32) {
+        __pipeline_memcpy_async(tile + (t - 32), x + t, sizeof(double));
+        __pipeline_commit();
+    }
+    __syncthreads();
+    if (t >= 32) __pipeline_wait_prior(0);
+    __syncthreads();
+    if (t < 32) out[32 + t] = tile[t];
+}
 // the mistakes: out[t] = x[t + 32] through shared memory, 64 threads, with __syncwarp where
 // __syncthreads is needed; a write one past the end of a shared array
 __global__ void shift_across_warps(const double* x, double* out) {
@@ -506,6 +546,59 @@ TEST_CASE("mma.sync's fragment places are the PTX ISA's, and each covers its til
     }
 }
 
+TEST_CASE("every lane's every fragment element is where the PTX ISA's tables put it") {
+    using relgrad::MmaInputs;
+    // The ISA's tables ("Matrix Fragments for mma.m16n8k8" with .tf32, and "... mma.m16n8k16"
+    // with .f16 and .bf16), written as they are there, element by element, rather than as
+    // mma.hpp's closed forms: a row and column swapped, or an element off by 8, fails here.
+    //   m16n8k8 tf32   A  row: groupID for a0, a2; groupID + 8 for a1, a3
+    //                     col: threadID_in_group for a0, a1; threadID_in_group + 4 for a2, a3
+    //                  B  row: threadID_in_group for b0; threadID_in_group + 4 for b1.  col: groupID
+    //   m16n8k16       A  row: groupID for a0, a1, a4, a5; groupID + 8 for a2, a3, a6, a7
+    //                     col: threadID_in_group * 2 + (i & 1) for a0-a3; the same + 8 for a4-a7
+    //                  B  row: threadID_in_group * 2 + (i & 1) for b0, b1; the same + 8 for b2, b3
+    //                     col: groupID
+    //   C, D (both)       row: groupID for c0, c1; groupID + 8 for c2, c3
+    //                     col: threadID_in_group * 2 + (i & 1)
+    const int tf32_a_row_plus[4] = {0, 8, 0, 8}, tf32_a_col_plus[4] = {0, 0, 4, 4};
+    const int tf32_b_row_plus[2] = {0, 4};
+    const int half_a_row_plus[8] = {0, 0, 8, 8, 0, 0, 8, 8}, half_a_col_plus[8] = {0, 0, 0, 0, 8, 8, 8, 8};
+    const int half_b_row_plus[4] = {0, 0, 8, 8};
+    const int c_row_plus[4] = {0, 0, 8, 8};
+    int checked = 0;
+    for (int lane = 0; lane < 32; ++lane) {
+        CAPTURE(lane);
+        const int group = lane / 4, in_group = lane % 4;
+        const auto expect = [&](relgrad::TilePlace got, int row, int col) {
+            CHECK(got.row == row);
+            CHECK(got.col == col);
+            ++checked;
+        };
+        for (int i = 0; i < 4; ++i) {
+            CAPTURE(i);
+            expect(relgrad::mma_a_place(MmaInputs::tf32, lane, i), group + tf32_a_row_plus[i],
+                   in_group + tf32_a_col_plus[i]);
+            expect(relgrad::mma_c_place(lane, i), group + c_row_plus[i], in_group * 2 + (i & 1));
+        }
+        for (int i = 0; i < 2; ++i) {
+            CAPTURE(i);
+            expect(relgrad::mma_b_place(MmaInputs::tf32, lane, i), in_group + tf32_b_row_plus[i], group);
+        }
+        for (MmaInputs half : {MmaInputs::bfloat16, MmaInputs::float16}) {
+            for (int i = 0; i < 8; ++i) {
+                CAPTURE(i);
+                expect(relgrad::mma_a_place(half, lane, i), group + half_a_row_plus[i],
+                       in_group * 2 + (i & 1) + half_a_col_plus[i]);
+            }
+            for (int i = 0; i < 4; ++i) {
+                CAPTURE(i);
+                expect(relgrad::mma_b_place(half, lane, i), in_group * 2 + (i & 1) + half_b_row_plus[i], group);
+            }
+        }
+    }
+    CHECK(checked == 32 * (4 + 4 + 2 + 2 * (8 + 4)));  // every element of every fragment
+}
+
 TEST_CASE("ldmatrix hands each lane the PTX ISA's elements: an A fragment, or transposed a B one") {
     std::vector<uint16_t> values(256);
     for (int e = 0; e < 256; ++e) values[e] = static_cast<uint16_t>(1000 + 7 * e);  // distinct
@@ -550,6 +643,43 @@ TEST_CASE("ldmatrix hands each lane the PTX ISA's elements: an A fragment, or tr
                                 values.data(), wrong.data()),
                          doctest::Contains("waits at ldmatrix.sync.m8n8.x4.shared.b16 for lanes 5 of its mask"),
                          std::logic_error);
+}
+
+TEST_CASE("pack_16_bit's host form is cvt.rn.bf16x2.f32 and cvt.rn.f16x2.f32: to nearest even, in two halves") {
+    // The PTX ISA: "cvt.rn.bf16x2.f32 d, a, b" converts a and b, each rounded to nearest, ties to
+    // even, and puts a's result in d's upper half, b's in its lower; pack_16_bit(low, high) passes
+    // (high, low) on a GPU, so that element 0 of a fragment register is its low half, as mma.sync
+    // reads it. The reference rounds a double to the type's significant bits with nearbyint
+    // (to nearest even), for normal values of both types.
+    using relgrad::MmaInputs;
+    const auto rounded = [](double x, int significant_bits) {
+        int exponent = 0;
+        const double fraction = std::frexp(x, &exponent);
+        return std::ldexp(std::nearbyint(std::ldexp(fraction, significant_bits)), exponent - significant_bits);
+    };
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> values = {1.0f + std::ldexp(1.0f, -8),
+                                 1.0f + 3 * std::ldexp(1.0f, -8),  // bfloat16's ties
+                                 1.0f + std::ldexp(1.0f, -11),
+                                 1.0f + 3 * std::ldexp(1.0f, -11),  // float16's ties
+                                 -2.5f,
+                                 1000.0f,
+                                 0.1f};
+    for (int n = 0; n < 2000; ++n) values.push_back(normal(rng));
+    for (MmaInputs half : {MmaInputs::bfloat16, MmaInputs::float16}) {
+        CAPTURE(static_cast<int>(half));
+        const int significant_bits = half == MmaInputs::bfloat16 ? 8 : 11;
+        for (std::size_t n = 0; n + 1 < values.size(); ++n) {
+            const float low = values[n], high = values[n + 1];
+            CAPTURE(low);
+            CAPTURE(high);
+            // one register (mma_input's tf32 form, not taken here, would index a second)
+            const std::array<uint32_t, 2> packed = {relgrad::pack_16_bit(half, low, high), 0};
+            CHECK(relgrad::mma_input(half, packed.data(), 0) == rounded(low, significant_bits));   // the low half
+            CHECK(relgrad::mma_input(half, packed.data(), 1) == rounded(high, significant_bits));  // the high half
+        }
+    }
 }
 
 TEST_CASE("tf32_of rounds to nearest, ties away from zero, as cvt.rna.tf32.f32") {
@@ -649,6 +779,38 @@ TEST_CASE("a lane's read before a warp-scoped point does not race with another l
                                     x.data(), out.data()),
                              doctest::Contains("a race on byte "), std::logic_error);
     }
+}
+
+TEST_CASE(
+    "shuffles and mma.sync meet the lanes but order no memory: a write then another lane's read needs __syncwarp") {
+    const std::vector<double> x = iota(32);
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+        relgrad::cuda_emulator::set_seed(seed);
+        std::vector<double> out(32);
+        launch("neighbour_after_point<syncwarp>", neighbour_after_point<WarpPoint::syncwarp>, 1, 32, 0, x.data(),
+               out.data());
+        for (int lane = 0; lane < 32; ++lane) CHECK(out[lane] == x[(lane + 1) % 32]);
+        CHECK_THROWS_WITH_AS(
+            launch("neighbour_after_point<mma>", neighbour_after_point<WarpPoint::mma>, 1, 32, 0, x.data(), out.data()),
+            doctest::Contains("a race on byte "), std::logic_error);
+        CHECK_THROWS_WITH_AS(launch("neighbour_after_point<shuffle>", neighbour_after_point<WarpPoint::shuffle>, 1, 32,
+                                    0, x.data(), out.data()),
+                             doctest::Contains("a race on byte "), std::logic_error);
+    }
+}
+
+TEST_CASE("cp.async writes its destination from the issue on: a buffer refilled while another warp reads it races") {
+    const std::vector<double> x = iota(64);
+    std::vector<double> out(64);
+    launch("refill_after_read<true>", refill_after_read<true>, 1, 64, 32 * sizeof(double), x.data(), out.data());
+    for (int t = 0; t < 32; ++t) {
+        CHECK(out[t] == x[(t + 1) % 32]);
+        CHECK(out[32 + t] == x[32 + t]);
+    }
+    // the read and the issue in one phase: a race, though the copy lands only after a barrier
+    CHECK_THROWS_WITH_AS(
+        launch("refill_after_read<false>", refill_after_read<false>, 1, 64, 32 * sizeof(double), x.data(), out.data()),
+        doctest::Contains("a race on byte "), std::logic_error);
 }
 
 TEST_CASE("cp.async: a copy lands at the wait that covers it, not before; copies never waited for are errors") {

@@ -108,6 +108,24 @@ void check_close(const Result& on_cuda, const Result& expected, double tol) {
     }
 }
 
+// The worst error of each output (z, then each gradient) against `expected`, relative to
+// 1 + |expected value|.
+std::vector<double> worst_errors(const Result& got, const Result& expected) {
+    std::vector<Tensor> outputs = {got.z}, references = {expected.z};
+    outputs.insert(outputs.end(), got.grads.begin(), got.grads.end());
+    references.insert(references.end(), expected.grads.begin(), expected.grads.end());
+    std::vector<double> worst;
+    for (std::size_t n = 0; n < outputs.size(); ++n) {
+        const std::vector<double> a = outputs[n].to_vector(), e = references[n].to_vector();
+        REQUIRE(a.size() == e.size());
+        double error = 0;
+        for (std::size_t i = 0; i < e.size(); ++i)
+            error = std::max(error, std::fabs(a[i] - e[i]) / (1 + std::fabs(e[i])));
+        worst.push_back(error);
+    }
+    return worst;
+}
+
 void check_same(const Result& fused, const Result& expected, double tol) {
     check_values(fused.z, expected.z.to_vector(), tol);
     REQUIRE(fused.grads.size() == expected.grads.size());
@@ -399,6 +417,135 @@ TEST_CASE("on cuda, float32 at head widths 32, 64 and 128 runs forward on tensor
     }
 }
 
+namespace {
+
+// The cases where a GPU bug of the tensor-core kernels would show that tensor_core_cases do not
+// reach (one or two query blocks of 64 rows and at most three key tiles of 32 there), at head
+// width Dh:
+std::vector<std::pair<std::string, Case>> tensor_core_edge_cases(int64_t Dh) {
+    Case base;
+    base.Dh = Dh;
+    base.k_left = 4;
+    base.k_right = 3;
+    std::vector<std::pair<std::string, Case>> cases;
+    Case many_tiles = base;  // 7 key tiles: each cp.async buffer refilled more than once
+    many_tiles.Lq = 70;
+    many_tiles.Lk = 200;
+    cases.emplace_back("7 key tiles", many_tiles);
+    Case blocks = base;  // Shaw's terms over two query blocks, a table per head (a distance bias
+    blocks.Lq = 100;     // over two blocks is among tensor_core_cases; the op takes one or the other)
+    blocks.Lk = 90;
+    blocks.per_head = true;
+    blocks.pattern.causal = true;
+    cases.emplace_back("Shaw's per-head terms over two query blocks", blocks);
+    Case wide = base;  // clipping distances past a key tile
+    wide.Lq = 70;
+    wide.Lk = 100;
+    wide.k_left = 40;
+    wide.k_right = 35;
+    cases.emplace_back("k_left 40, k_right 35", wide);
+    Case plain = base;  // no relative terms at all
+    plain.Lq = 45;
+    plain.Lk = 70;
+    plain.relative = false;
+    cases.emplace_back("no relative terms", plain);
+    Case decoding = base;  // incremental decoding: 20 new queries after 50 positions
+    decoding.Lq = 20;
+    decoding.Lk = 70;
+    decoding.pattern.causal = true;
+    decoding.pattern.query_offset = 50;
+    cases.emplace_back("query offset 50, causal", decoding);
+    Case narrow = base;  // a window narrower than a query block cuts the key kernel's query range
+    narrow.Lq = narrow.Lk = 100;
+    narrow.pattern.window = 5;
+    cases.emplace_back("window 5 over 100", narrow);
+    for (int64_t offset : {0, 21}) {  // the block of distances a bias reads starts at the diagonal
+        Case diagonal = base;
+        diagonal.Lq = 49;
+        diagonal.Lk = 70;
+        diagonal.relative = false;
+        diagonal.distance_bias = true;
+        diagonal.pattern.causal = true;
+        diagonal.pattern.query_offset = offset;
+        cases.emplace_back("a causal distance bias, Lq 49, Lk 70, offset " + std::to_string(offset), diagonal);
+    }
+    Case sliding = base;  // a sliding window over 200 positions
+    sliding.Lq = sliding.Lk = 200;
+    sliding.pattern.window = 16;
+    cases.emplace_back("window 16 over 200", sliding);
+    return cases;
+}
+
+// The kernel the cuda backend's forward of case c in `dtype` launches last: its own, into float32
+// outputs (the op's 16-bit output is a copy made after it).
+std::string forward_kernel(const Case& c, DType dtype) {
+    Generator gen(3);
+    const auto random = [&](const Shape& shape) { return randn(shape, gen, dtype, Device::cuda); };
+    const Tensor q = random({c.B, c.H, c.Lq, c.Dh}), k = random({c.B, c.H, c.Lk, c.Dh}),
+                 v = random({c.B, c.H, c.Lk, c.Dh});
+    const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
+    ClippedRelativeTerms rel;
+    if (c.relative)
+        rel = ClippedRelativeTerms{random({tables, K, c.Dh}), random({tables, K, c.Dh}), c.k_left, c.k_right};
+    if (c.distance_bias) rel.distance_bias = random({tables, c.Lq + c.Lk - 1});
+    AttentionPattern pattern = c.pattern;
+    if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk}).to(Device::cuda);
+    Tensor z = empty(q.shape(), DType::float32, Device::cuda),
+           lse = empty({c.B, c.H, c.Lq}, DType::float32, Device::cuda);
+    backend_for(Device::cuda).fused_attention(q, k, v, pattern, 0.125, rel, z, lse);
+    return cuda_emulated::last_kernel_launched().load();
+}
+
+}  // namespace
+
+TEST_CASE("on cuda, the tensor cores at many key tiles, two query blocks, wide clipping, offsets and windows") {
+    // Against float64 on the CPU, each in float32 (tf32) and in both 16-bit types. tf32: 1e-2, as
+    // in the case below (and x (1 + |value|) where a distance bias's gradient sums many pairs). 16
+    // bits: each output within 6 epsilons x (1 + |value|) of the error the CPU's own 16-bit run of
+    // the same inputs has. That run's error is mostly the graph around the op, as below, but Shaw's
+    // table gradients sum dS q over every pair of a bucket (thousands at an edge bucket here), and
+    // their rounding grows with the count: the CPU's 16-bit run errs there by 6.3 epsilons in
+    // bfloat16 (Dh 64, two query blocks), the tensor cores by 6.5. A fragment element in a wrong
+    // place errs by ~1, over 100 epsilons. The forward runs on the tensor cores (the last kernel
+    // the backend's forward launched).
+    const bool emulated = &backend_for(Device::cuda) == &cuda_emulated::cuda_backend();
+    for (int64_t Dh : {32, 64}) {
+        CAPTURE(Dh);
+        for (const auto& [name, each] : tensor_core_edge_cases(Dh)) {
+            CAPTURE(name);
+            {
+                INFO("float32 (tf32)");
+                const Result on_cuda = run(each, true, DType::float32, 11, Device::cuda),
+                             expected = run(each, true, DType::float64);
+                if (emulated) CHECK(forward_kernel(each, DType::float32) == "fused_attention (tensor cores, tf32)");
+                if (each.distance_bias) {
+                    check_close(on_cuda, expected, 1e-2);
+                } else {
+                    check_same(on_cuda, expected, 1e-2);
+                }
+            }
+            for (const DType dtype : {DType::bfloat16, DType::float16}) {
+                INFO(std::string(dtype_name(dtype)));
+                const double tolerance = 6 * (dtype == DType::bfloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10));
+                const Result expected = run(each, true, DType::float64, 11, Device::cpu, dtype);
+                const std::vector<double> cuda_errors =
+                                              worst_errors(run(each, true, dtype, 11, Device::cuda, dtype), expected),
+                                          cpu_errors =
+                                              worst_errors(run(each, true, dtype, 11, Device::cpu, dtype), expected);
+                for (std::size_t n = 0; n < cuda_errors.size(); ++n) {
+                    CAPTURE(n);  // 0: z; then the gradients of q, k, v, [table_k, table_v], [bias]
+                    CAPTURE(cpu_errors[n]);
+                    CHECK(cuda_errors[n] <= cpu_errors[n] + tolerance);
+                }
+                if (emulated) {
+                    CHECK(forward_kernel(each, dtype) ==
+                          std::string("fused_attention (tensor cores, ") + dtype_name(dtype) + ")");
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("on cuda, bfloat16 and float16 at head widths 32, 64 and 128 run on 16-bit tensor cores") {
     // 16-bit q, k, v and dz are exact as mma inputs; what the kernels round is P (for P V) and dS
     // (for dS K, dS^T Q), each by at most half an epsilon of itself (epsilon 2^-7 for bfloat16,
@@ -629,3 +776,52 @@ TEST_CASE("fused attention rejects bad input with a clear message") {
 }
 
 TEST_CASE("fused attention passes the gradient check") { gradcheck_op("fused_attention"); }
+
+#ifdef RELGRAD_TEST_CUDA
+TEST_CASE("on cuda, the scalar kernels pass a gradient check over several query blocks and key tiles") {
+    // The registry's cases (the test above, and `relgrad gradcheck --device cuda`) are at Dh = 4 and
+    // L <= 5: on cuda, one block of the scalar kernels' 32 query rows and one tile of keys. Here
+    // 70 queries (three blocks) over 90 keys (three tiles of 32 at Dh = 4), in float64, which
+    // takes the scalar kernels on every device: a missing barrier between key tiles, or a block's
+    // rows misplaced, gives a forward whose differences disagree with the backward. Fast mode
+    // checks one random direction per input (three seeds), not every element.
+    AttentionPattern causal, window;
+    causal.causal = true;
+    causal.query_offset = 15;
+    window.window = 7;
+    for (const auto& [name, pattern] : {std::pair{"causal, offset 15", causal}, {"window 7", window}}) {
+        for (const bool biased : {false, true}) {
+            CAPTURE(name);
+            CAPTURE(biased);
+            Generator gen(21);
+            std::vector<Tensor> inputs = {randn({1, 2, 70, 4}, gen, DType::float64, Device::cuda),
+                                          randn({1, 2, 90, 4}, gen, DType::float64, Device::cuda),
+                                          randn({1, 2, 90, 4}, gen, DType::float64, Device::cuda)};
+            if (biased) {
+                inputs.push_back(randn({2, 70 + 90 - 1}, gen, DType::float64, Device::cuda));
+            } else {
+                inputs.push_back(randn({2, 9, 4}, gen, DType::float64, Device::cuda));  // k_left 5, k_right 3
+                inputs.push_back(randn({2, 9, 4}, gen, DType::float64, Device::cuda));
+            }
+            for (Tensor& t : inputs) t.requires_grad_(true);
+            const AttentionPattern rule = pattern;
+            const auto f = [rule, biased](const std::vector<Tensor>& x) {
+                ClippedRelativeTerms terms;
+                if (biased) {
+                    terms.distance_bias = x[3];
+                } else {
+                    terms = ClippedRelativeTerms{x[3], x[4], 5, 3};
+                }
+                return fused_attention(x[0], x[1], x[2], rule, 0.5, terms);
+            };
+            for (uint64_t seed : {1, 2, 3}) {
+                GradcheckOptions options;
+                options.fast = true;
+                options.seed = seed;
+                const GradcheckResult result = gradcheck(f, inputs, options);
+                CHECK_MESSAGE(result.passed, result.report);
+            }
+        }
+    }
+}
+#endif

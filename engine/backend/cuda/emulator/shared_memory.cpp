@@ -2,7 +2,7 @@
 // dynamic shared memory live; the race check, which notes every access to them (Shared<T>) against
 // the phase it happens in and reports two threads' unordered accesses to one byte, one a write (what
 // compute-sanitizer's racecheck reports on a GPU); and cp.async, whose copies into shared memory
-// land at the wait that covers them.
+// count as written when issued and land at the wait that covers them.
 #include "engine/backend/cuda/emulator/state.hpp"
 
 #include <cstring>
@@ -143,6 +143,11 @@ void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size
             throw std::logic_error(op + "the source reads " + *outside);
         }
     }
+    // The destination is written from now until the wait that covers it (a GPU may write it at any
+    // moment in between): a thread's access to it that nothing orders after this one is a race,
+    // a tile buffer refilled while another warp still reads it among them. The bytes change at the
+    // wait.
+    relgrad::cuda_emulator::note_shared_access(dst_shared, size_and_align, true);
     thread.async_batches.back().push_back({dst_shared, src_global, copied, zfill});
 }
 

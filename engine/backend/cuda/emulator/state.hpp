@@ -103,7 +103,8 @@ struct Block {
     // The race check (note_shared_access): each byte of shared memory's last write and its reads in
     // the current phase. A phase is a serial number, new at each block's start and each opened
     // barrier (so entries of earlier phases and blocks never match and need no clearing); a warp's
-    // epoch counts the warp-scoped points it has passed in this block.
+    // epoch counts the __syncwarp()s it has passed in this block (the one warp-scoped point that
+    // orders memory: shuffles, mma.sync and ldmatrix do not).
     struct ByteAccesses {
         uint64_t write_phase = 0, read_phase = 0;
         uint32_t writer = 0, write_epoch = 0;

@@ -124,7 +124,10 @@ bool release_warps(Block& block) {
             }
             fiber.state = Fiber::State::runnable;
         }
-        ++block.warp_epochs[first / kWarpSize];
+        // Only __syncwarp orders the lanes' memory accesses (CUDA's memory model): a shuffle,
+        // mma.sync and ldmatrix are convergence points, whose lanes may still see one another's
+        // shared-memory writes in any order.
+        if (std::strcmp(leader.warp_op, "__syncwarp") == 0) ++block.warp_epochs[first / kWarpSize];
         const bool agreed =
             std::none_of(lanes, lanes + kWarpSize, [&](const Fiber* f) { return f && !f->warp_error.empty(); });
         if (leader.mma.d && agreed) multiply_accumulate(lanes);
