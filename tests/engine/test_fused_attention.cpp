@@ -559,13 +559,15 @@ namespace {
 // bucket sums of P and dS for the tables' gradients and dQ. Inputs [BH, L, Dh] and the tables
 // [K, Dh] as doubles (16-bit values), one head after another.
 struct Rounded {
-    std::vector<double> z, dq, dk, dv, d_table_k, d_table_v;
+    std::vector<double> z, dq, dk, dv, d_table_k, d_table_v, d_bias;  // d_bias: [BH, Lq + Lk - 1]
     // the sums of the terms' magnitudes (for dS, before dP + G - D cancels)
-    std::vector<double> z_size, dq_size, dk_size, dv_size, d_table_k_size, d_table_v_size;
+    std::vector<double> z_size, dq_size, dk_size, dv_size, d_table_k_size, d_table_v_size, d_bias_size;
 };
 struct SharedTables {
     std::vector<double> table_k, table_v;  // [K, Dh], or empty
     int64_t k_left = 0, k_right = 0;
+    std::vector<double> bias;  // a distance bias [heads, Lq + Lk - 1] (heads 1: one row shared), or empty
+    int64_t bias_rows = 1;
 };
 Rounded rounded_at_the_kernels_points(const std::vector<double>& q, const std::vector<double>& k,
                                       const std::vector<double>& v, const std::vector<double>& dz,
@@ -602,6 +604,8 @@ Rounded rounded_at_the_kernels_points(const std::vector<double>& q, const std::v
     r.dk_size = r.dv = r.dv_size = r.dk;
     r.d_table_k.assign(K * Dh, 0);
     r.d_table_k_size = r.d_table_v = r.d_table_v_size = r.d_table_k;
+    const int64_t entries = Lq + Lk - 1;
+    if (!shaw.bias.empty()) r.d_bias.assign(BH * entries, 0), r.d_bias_size = r.d_bias;
     for (int64_t bh = 0; bh < BH; ++bh) {
         const auto at = [&](const std::vector<double>& x, int64_t rows, int64_t row, int64_t d) {
             return x[(bh * rows + row) * Dh + d];
@@ -616,10 +620,14 @@ Rounded rounded_at_the_kernels_points(const std::vector<double>& q, const std::v
             }
             return out;
         };
+        const int64_t heads = BH / (BH / std::max<int64_t>(shaw.bias_rows, 1));  // H, for the bias rows
+        const auto bias = [&](int64_t i, int64_t j) {
+            return shaw.bias.empty() ? 0.0 : shaw.bias[(bh % heads % shaw.bias_rows) * entries + j - i + Lq - 1];
+        };
         const auto score = [&](int64_t i, int64_t j, const std::vector<double>& qe) {
             double dot = 0;
             for (int64_t d = 0; d < Dh; ++d) dot += at(q, Lq, i, d) * at(k, Lk, j, d);
-            return f32(c * f32(f32(dot) + (K ? qe[bucket(i, j)] : 0.0)));
+            return f32(f32(c * f32(f32(dot) + (K ? qe[bucket(i, j)] : 0.0))) + bias(i, j));
         };
         for (int64_t i = 0; i < Lq; ++i) {
             const int64_t i0 = i / 64 * 64, begin = keys_begin(i0), end = keys_end(std::min(i0 + 64, Lq));
@@ -678,6 +686,10 @@ Rounded rounded_at_the_kernels_points(const std::vector<double>& q, const std::v
                     s_sums[bucket(i, j)] += ds;
                     s_sizes[bucket(i, j)] += cds_size / c;
                 }
+                if (!r.d_bias.empty()) {
+                    r.d_bias[bh * entries + j - i + Lq - 1] += ds;
+                    r.d_bias_size[bh * entries + j - i + Lq - 1] += cds_size / c;
+                }
                 for (int64_t d = 0; d < Dh; ++d) {
                     const double dq_term = cds * at(k, Lk, j, d), dk_term = cds * at(q, Lq, i, d),
                                  dv_term = p16 * at(dz, Lq, i, d);
@@ -727,11 +739,12 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
         causal.causal = true;
         window.window = 20;
         for (const AttentionPattern& pattern : {causal, window}) {
-            for (const bool shaw : {false, true}) {
+            for (const char* relative : {"none", "shaw", "bias"}) {
+                const bool shaw = std::string(relative) == "shaw", biased = std::string(relative) == "bias";
                 for (uint64_t seed : {1, 2, 3}) {
                     CAPTURE(seed);
                     CAPTURE(pattern.causal);
-                    CAPTURE(shaw);
+                    CAPTURE(std::string(relative));
                     const int64_t B = 1, H = 2, Lq = 100, Lk = 90, Dh = 32, k_left = 5, k_right = 3;
                     const double c = 1.0 / std::sqrt(32.0);
                     Generator gen(seed);
@@ -741,8 +754,10 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
                                  dz = randn({B, H, Lq, Dh}, gen, dtype, Device::cuda),
                                  table_k = randn({1, k_left + k_right + 1, Dh}, gen, dtype, Device::cuda),
                                  table_v = randn({1, k_left + k_right + 1, Dh}, gen, dtype, Device::cuda);
-                    const ClippedRelativeTerms terms =
+                    const Tensor bias = randn({H, Lq + Lk - 1}, gen, dtype, Device::cuda);  // a row per head
+                    ClippedRelativeTerms terms =
                         shaw ? ClippedRelativeTerms{table_k, table_v, k_left, k_right} : ClippedRelativeTerms{};
+                    if (biased) terms.distance_bias = bias;
                     Backend& cuda = backend_for(Device::cuda);
                     Tensor z = empty({B, H, Lq, Dh}, DType::float32, Device::cuda),
                            lse = empty({B, H, Lq}, DType::float32, Device::cuda);
@@ -750,14 +765,16 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
                     const Tensor z16 = z.to(dtype);
                     Tensor dq = empty(q.shape(), DType::float32, Device::cuda),
                            dk = empty(k.shape(), DType::float32, Device::cuda),
-                           dv = empty(v.shape(), DType::float32, Device::cuda), no_bias;
+                           dv = empty(v.shape(), DType::float32, Device::cuda),
+                           d_bias = biased ? empty({B, H, Lq + Lk - 1}, DType::float32, Device::cuda) : Tensor();
                     Tensor d_table_k = shaw ? empty(table_k.shape(), DType::float32, Device::cuda) : Tensor(),
                            d_table_v = shaw ? empty(table_v.shape(), DType::float32, Device::cuda) : Tensor();
                     cuda.fused_attention_backward(q, k, v, z16, lse, dz, pattern, c, terms, dq, dk, dv, d_table_k,
-                                                  d_table_v, no_bias);
+                                                  d_table_v, d_bias);
                     const auto host = [](const Tensor& t) { return t.to(Device::cpu).to_vector(); };
                     SharedTables tables;
-                    if (shaw) tables = {host(table_k), host(table_v), k_left, k_right};
+                    if (shaw) tables = {host(table_k), host(table_v), k_left, k_right, {}, 1};
+                    if (biased) tables = {{}, {}, 0, 0, host(bias), H};
                     const Rounded expected =
                         rounded_at_the_kernels_points(host(q), host(k), host(v), host(dz), host(lse), host(z16), B * H,
                                                       Lq, Lk, Dh, pattern, c, dtype, tables);
@@ -771,20 +788,21 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
                         outputs.emplace_back("d_table_k", host(d_table_k), expected.d_table_k, expected.d_table_k_size);
                         outputs.emplace_back("d_table_v", host(d_table_v), expected.d_table_v, expected.d_table_v_size);
                     }
+                    if (biased) outputs.emplace_back("d_bias", host(d_bias), expected.d_bias, expected.d_bias_size);
                     for (const auto& [name, got, want, size] : outputs) {
                         CAPTURE(std::string(name));
                         std::size_t rows_missed = 0;
                         double worst = 0;  // in 16-bit steps of the terms' size
                         for (std::size_t first = 0; first < want.size(); first += Dh) {
                             bool missed = false;
-                            for (std::size_t e = first; e < first + Dh; ++e) {
+                            for (std::size_t e = first; e < std::min<std::size_t>(first + Dh, want.size()); ++e) {
                                 const double error = std::fabs(got[e] - want[e]);
                                 missed = missed || error > 1e-5 * size[e] + 1e-30;
                                 worst = std::max(worst, error / (step * size[e] + 1e-30));
                             }
                             rows_missed += missed;
                         }
-                        const std::size_t rows = want.size() / Dh;
+                        const std::size_t rows = (want.size() + Dh - 1) / Dh;  // d_bias: runs of Dh entries
                         CAPTURE(rows_missed);
                         CAPTURE(worst);
                         CHECK(rows_missed * 20 <= rows);  // at most 5% of the rows
