@@ -556,8 +556,9 @@ namespace {
 // dQ = c dS K and dK = c dS^T Q. Shaw's terms (one table pair shared by the heads, or none when
 // `table_k` is empty) go through float32 as the backend's products take them: QE = Q E_K^T in the
 // scores, the bucket sums of P (unrounded) times E_V added to z, G = dZ E_V^T in dS, and the
-// bucket sums of P and dS for the tables' gradients and dQ. Inputs [BH, L, Dh] and the tables
-// [K, Dh] as doubles (16-bit values), one head after another.
+// bucket sums of P and dS for the tables' gradients and dQ; a distance bias is added to the scores
+// and its gradient sums dS by distance. Inputs [BH, L, Dh] and the tables [K, Dh] as doubles
+// (16-bit values), one head after another.
 struct Rounded {
     std::vector<double> z, dq, dk, dv, d_table_k, d_table_v, d_bias;  // d_bias: [BH, Lq + Lk - 1]
     // the sums of the terms' magnitudes (for dS, before dP + G - D cancels)
@@ -721,14 +722,15 @@ Rounded rounded_at_the_kernels_points(const std::vector<double>& q, const std::v
 
 TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS where they do") {
     // The kernels' results against rounded_at_the_kernels_points, on three seeds, causal and
-    // windowed, without and with Shaw's terms, over two query blocks and three key tiles. What
+    // windowed, with no relative terms, Shaw's terms or a distance bias per head, over two query
+    // blocks and three key tiles. What
     // still differs is float32's rounding of the sums and of exp (the reference sums in double),
     // 2^-24 of each term's size, and now and then a P or c dS within a float32 ulp of a 16-bit
     // rounding tie, which the two round apart: one term off by a 16-bit step, in one row of dV
     // (or of dQ and dK). So each output element is held to 1e-5 of the size of its terms, and at
     // most 5% of an output's rows may miss that, each element by no more than a 16-bit step of its
     // size. Measured: at most 5 of 180 rows miss (dV, float16), none by more than 0.25 of a step;
-    // the tables' gradients, sums of unrounded P and dS, never. A rounding point moved fails
+    // the tables' and the bias's gradients, sums of unrounded P and dS, never. A rounding point moved fails
     // every row: c dS rounded to bfloat16 in a float16 run (dQ, which the other 16-bit tests also
     // catch), or the value table's bucket sums taken from P rounded to 16 bits (z, which only this
     // test catches: 198 to 200 of 200 rows).
