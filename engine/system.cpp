@@ -160,6 +160,10 @@ std::string directory_fingerprint(const fs::path& dir) {
         hash = fingerprint(name.data(), name.size() + 1, hash);  // with the name's terminating 0
         hash = fingerprint(content.data(), content.size(), hash);
     }
+    return fingerprint_hex(hash);
+}
+
+std::string fingerprint_hex(uint64_t hash) {
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
     return hex;

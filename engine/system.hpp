@@ -86,6 +86,8 @@ private:
 // finds that memory or a file changed, not a cryptographic hash (it does not stop a forgery).
 constexpr uint64_t kFingerprintStart = 14695981039346656037ull;
 uint64_t fingerprint(const void* bytes, std::size_t size, uint64_t hash = kFingerprintStart);
+// A fingerprint written as 16 hex digits ("00ab...").
+std::string fingerprint_hex(uint64_t hash);
 // The fingerprint of a directory's regular files (names and contents, in name order), as 16 hex
 // digits; errors name the file that could not be read.
 std::string directory_fingerprint(const std::filesystem::path& dir);

@@ -11,20 +11,25 @@
 
 namespace relgrad {
 
-std::string json_excerpt(const nlohmann::json& value) {
-    constexpr int kMostLevels = 32;
-    constexpr std::size_t kMostCharacters = 120;
+bool nested_at_most(const nlohmann::json& value, int levels) {
     std::vector<std::pair<const nlohmann::json*, int>> pending{{&value, 1}};  // (value, its level)
     while (!pending.empty()) {
         const auto [next, level] = pending.back();
         pending.pop_back();
-        if (level > kMostLevels) {
-            return std::string(value.is_array() ? "an array" : "an object") + " nested more than " +
-                   std::to_string(kMostLevels) + " levels deep";
-        }
+        if (level > levels) return false;
         if (next->is_structured()) {
             for (const nlohmann::json& child : *next) pending.push_back({&child, level + 1});
         }
+    }
+    return true;
+}
+
+std::string json_excerpt(const nlohmann::json& value) {
+    constexpr int kMostLevels = 32;
+    constexpr std::size_t kMostCharacters = 120;
+    if (!nested_at_most(value, kMostLevels)) {
+        return std::string(value.is_array() ? "an array" : "an object") + " nested more than " +
+               std::to_string(kMostLevels) + " levels deep";
     }
     std::string text = value.dump();
     if (text.size() > kMostCharacters) text = text.substr(0, kMostCharacters) + "...";

@@ -16,6 +16,9 @@ namespace relgrad {
 // than 32 levels deep, only named as such. Its depth is measured without recursion, so a value
 // nested 100,000 levels deep is described, not printed (printing recurses once per level).
 std::string json_excerpt(const nlohmann::json& value);
+// Whether a JSON value is nested at most `levels` deep (a number or string: 1), measured without
+// recursion: what may be dumped or compared safely.
+bool nested_at_most(const nlohmann::json& value, int levels);
 
 // Whether a JSON value is an integer that int64_t holds: nlohmann calls 2^63 and above an integer
 // too (an unsigned one) and get<int64_t>() would wrap it to a negative number.

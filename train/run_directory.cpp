@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -76,9 +75,7 @@ void save_checkpoint(const fs::path& dir, const Module& model, const AdamW& opti
 std::string checkpoint_seal(json state) {
     state.erase("seal");
     const std::string text = state.dump();  // keys in order, numbers as they round-trip
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint(text.data(), text.size())));
-    return hex;
+    return fingerprint_hex(fingerprint(text.data(), text.size()));
 }
 
 bool recovered_checkpoint(const fs::path& run) {
@@ -135,12 +132,17 @@ RunWriter::~RunWriter() {
 
 namespace {
 
+// A checkpoint directory without its state.json, for readers and --resume alike.
+[[noreturn]] void missing_state(const fs::path& checkpoint) {
+    RELGRAD_CHECK(false, (checkpoint / "state.json").string(),
+                  ": missing, expected the checkpoint's state (deleted, or an incomplete checkpoint)");
+}
+
 fs::path readable_checkpoint(const fs::path& run) {
     for (const char* name : {"checkpoint", "checkpoint.previous"}) {
         if (fs::exists(run / name / "state.json")) return run / name;
     }
-    RELGRAD_CHECK(!fs::is_directory(run / "checkpoint"), (run / "checkpoint" / "state.json").string(),
-                  ": missing, expected the checkpoint's state (deleted, or an incomplete checkpoint)");
+    if (fs::is_directory(run / "checkpoint")) missing_state(run / "checkpoint");
     RELGRAD_CHECK(false, run.string(), ": not a trained run (needs config.json and checkpoint/)");
 }
 
@@ -176,8 +178,7 @@ void check_run_record(const fs::path& dir, const json& state, const json& run) {
 int64_t load_checkpoint(const fs::path& dir, Module& model, AdamW& optimizer, LossScaler* scaler, const json& run) {
     const fs::path state_path = dir / "state.json";
     RELGRAD_CHECK(fs::exists(dir), "--resume: no checkpoint in ", dir.string(), " (the run stopped before its first)");
-    RELGRAD_CHECK(fs::exists(state_path), state_path.string(),
-                  ": missing, expected the checkpoint's state (deleted, or an incomplete checkpoint)");
+    if (!fs::exists(state_path)) missing_state(dir);
     const json state = read_json_file(state_path);
     const char* expected = scaler ? "{\"step\": a whole number, \"run\": the run's config, \"files\": "
                                     "{\"model\": a fingerprint, \"optimizer\": a fingerprint}, \"loss_scaler\": "

@@ -36,6 +36,7 @@
 #include "engine/system.hpp"
 #include "fuzz_common.hpp"
 #include "train/config.hpp"
+#include "train/json_reader.hpp"
 #include "train/make_task.hpp"
 #include "commands/run_commands.hpp"
 #include "train/run_directory.hpp"
@@ -52,21 +53,6 @@ std::unique_ptr<relgrad::AdamW> optimizer;
 relgrad::LossScaler scaler;                // float16's, restored by each load
 std::vector<fs::path> files;               // the files of run/checkpoint/, sorted
 std::map<fs::path, std::string> pristine;  // their content as trained
-
-// Whether a JSON value is nested at most `levels` deep, measured without recursion: dump()
-// recurses once per level, and an input may nest 500,000 levels.
-bool nested_at_most(const nlohmann::json& value, int levels) {
-    std::vector<std::pair<const nlohmann::json*, int>> pending{{&value, 1}};
-    while (!pending.empty()) {
-        const auto [next, level] = pending.back();
-        pending.pop_back();
-        if (level > levels) return false;
-        if (next->is_structured()) {
-            for (const nlohmann::json& child : *next) pending.push_back({&child, level + 1});
-        }
-    }
-    return true;
-}
 
 std::string read_bytes(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);
@@ -237,7 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else if (selector == files.size()) {
         // parsed as load_checkpoint parses it (a duplicate key, deep nesting: left for it to refuse)
         nlohmann::json edited = nlohmann::json::parse(content, nullptr, false);
-        if (edited.is_object() && nested_at_most(edited, 32)) {
+        if (edited.is_object() && relgrad::nested_at_most(edited, 32)) {  // dump() recurses once per level
             edited["seal"] = relgrad::checkpoint_seal(edited);
             write_file(state, edited.dump());
         }
