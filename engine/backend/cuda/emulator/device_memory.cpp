@@ -7,6 +7,7 @@
 // byte that is not 0xff after a launch was written by it.
 #include "engine/backend/cuda/emulator/state.hpp"
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -24,6 +25,18 @@ std::map<unsigned char*, std::size_t> device_blocks;  // start -> bytes asked fo
 
 std::size_t after_zone_bytes(std::size_t nbytes) {
     return (nbytes + 2 * kGuardBytes + 255) / 256 * 256 - nbytes - kGuardBytes;
+}
+
+// Whether every byte of a zone [zone, zone + bytes) is still kFill: one memcmp against a zone's
+// worth of kFill (a zone is at most kGuardBytes + 255 bytes), as every launch checks every block
+std::array<unsigned char, kGuardBytes + 256> all_fill() {
+    std::array<unsigned char, kGuardBytes + 256> bytes;
+    bytes.fill(kFill);
+    return bytes;
+}
+bool untouched(const unsigned char* zone, std::size_t bytes) {
+    static const std::array<unsigned char, kGuardBytes + 256> fill = all_fill();
+    return std::memcmp(zone, fill.data(), bytes) == 0;
 }
 
 // The first and one past the last byte of [zone, zone + bytes) that is not kFill (first == last: none).
@@ -57,11 +70,13 @@ std::optional<std::string> read_outside_a_block(const unsigned char* source, std
     return std::nullopt;
 }
 
-// Throws, naming `kernel`, when it wrote into a guard zone (report), restoring every zone either way.
+// Throws, naming `kernel`, when it wrote into a guard zone (report), restoring every zone it wrote either way.
 void check_guard_zones(const char* kernel, bool report) {
     std::string error;
     const std::lock_guard<std::mutex> lock(device_blocks_mutex);
     for (const auto& [start, nbytes] : device_blocks) {
+        if (untouched(start - kGuardBytes, kGuardBytes) && untouched(start + nbytes, after_zone_bytes(nbytes)))
+            continue;
         const auto [after_first, after_last] = written_range(start + nbytes, after_zone_bytes(nbytes));
         const auto [before_first, before_last] = written_range(start - kGuardBytes, kGuardBytes);
         if (error.empty() && after_first != after_last) {
