@@ -679,8 +679,8 @@ Rounded rounded_at_the_kernels_points(const Case& c, const HostValues& x, double
 // Runs case c's 16-bit inputs (drawn from the seed) through the cuda backend's tensor-core
 // kernels, forward and backward, and holds each output element to rounded_at_the_kernels_points:
 // within 1e-5 of the size of its terms, except in at most 5% of an output's rows (runs of Dh
-// elements), and there within a 16-bit step of that size. RELGRAD_PRINT_PRECISION set: prints the
-// rows that missed and the worst error, per output.
+// elements; 20% on a GPU, below), and there within a 16-bit step of that size.
+// RELGRAD_PRINT_PRECISION set: prints the rows that missed and the worst error, per output.
 void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) {
     const double step = dtype == DType::bfloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
@@ -745,7 +745,16 @@ void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) 
         CAPTURE(rows_missed);
         CAPTURE(rows);
         CAPTURE(worst);
-        CHECK(rows_missed * 20 <= rows);  // at most 5% of the rows
+        // The emulator sums a tile product in double and rounds once, as the reference does; a
+        // GPU's tensor cores sum in another order, and its exp is within 2 ulps, so its P differ
+        // from the reference's by ulps and more of them fall on the other side of a 16-bit tie.
+        // With the reference's P scaled by 1 + u k 2^-24 (u uniform in [-1, 1]), at most 5.1% of
+        // an output's rows missed for k = 16 and 14.9% for k = 64 (float16; bfloat16 2.1% and
+        // 6.8%), each by at most 0.6 of a step. On a GPU 20% may miss; a rounding point moved
+        // misses nearly every row.
+        const bool emulated = &backend_for(Device::cuda) == &cuda_emulated::cuda_backend();
+        const std::size_t percent_that_may_miss = emulated ? 5 : 20;
+        CHECK(rows_missed * 100 <= percent_that_may_miss * rows);
         CHECK(worst <= 1.0);
         if (std::getenv("RELGRAD_PRINT_PRECISION")) {
             std::printf(
@@ -769,16 +778,17 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
     // of each term's size, and now and then a P or c dS within a float32 ulp of a 16-bit
     // rounding tie, which the two round apart: one term off by a 16-bit step, in one row of dV
     // (or of dQ and dK). Hence the rule: 1e-5 of the terms' size, at most 5% of an output's rows
-    // missing it, none by more than a step. Measured (RELGRAD_PRINT_PRECISION=1 prints it), the
-    // most rows missed and the worst miss in steps, bfloat16 | float16: z 0.5% 0.03 | 1.8% 0.31;
-    // dQ 0.6% 0.03 | 1.1% 0.17; dK 0.6% 0.11 | 1.7% 0.12; dV 0.2% 0.15 | 2.8% (5 of 180) 0.38;
-    // the tables' and the bias's gradients, sums of unrounded P and dS, never miss (5e-4 of a
-    // step at most). A rounding point moved fails every row: c dS rounded to bfloat16 in a
-    // float16 run (dQ, which the other 16-bit tests also catch), or the value table's bucket sums
-    // taken from P rounded to 16 bits (z, which only this test catches: 198 to 200 of 200 rows).
-    // So do the kernels' bugs of the edge cases: a query block's bucket rows taken without the
-    // block's offset (z, over two blocks), or the key kernel's query range started a row late
-    // (dK and dV, in every edge case).
+    // missing it (20% on a GPU, whose P differ from the reference's by ulps: see
+    // check_against_rounded_reference), none by more than a step.
+    // Measured (RELGRAD_PRINT_PRECISION=1 prints it), the most rows missed and the worst miss in
+    // steps, bfloat16 | float16: z 0.5% 0.03 | 1.8% 0.31; dQ 0.6% 0.03 | 1.1% 0.17;
+    // dK 0.6% 0.11 | 1.7% 0.12; dV 0.2% 0.15 | 2.8% (5 of 180) 0.38. The tables' and the bias's
+    // gradients, sums of unrounded P and dS, never miss (5e-4 of a step at most).
+    // A rounding point moved fails every row: c dS rounded to bfloat16 in a float16 run (dQ, which
+    // the other 16-bit tests also catch), or the value table's bucket sums taken from P rounded to
+    // 16 bits (z, which only this test catches: 198 to 200 of 200 rows). The kernels' bugs of the
+    // edge cases fail it too: a query block's bucket rows taken without the block's offset (z, over
+    // two blocks), or the key kernel's query range started a row late (dK and dV, every edge case).
     for (const DType dtype : {DType::bfloat16, DType::float16}) {
         INFO(std::string(dtype_name(dtype)));
         Case base;
