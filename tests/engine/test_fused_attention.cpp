@@ -693,10 +693,11 @@ void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) 
     if (c.relative) terms = {random({tables, K, c.Dh}), random({tables, K, c.Dh}), c.k_left, c.k_right};
     if (c.distance_bias) terms.distance_bias = random({tables, c.Lq + c.Lk - 1});
     Backend& cuda = backend_for(Device::cuda);
+    const bool emulated = &cuda == &cuda_emulated::cuda_backend();
     Tensor z = empty(q.shape(), DType::float32, Device::cuda),
            lse = empty({c.B, c.H, c.Lq}, DType::float32, Device::cuda);
     cuda.fused_attention(q, k, v, c.pattern, scale, terms, z, lse);
-    if (&cuda == &cuda_emulated::cuda_backend()) {  // the backend's last launch is the kernel's own
+    if (emulated) {  // the backend's last launch is the kernel's own
         CHECK(std::string(cuda_emulated::last_kernel_launched().load()) ==
               std::string("fused_attention (tensor cores, ") + dtype_name(dtype) + ")");
     }
@@ -752,7 +753,6 @@ void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) 
         // an output's rows missed for k = 16 and 14.9% for k = 64 (float16; bfloat16 2.1% and
         // 6.8%), each by at most 0.6 of a step. On a GPU 20% may miss; a rounding point moved
         // misses nearly every row.
-        const bool emulated = &backend_for(Device::cuda) == &cuda_emulated::cuda_backend();
         const std::size_t percent_that_may_miss = emulated ? 5 : 20;
         CHECK(rows_missed * 100 <= percent_that_may_miss * rows);
         CHECK(worst <= 1.0);
