@@ -6,8 +6,8 @@
 #      (test_fused_attention's tensor-core cases among them: many key tiles, two query blocks,
 #      wide clipping, offsets, narrow and sliding windows, in tf32 and both 16-bit types; and the
 #      scalar kernels' gradient check over several tiles),
-#   3. the fused attention tests that run the CUDA kernels ("on cuda, ...": the tensor cores' and
-#      the scalar kernels' multi-tile cases) under compute-sanitizer, memcheck and racecheck,
+#   3. the fused attention tests under compute-sanitizer, memcheck and racecheck (all but the
+#      registry's gradient check),
 #   4. the quickstart on the GPU and on the CPU, side by side,
 #   5. the benchmark: relgrad's fused CUDA kernels against PyTorch on the same GPU
 #      (bench/cuda_attention.py), in float32 and in bfloat16 (against FlashAttention-2).
@@ -50,11 +50,12 @@ step build 150 bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DRE
 # reference tests do not use it)
 export RELGRAD_CUDA_EMULATOR=0
 step ctest 90 ctest --test-dir build-cuda -j8 --timeout 80 --output-on-failure -E "^(python|package|reference)\."
-# (the other cases are the CPU's, or launch the scalar kernels thousands of times at one tile)
+# (not the registry's gradient check, which launches the scalar kernels thousands of times at one
+# tile; their multi-tile gradient check, "on cuda, the scalar kernels pass ...", runs)
 step memcheck 45 compute-sanitizer --tool memcheck --error-exitcode 1 build-cuda/tests/test_fused_attention \
-    -tc="on cuda*"
+    -tce="fused attention passes the gradient check"
 step racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 build-cuda/tests/test_fused_attention \
-    -tc="on cuda*"
+    -tce="fused attention passes the gradient check"
 unset RELGRAD_CUDA_EMULATOR
 
 step quickstart_gpu 45 build-cuda/relgrad train --device cuda --out "$out/quickstart-gpu"
