@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kill_resume import without_timing  # noqa: E402  a record without its timing fields
+
 CONFIG = {
     "model": {"layers": 1, "dim": 16, "heads": 2, "ff_dim": 32, "k": 4},
     "task": {"kind": "relative_order", "train_examples": 200, "test_examples": 32,
@@ -26,7 +29,6 @@ CONFIG = {
     "evaluation": {"every": 20, "length_buckets": [8, 16]},
     "output": {"checkpoint_every": 1},
 }
-TIMING_KEYS = {"seconds", "tokens_per_second", "train_seconds", "peak_rss_mib", "peak_live_mib"}
 
 
 def fail(message):
@@ -35,7 +37,7 @@ def fail(message):
 
 def metrics(run):
     with open(os.path.join(run, "metrics.jsonl")) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in f]
+        return [without_timing(json.loads(line)) for line in f]
 
 
 def snapshot(run):

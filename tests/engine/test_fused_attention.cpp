@@ -461,23 +461,31 @@ std::vector<std::pair<std::string, Case>> tensor_core_edge_cases(int64_t Dh) {
     return cases;
 }
 
+// Case c's inputs on the cuda device in `dtype`, drawn from gen: q, k, v, then the tables and the
+// distance bias the case has (a table pair and a bias row a head with per_head, else one).
+struct CudaInputs {
+    Tensor q, k, v;
+    ClippedRelativeTerms terms;
+};
+CudaInputs cuda_inputs(const Case& c, DType dtype, Generator& gen) {
+    const auto random = [&](const Shape& shape) { return randn(shape, gen, dtype, Device::cuda); };
+    CudaInputs in{random({c.B, c.H, c.Lq, c.Dh}), random({c.B, c.H, c.Lk, c.Dh}), random({c.B, c.H, c.Lk, c.Dh}), {}};
+    const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
+    if (c.relative) in.terms = {random({tables, K, c.Dh}), random({tables, K, c.Dh}), c.k_left, c.k_right};
+    if (c.distance_bias) in.terms.distance_bias = random({tables, c.Lq + c.Lk - 1});
+    return in;
+}
+
 // The kernel the cuda backend's forward of case c in `dtype` launches last: its own, into float32
 // outputs (the op's 16-bit output is a copy made after it).
 std::string forward_kernel(const Case& c, DType dtype) {
     Generator gen(3);
-    const auto random = [&](const Shape& shape) { return randn(shape, gen, dtype, Device::cuda); };
-    const Tensor q = random({c.B, c.H, c.Lq, c.Dh}), k = random({c.B, c.H, c.Lk, c.Dh}),
-                 v = random({c.B, c.H, c.Lk, c.Dh});
-    const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
-    ClippedRelativeTerms rel;
-    if (c.relative)
-        rel = ClippedRelativeTerms{random({tables, K, c.Dh}), random({tables, K, c.Dh}), c.k_left, c.k_right};
-    if (c.distance_bias) rel.distance_bias = random({tables, c.Lq + c.Lk - 1});
+    const CudaInputs in = cuda_inputs(c, dtype, gen);
     AttentionPattern pattern = c.pattern;
     if (c.padding.defined()) pattern.mask = c.padding.reshape({c.B, 1, 1, c.Lk}).to(Device::cuda);
-    Tensor z = empty(q.shape(), DType::float32, Device::cuda),
+    Tensor z = empty(in.q.shape(), DType::float32, Device::cuda),
            lse = empty({c.B, c.H, c.Lq}, DType::float32, Device::cuda);
-    backend_for(Device::cuda).fused_attention(q, k, v, pattern, 0.125, rel, z, lse);
+    backend_for(Device::cuda).fused_attention(in.q, in.k, in.v, pattern, 0.125, in.terms, z, lse);
     return cuda_emulated::last_kernel_launched().load();
 }
 
@@ -686,14 +694,9 @@ Rounded rounded_at_the_kernels_points(const Case& c, const HostValues& x, double
 void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) {
     const double step = dtype == DType::bfloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.Dh));
-    const int64_t tables = c.per_head ? c.H : 1, K = c.k_left + c.k_right + 1;
     Generator gen(seed);
-    const auto random = [&](const Shape& shape) { return randn(shape, gen, dtype, Device::cuda); };
-    const Tensor q = random({c.B, c.H, c.Lq, c.Dh}), k = random({c.B, c.H, c.Lk, c.Dh}),
-                 v = random({c.B, c.H, c.Lk, c.Dh}), dz = random({c.B, c.H, c.Lq, c.Dh});
-    ClippedRelativeTerms terms;
-    if (c.relative) terms = {random({tables, K, c.Dh}), random({tables, K, c.Dh}), c.k_left, c.k_right};
-    if (c.distance_bias) terms.distance_bias = random({tables, c.Lq + c.Lk - 1});
+    const auto [q, k, v, terms] = cuda_inputs(c, dtype, gen);
+    const Tensor dz = randn(q.shape(), gen, dtype, Device::cuda);
     Backend& cuda = backend_for(Device::cuda);
     const bool emulated = &cuda == &cuda_emulated::cuda_backend();
     Tensor z = empty(q.shape(), DType::float32, Device::cuda),
@@ -753,9 +756,9 @@ void check_against_rounded_reference(const Case& c, DType dtype, uint64_t seed) 
         // The emulator sums a tile product in double and rounds once, as the reference does; a
         // GPU's tensor cores sum in another order, and its exp is within 2 ulps, so its P differ
         // from the reference's by ulps and more of them fall on the other side of a 16-bit tie.
-        // With the reference's P scaled by 1 + u k 2^-24 (u uniform in [-1, 1]), at most 5.1% of
-        // an output's rows missed for k = 16 and 14.9% for k = 64 (float16; bfloat16 2.1% and
-        // 6.8%), each by at most 0.6 of a step. On a GPU 20% may miss; a rounding point moved
+        // With the reference's P scaled by 1 + u k 2^-24 (u uniform in [-1, 1]), at most 6.7% of
+        // an output's rows missed for k = 16 and 13.9% for k = 64 (float16; bfloat16 1.8% and
+        // 5.4%), by at most 0.5 and 0.9 of a step. On a GPU 20% may miss; a rounding point moved
         // misses nearly every row.
         const std::size_t percent_that_may_miss = emulated ? 5 : 20;
         CHECK(rows_missed * 100 <= percent_that_may_miss * rows);
@@ -785,9 +788,9 @@ TEST_CASE("on cuda, 16-bit tensor cores equal a reference that rounds P and c dS
     // missing it (20% on a GPU, whose P differ from the reference's by ulps: see
     // check_against_rounded_reference), none by more than a step.
     // Measured (RELGRAD_PRINT_PRECISION=1 prints it), the most rows missed and the worst miss in
-    // steps, bfloat16 | float16: z 0.5% 0.03 | 1.8% 0.31; dQ 0.6% 0.03 | 1.1% 0.17;
-    // dK 0.6% 0.11 | 1.7% 0.12; dV 0.2% 0.15 | 2.8% (5 of 180) 0.38. The tables' and the bias's
-    // gradients, sums of unrounded P and dS, never miss (5e-4 of a step at most).
+    // steps, bfloat16 | float16: z 0.7% 0.01 | 1.5% 0.24; dQ 1.0% 0.07 | 1.5% 0.30;
+    // dK 1.1% 0.12 | 1.7% 0.27; dV 0.6% 0.19 | 2.8% (5 of 180) 0.39. The tables' and the bias's
+    // gradients, sums of unrounded P and dS, never miss (4e-4 of a step at most).
     // A rounding point moved fails every row: c dS rounded to bfloat16 in a float16 run (dQ, which
     // the other 16-bit tests also catch), or the value table's bucket sums taken from P rounded to
     // 16 bits (z, which only this test catches: 198 to 200 of 200 rows). The kernels' bugs of the
